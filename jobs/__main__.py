@@ -1,0 +1,6 @@
+"""``python -m jobs <view> --version N``: run one view-version driver (same as ``kappa view run``)."""
+
+from kappa.cli import main
+
+if __name__ == "__main__":
+    main(["view", "run", *__import__("sys").argv[1:]])

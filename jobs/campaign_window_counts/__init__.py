@@ -1,0 +1,1 @@
+"""Versions of the `campaign_window_counts` view."""

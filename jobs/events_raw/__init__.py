@@ -1,0 +1,1 @@
+"""Versions of the `events_raw` view."""

@@ -1,0 +1,31 @@
+"""events_raw v1 - append-only archive of every valid ad event with its Kafka coordinates.
+
+It is also the fallback replay source when Kafka retention no longer covers a replay's start.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from kappa.parsing import AD_EVENTS
+from kappa.view import ViewDefinition
+
+COLUMNS = ("user_id", "page_id", "ad_id", "ad_type", "event_type", "event_time", "ip", "event_ts",
+           "topic", "partition", "offset", "kafka_timestamp")
+
+
+def transform(events: DataFrame) -> DataFrame:
+    """Every valid event, unchanged, with topic/partition/offset (pure)."""
+    return events.select(*COLUMNS)
+
+
+VIEW = ViewDefinition(
+    name="events_raw",
+    version=1,
+    description="Append-only archive of valid ad events with topic/partition/offset",
+    stream_topic="ad-events",
+    stream_format=AD_EVENTS,
+    transform=transform,
+    write="append",
+    latency_column="event_ts",
+)

@@ -1,0 +1,1 @@
+"""Versions of the `user_sessions` view."""

@@ -1,0 +1,52 @@
+"""user_sessions v1 - per-user session windows with a 30 s gap.
+
+A session closes 30 s after its last event; it is written once, when the watermark (30 s) has passed its end,
+with start, end, number of events and number of distinct ads.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from kappa.parsing import AD_EVENTS
+from kappa.view import ViewDefinition
+
+GAP = "30 seconds"
+WATERMARK_SECONDS = 30
+
+
+def transform(events: DataFrame) -> DataFrame:
+    """Closed sessions per user (pure)."""
+    return (
+        events.withWatermark("event_ts", f"{WATERMARK_SECONDS} seconds")
+        .groupBy(F.session_window("event_ts", GAP).alias("s"), "user_id")
+        .agg(
+            F.count("*").alias("event_count"),
+            F.size(F.collect_set("ad_id")).alias("distinct_ads"),
+            F.max("event_ts").alias("last_event_time"),
+        )
+        .select(
+            "user_id",
+            F.col("s.start").alias("session_start"),
+            F.col("s.end").alias("session_end"),
+            "event_count",
+            "distinct_ads",
+            "last_event_time",
+        )
+    )
+
+
+VIEW = ViewDefinition(
+    name="user_sessions",
+    version=1,
+    description="Closed per-user sessions (30 s gap): start, end, events, distinct ads",
+    stream_topic="ad-events",
+    stream_format=AD_EVENTS,
+    transform=transform,
+    output_mode="append",
+    write="append",
+    keys=("user_id", "session_start"),
+    latency_column="last_event_time",
+    stateful=True,
+)

@@ -1,0 +1,564 @@
+"""The plumbing that runs any view version: Kafka -> decode/quarantine -> pure transform -> idempotent Delta.
+
+One driver per view version (``kappa.lock``). State of a view version lives under
+``<lake>/views/<view>/v<N>/``: ``table/`` (the Delta table), ``checkpoint/`` (Spark offsets, commits and
+operator state, plus ``run.json`` holding the run id that makes the Delta appId). The Delta appId is
+``kappa:<view>@v<N>:<run id>`` and the Delta txnVersion is the micro-batch id, so:
+
+* a batch re-run after a crash (Delta committed, checkpoint not) is skipped by Delta;
+* a new version (or a deliberately new run) has a new appId, so a replay is never silently skipped.
+
+Bad records go to the shared ``<lake>/quarantine`` Delta table exactly once, keyed the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from kappa.lock import DriverLock
+from kappa.metrics import LATENCY_BUCKETS, ViewMetrics
+from kappa.parsing import CAMPAIGNS, RecordFormat, decode
+from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, ensure_table, last_version, table_columns
+from kappa.view import ViewDefinition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from kappa.config import Settings
+
+__all__ = ["ViewJob", "ViewPaths", "Lookup", "LOOKUPS", "RunMismatch", "starting_options"]
+
+log = logging.getLogger("kappa.job")
+
+
+class RunMismatch(RuntimeError):
+    """The Delta table was written by another run of this version than the checkpoint's."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A static input re-read from a compacted topic at each micro-batch: latest valid value per key."""
+
+    topic: str
+    format: RecordFormat
+    columns: tuple[str, ...]
+
+
+#: Lookups a view may declare by name.
+LOOKUPS: dict[str, Lookup] = {
+    "campaigns": Lookup(topic="campaigns", format=CAMPAIGNS, columns=("ad_id", "campaign_id")),
+}
+
+
+@dataclass(frozen=True)
+class ViewPaths:
+    """Where a view version keeps its table and checkpoint, under the lake root."""
+
+    lake: str
+    name: str
+    version: int
+
+    @property
+    def root(self) -> str:
+        return f"{self.lake.rstrip('/')}/views/{self.name}/v{self.version}"
+
+    @property
+    def table(self) -> str:
+        return f"{self.root}/table"
+
+    @property
+    def checkpoint(self) -> str:
+        return f"{self.root}/checkpoint"
+
+    @property
+    def quarantine(self) -> str:
+        return f"{self.lake.rstrip('/')}/quarantine"
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.lake or self.lake.startswith("file:")
+
+    def local(self, sub: str) -> Path:
+        """Local filesystem path of a checkpoint file (lock, run.json)."""
+        return Path(self.checkpoint.removeprefix("file:")) / sub
+
+
+def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
+    """Spark Kafka source options for a starting position.
+
+    ``earliest`` | ``latest`` | ``ts:<epoch ms>`` | a JSON object ``{"topic": {"0": offset, ...}}`` (or a dict).
+    Only used when the checkpoint is new; a resumed job continues from its checkpoint.
+    """
+    if isinstance(starting, Mapping):
+        return {"startingOffsets": json.dumps(starting)}
+    value = starting.strip()
+    if value in ("earliest", "latest"):
+        return {"startingOffsets": value}
+    if value.startswith("ts:"):
+        ts = value[3:]
+        if not ts.isdigit():
+            raise ValueError(f"starting position {value!r}: expected ts:<epoch millis>")
+        return {"startingTimestamp": ts}
+    if value.startswith("{"):
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"starting offsets are not valid JSON: {exc}") from None
+        return {"startingOffsets": value}
+    raise ValueError(f"starting position {value!r}: use earliest, latest, ts:<epoch ms> or JSON offsets")
+
+
+def _fault(phase: str, batch_id: int) -> None:
+    """Fault injection for the crash tests only: SIGKILL the whole driver (Python + JVM) at a named phase.
+
+    ``KAPPA_FAULT=<phase>@<batch id>`` (phases: before_write, between_commits, after_commit). A real crash
+    cannot be timed to the instant between the Delta commit and the checkpoint commit; this can.
+    """
+    spec = os.environ.get("KAPPA_FAULT")
+    if spec and spec == f"{phase}@{batch_id}":
+        log.warning("fault injection: killing driver at %s of batch %s", phase, batch_id)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _offsets_json(text: str | None) -> dict | None:
+    """Kafka source offsets from a progress report (``None`` when absent or not JSON)."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class ViewJob:
+    """Runs one view version until stopped (live) or until the available data is processed (bounded).
+
+    Args:
+        view: the view version to run.
+        settings: platform settings (Kafka, lake root, jars).
+        spark: an existing SparkSession (tests share one); a new one is built when omitted.
+        starting: start position for a new checkpoint (see :func:`starting_options`).
+        trigger_seconds: processing-time trigger of live runs.
+        available_now: process what the log holds at start, then stop (bounded backfill, tests).
+        end_timestamp_ms: only records with a Kafka timestamp before this are processed (bounded backfill).
+        max_offsets_per_trigger: bound micro-batch size (replays).
+        metrics_port: serve Prometheus metrics on this port (0 = any free port, None = no server).
+    """
+
+    def __init__(
+        self,
+        view: ViewDefinition,
+        settings: "Settings",
+        *,
+        spark: "SparkSession | None" = None,
+        starting: str | Mapping[str, Any] = "latest",
+        trigger_seconds: float = 2.0,
+        available_now: bool = False,
+        end_timestamp_ms: int | None = None,
+        max_offsets_per_trigger: int | None = None,
+        metrics_port: int | None = None,
+        lag_poll_seconds: float = 3.0,
+    ) -> None:
+        self.view = view
+        self.settings = settings
+        self.paths = ViewPaths(settings.lake_uri, view.name, view.version)
+        self.starting = starting_options(starting)
+        self.trigger_seconds = trigger_seconds
+        self.available_now = available_now
+        self.end_timestamp_ms = end_timestamp_ms
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.metrics = ViewMetrics(view.name, view.version)
+        self.metrics_port = metrics_port
+        self.lag_poll_seconds = lag_poll_seconds
+        self._spark = spark
+        self._own_spark = spark is None
+        self._lock = DriverLock(self.paths.local("driver.lock"), owner=view.ref) if self.paths.is_local else None
+        self.queries: list[StreamingQuery] = []
+        self._listener: Any = None
+        self._stop = threading.Event()
+        self._lag_thread: threading.Thread | None = None
+        self.run_id: str | None = None
+        self.app_id: str | None = None
+        self.start_offsets: dict[int, int] | None = None
+        self.processed_offsets: dict[int, int] = {}
+        self.bound_port: int | None = None
+
+    # ---------------------------------------------------------------------------------------------------
+    @property
+    def spark(self) -> "SparkSession":
+        if self._spark is None:
+            from kappa.spark import build_spark
+
+            self._spark = build_spark(f"kappa-{self.view.ref}", jars_dir=self.settings.jars_dir,
+                                      warehouse_dir=str(Path(self.settings.home) / "warehouse"))
+        return self._spark
+
+    def _kafka_options(self) -> dict[str, str]:
+        return dict(self.settings.spark_kafka_options())
+
+    def _read_stream(self, topic: str) -> "DataFrame":
+        reader = self.spark.readStream.format("kafka").options(**self._kafka_options())
+        reader = reader.option("subscribe", topic).options(**self.starting)
+        # a compacted topic has offset gaps by design; a deleted-by-retention one is real data loss
+        compacted = self.view.stream_format.tombstones
+        reader = reader.option("failOnDataLoss", "false" if compacted else "true")
+        if self.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.max_offsets_per_trigger))
+        return reader.load()
+
+    def _lookup(self, lookup: Lookup) -> "DataFrame":
+        """Latest valid value per key of a compacted topic; re-evaluated by Spark at every micro-batch."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        raw = (self.spark.read.format("kafka").options(**self._kafka_options())
+               .option("subscribe", lookup.topic).option("startingOffsets", "earliest")
+               .option("endingOffsets", "latest").option("failOnDataLoss", "false").load())
+        decoded = decode(raw, lookup.format).where(F.col("_error").isNull())
+        key = lookup.columns[0]
+        latest = (decoded.withColumn("_rn", F.row_number().over(
+            Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
+            .where("_rn = 1"))
+        return latest.where(~F.col("is_tombstone")).select(*lookup.columns)
+
+    def _decoded_stream(self) -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        decoded = decode(self._read_stream(self.view.stream_topic), self.view.stream_format)
+        if self.end_timestamp_ms is not None:
+            decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
+        return decoded
+
+    def _lookups(self) -> dict[str, "DataFrame"]:
+        return {name: self._lookup(LOOKUPS[name]) for name in self.view.lookups}
+
+    # ---------------------------------------------------------------------------------------------------
+    def _prepare_run(self) -> None:
+        """Create or resume the run: run id in the checkpoint, matched against the table's."""
+        from delta.tables import DeltaTable
+
+        run_file = self.paths.local("run.json") if self.paths.is_local else None
+        info: dict[str, Any] = {}
+        if run_file is not None and run_file.exists():
+            info = json.loads(run_file.read_text())
+        table_exists = DeltaTable.isDeltaTable(self.spark, self.paths.table)
+        table_run = None
+        if table_exists:
+            props = DeltaTable.forPath(self.spark, self.paths.table).detail().collect()[0]["properties"]
+            table_run = (props or {}).get("kappa.runId")
+        if not info:
+            if table_run is not None and last_version(self.spark, self.paths.table) > 0:
+                raise RunMismatch(
+                    f"{self.view.ref}: table {self.paths.table} already holds data of run {table_run} but its "
+                    "checkpoint is gone; replaying into it would duplicate rows - start a new version instead")
+            info = {"run_id": table_run or uuid.uuid4().hex[:12], "view": self.view.name,
+                    "version": self.view.version, "created": time.time(), "starting": self.starting}
+            if run_file is not None:
+                run_file.parent.mkdir(parents=True, exist_ok=True)
+                run_file.write_text(json.dumps(info, indent=2))
+        elif table_run is not None and table_run != info["run_id"]:
+            raise RunMismatch(f"{self.view.ref}: checkpoint run {info['run_id']} does not match the table's "
+                              f"run {table_run}; refusing to mix two runs in one table")
+        self.run_id = info["run_id"]
+        self.app_id = f"kappa:{self.view.ref}:{self.run_id}"
+        if info.get("start_offsets"):
+            self.start_offsets = {int(p): int(o) for p, o in info["start_offsets"].items()}
+        self._run_file, self._run_info = run_file, info
+
+    def _remember_start(self, offsets: dict[int, int]) -> None:
+        if self.start_offsets is None:
+            self.start_offsets = dict(offsets)
+            if self._run_file is not None:
+                self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
+                self._run_file.write_text(json.dumps(self._run_info, indent=2))
+
+    # ---------------------------------------------------------------------------------------------------
+    def start(self) -> "ViewJob":
+        """Take the driver lock, create the tables, start the queries and the metrics endpoint."""
+        if self._lock is not None:
+            self._lock.acquire()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self._prepare_run()
+        decoded = self._decoded_stream()
+        lookups = self._lookups()
+        valid = decoded.where("_error IS NULL").drop("raw_key", "raw_value", "_error")
+        invalid = decoded.where("_error IS NOT NULL")
+        view = self.view
+        # stateful views run the transform in the streaming plan; stateless ones apply it to each batch
+        # (the streaming plan here only gives the output schema)
+        output = view.transform(valid, **lookups)
+        ensure_table(self.spark, self.paths.table, table_columns(view, output.schema),
+                     partition_by=view.partition_by,
+                     properties={"kappa.runId": self.run_id or "", "kappa.view": view.name,
+                                 "kappa.version": str(view.version), "delta.appendOnly":
+                                 "true" if view.write == "append" else "false"})
+        ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
+        self.sink = DeltaSink(view, self.paths.table, self.app_id or "")
+        self._quarantine_app = f"{self.app_id}/quarantine"
+
+        if self.metrics_port is not None:
+            self.bound_port = self.metrics.serve(self.metrics_port)
+            log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
+        self._install_listener()
+
+        if view.stateful:
+            main = self._writer(output.writeStream.outputMode(view.output_mode), "main")
+            self.queries.append(main.foreachBatch(self._stateful_batch).start())
+            quarantine = self._writer(invalid.writeStream, "quarantine")
+            self.queries.append(quarantine.foreachBatch(self._quarantine_batch).start())
+        else:
+            main = self._writer(decoded.writeStream, "main")
+            self.queries.append(main.foreachBatch(self._stateless_batch).start())
+        self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
+        self._lag_thread.start()
+
+    def _writer(self, writer: Any, name: str) -> Any:
+        writer = writer.queryName(f"{self.view.ref}:{name}").option(
+            "checkpointLocation", f"{self.paths.checkpoint}/{name}")
+        if self.available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
+
+    # foreachBatch bodies -------------------------------------------------------------------------------
+    def _stateless_batch(self, batch: "DataFrame", batch_id: int) -> None:
+        batch.persist()
+        try:
+            valid = batch.where("_error IS NULL").drop("raw_key", "raw_value", "_error")
+            output = self.view.transform(valid, **self._lookups())
+            self._commit(output, batch_id, quarantine=batch.where("_error IS NOT NULL"))
+        except Exception:
+            self.metrics.g(self.metrics.batches_failed).inc()
+            raise
+        finally:
+            batch.unpersist()
+
+    def _stateful_batch(self, batch: "DataFrame", batch_id: int) -> None:
+        batch.persist()
+        try:
+            self._commit(batch, batch_id, quarantine=None)
+        except Exception:
+            self.metrics.g(self.metrics.batches_failed).inc()
+            raise
+        finally:
+            batch.unpersist()
+
+    def _quarantine_batch(self, batch: "DataFrame", batch_id: int) -> None:
+        try:
+            self._write_quarantine(batch, batch_id)
+        except Exception:
+            self.metrics.g(self.metrics.batches_failed).inc()
+            raise
+
+    def _write_quarantine(self, bad: "DataFrame", batch_id: int) -> int:
+        from pyspark.sql import functions as F
+
+        rows = bad.select(
+            F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
+            "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
+            F.col("_error").alias("error"), F.lit(batch_id).cast("bigint").alias("batch_id"),
+            F.current_timestamp().alias("quarantined_at"))
+        rows.persist()
+        try:
+            count = rows.count()
+            if count:
+                (rows.write.format("delta").mode("append").option("txnAppId", self._quarantine_app)
+                 .option("txnVersion", batch_id).save(self.paths.quarantine))
+                self.metrics.g(self.metrics.quarantined).inc(count)
+            return count
+        finally:
+            rows.unpersist()
+
+    def _commit(self, output: "DataFrame", batch_id: int, *, quarantine: "DataFrame | None") -> None:
+        _fault("before_write", batch_id)
+        self.sink.write(output, batch_id)
+        _fault("between_commits", batch_id)
+        if quarantine is not None:
+            self._write_quarantine(quarantine, batch_id)
+        _fault("after_commit", batch_id)
+        committed_at = time.time()
+        m = self.metrics
+        m.g(m.batches).inc()
+        m.g(m.last_batch_id).set(batch_id)
+        m.g(m.last_delta_version).set(last_version(output.sparkSession, self.paths.table))
+        self._observe_output(output, committed_at)
+
+    def _observe_output(self, output: "DataFrame", committed_at: float) -> None:
+        from pyspark.sql import functions as F
+
+        col = self.view.latency_column
+        lat = (F.lit(committed_at) - F.unix_micros(F.col(col)) / F.lit(1e6)) if col else F.lit(0.0)
+        bucket = sum((F.when(lat > F.lit(b), 1).otherwise(0) for b in LATENCY_BUCKETS), F.lit(0))
+        rows = output.select(lat.alias("lat"), bucket.alias("b")).groupBy("b").agg(
+            F.count("*").alias("n"), F.sum("lat").alias("s")).collect()
+        total = sum(r["n"] for r in rows)
+        self.metrics.g(self.metrics.rows_written).inc(total)
+        if col and total:
+            self.metrics.latency.add(((r["b"], r["n"]) for r in rows), sum(r["s"] or 0.0 for r in rows))
+
+    # progress, lag -------------------------------------------------------------------------------------
+    def _install_listener(self) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        job = self
+        main_name = f"{self.view.ref}:main"
+
+        class _Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                progress = event.progress
+                if progress.name != main_name:
+                    return
+                try:
+                    job._on_progress(progress)
+                except Exception:  # metrics must never break the query
+                    log.exception("progress handling failed")
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self._listener = _Listener()
+        self.spark.streams.addListener(self._listener)
+
+    def _on_progress(self, progress: Any) -> None:
+        m = self.metrics
+        m.g(m.input_rate).set(progress.inputRowsPerSecond or 0.0)
+        m.g(m.processed_rate).set(progress.processedRowsPerSecond or 0.0)
+        m.g(m.input_rows).inc(progress.numInputRows or 0)
+        duration = (progress.durationMs or {}).get("triggerExecution")
+        if duration is not None and progress.numInputRows:
+            m.batch_duration.labels(**m.labels).observe(duration / 1000.0)
+        watermark = (progress.eventTime or {}).get("watermark")
+        if watermark and not watermark.startswith("1970-01-01"):
+            from datetime import datetime
+
+            wm = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp()
+            m.g(m.watermark_delay).set(max(0.0, time.time() - wm))
+        dropped = sum(getattr(op, "numRowsDroppedByWatermark", 0) or 0 for op in progress.stateOperators or [])
+        m.g(m.rows_dropped_late).set(dropped)
+        for source in progress.sources or []:
+            end = _offsets_json(source.endOffset) or {}
+            start = _offsets_json(source.startOffset)
+            offsets = {int(p): int(o) for p, o in end.get(self.view.stream_topic, {}).items()}
+            if start and self.start_offsets is None:
+                first = {int(p): int(o) for p, o in start.get(self.view.stream_topic, {}).items()}
+                self._remember_start(first)
+            elif self.start_offsets is None and offsets and progress.numInputRows:
+                self._remember_start({p: o for p, o in offsets.items()})
+            self.processed_offsets.update(offsets)
+
+    def _poll_lag(self) -> None:
+        from kappa.topics import partition_offsets
+
+        m = self.metrics
+        topic = self.view.stream_topic
+        while not self._stop.wait(self.lag_poll_seconds):
+            try:
+                ends = partition_offsets(self.settings, topic)
+            except Exception as exc:  # Kafka unreachable: keep the last values, say why
+                log.warning("lag poll failed: %s", exc)
+                continue
+            total_lag, total_span, done = 0, 0, 0
+            for partition, (low, high) in ends.items():
+                processed = self.processed_offsets.get(partition, low if self.processed_offsets else None)
+                p = str(partition)
+                m.g(m.log_end, topic=topic, partition=p).set(high)
+                if processed is None:
+                    continue
+                lag = max(0, high - processed)
+                total_lag += lag
+                m.g(m.lag, topic=topic, partition=p).set(lag)
+                m.g(m.processed_offset, topic=topic, partition=p).set(processed)
+                start = (self.start_offsets or {}).get(partition, low)
+                total_span += max(0, high - start)
+                done += max(0, processed - start)
+            if self.processed_offsets:
+                m.g(m.progress).set(1.0 if total_span == 0 else min(1.0, done / total_span))
+                rate = m.g(m.processed_rate)._value.get()
+                m.g(m.eta).set(total_lag / rate if rate > 0 else (0.0 if total_lag == 0 else float("inf")))
+
+    # lifecycle -----------------------------------------------------------------------------------------
+    def process_all_available(self) -> None:
+        """Block until every query has processed all data available now (tests)."""
+        for query in self.queries:
+            query.processAllAvailable()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait for the queries to end (bounded runs end by themselves); re-raise a query failure."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for query in self.queries:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if remaining is None:
+                query.awaitTermination()
+            elif not query.awaitTermination(remaining):
+                return False
+        return True
+
+    def failure(self) -> str | None:
+        """The first query failure message, if any query died."""
+        for query in self.queries:
+            exc = query.exception()
+            if exc is not None:
+                return str(exc).splitlines()[0]
+        return None
+
+    def run_forever(self, on_tick: Callable[["ViewJob"], None] | None = None) -> None:
+        """Run until SIGTERM/SIGINT (live) or until a bounded run ends; re-raise a query failure."""
+        def _term(signum: int, _frame: Any) -> None:
+            log.info("signal %s: stopping %s", signum, self.view.ref)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, _term)
+        signal.signal(signal.SIGINT, _term)
+        try:
+            while not self._stop.is_set():
+                if all(not q.isActive for q in self.queries):
+                    break
+                if on_tick:
+                    on_tick(self)
+                self._stop.wait(1.0)
+            failure = self.failure()
+            if failure:
+                raise RuntimeError(f"{self.view.ref} failed: {failure}")
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for query in self.queries:
+            try:
+                query.stop()
+            except Exception:  # already stopped or the JVM is gone
+                pass
+        if self._listener is not None:
+            try:
+                self.spark.streams.removeListener(self._listener)
+            except Exception:
+                pass
+            self._listener = None
+        self.metrics.close()
+        if self._lock is not None:
+            self._lock.release()
+        if self._own_spark and self._spark is not None:
+            self._spark.stop()
+            self._spark = None

@@ -1,0 +1,111 @@
+"""Runs view-version drivers as local processes (``kappa view run``), one process group each.
+
+State lives under ``$KAPPA_HOME/run`` (``<view>@v<N>.json``: pid, spec, metrics URL, exit file) and logs under
+``$KAPPA_HOME/logs``. Starting a job that already runs is a no-op; the driver itself also refuses a second copy
+through its checkpoint lock, so even two runners cannot start two drivers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from kappa.config import Settings
+from kappa.runners.base import JobSpec, JobStatus
+
+__all__ = ["LocalRunner"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+class LocalRunner:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.run_dir = Path(self.settings.home) / "run"
+        self.log_dir = Path(self.settings.home) / "logs"
+
+    def _state_file(self, view: str, version: int) -> Path:
+        return self.run_dir / f"{view}@v{version}.json"
+
+    def log_file(self, view: str, version: int) -> Path:
+        return self.log_dir / f"{view}@v{version}.log"
+
+    def _read(self, view: str, version: int) -> dict | None:
+        path = self._state_file(view, version)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def start(self, spec: JobSpec) -> JobStatus:
+        current = self.status(spec.view, spec.version)
+        if current.state == "running":
+            return current
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        exit_file = self.run_dir / f"{spec.ref}.exit"
+        exit_file.unlink(missing_ok=True)
+        log = open(self.log_file(spec.view, spec.version), "ab")
+        env = {**os.environ, **spec.env, "KAPPA_HOME": str(self.settings.home),
+               "KAPPA_LAKE_URI": self.settings.lake_uri, "KAPPA_EXIT_FILE": str(exit_file)}
+        if not self.settings.local_broker:
+            env["KAPPA_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
+        proc = subprocess.Popen([sys.executable, "-m", "kappa.cli", *spec.args()], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, cwd=str(self.settings.repo_root))
+        log.close()
+        state = {"pid": proc.pid, "spec": asdict(spec), "started": time.time(),
+                 "metrics_url": f"http://127.0.0.1:{spec.metrics_port}/metrics"}
+        self._state_file(spec.view, spec.version).write_text(json.dumps(state, indent=2))
+        return JobStatus(spec.ref, "running", f"pid {proc.pid}", state["metrics_url"])
+
+    def stop(self, view: str, version: int, *, timeout: float = 60.0) -> JobStatus:
+        state = self._read(view, version)
+        ref = f"{view}@v{version}"
+        if not state or not _alive(state["pid"]):
+            return self.status(view, version)
+        pid = state["pid"]
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return JobStatus(ref, "stopped", f"pid {pid} stopped")
+
+    def status(self, view: str, version: int) -> JobStatus:
+        ref = f"{view}@v{version}"
+        state = self._read(view, version)
+        if not state:
+            return JobStatus(ref, "stopped", "never started here")
+        if _alive(state["pid"]):
+            return JobStatus(ref, "running", f"pid {state['pid']}", state.get("metrics_url"))
+        exit_file = self.run_dir / f"{ref}.exit"
+        if exit_file.exists():
+            code = exit_file.read_text().strip()
+            if code == "0":
+                return JobStatus(ref, "finished", "bounded run completed")
+            return JobStatus(ref, "failed", f"exit {code}; see {self.log_file(view, version)}")
+        return JobStatus(ref, "stopped", f"pid {state['pid']} not running; see {self.log_file(view, version)}")

@@ -1,0 +1,87 @@
+"""SparkSession factory for view jobs, verification and tests.
+
+Every JVM artifact comes from ``.cache/jars/spark`` (fetched by ``make setup`` with Maven); Spark is never
+asked to resolve packages from a repository at run time (no ``spark.jars.packages``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pyspark.sql import SparkSession
+
+__all__ = ["spark_jars", "build_spark", "MissingJarsError"]
+
+
+class MissingJarsError(RuntimeError):
+    """The Spark connector/Delta jars have not been fetched (run ``make setup``)."""
+
+
+_REQUIRED = ("spark-sql-kafka-0-10", "delta-spark", "delta-storage", "kafka-clients")
+
+
+def spark_jars(jars_dir: Path) -> list[str]:
+    """Return the local jar files Spark needs, failing with a one-line hint if any is missing."""
+    spark_dir = Path(jars_dir) / "spark"
+    jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
+    missing = [name for name in _REQUIRED if not any(Path(j).name.startswith(name) for j in jars)]
+    if missing:
+        raise MissingJarsError(f"missing Spark jars {missing} in {spark_dir}: run `make setup` first")
+    return jars
+
+
+def build_spark(
+    app_name: str,
+    *,
+    jars_dir: Path,
+    master: str | None = None,
+    shuffle_partitions: int = 4,
+    driver_memory: str = "1g",
+    warehouse_dir: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> "SparkSession":
+    """Build (or return the active) SparkSession with Delta and the Kafka connector on the classpath.
+
+    Args:
+        app_name: Spark application name (shows in logs and the UI).
+        jars_dir: the ``.cache/jars`` folder filled by ``make setup``.
+        master: Spark master; defaults to ``$KAPPA_SPARK_MASTER`` or ``local[2]``.
+        shuffle_partitions: shuffle partitions; fixed in a streaming checkpoint at its first batch.
+        driver_memory: heap of the local driver JVM.
+        warehouse_dir: Spark SQL warehouse (catalog views for analysts live there).
+        extra_conf: additional Spark settings, applied last.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]"))
+        .config("spark.jars", ",".join(spark_jars(jars_dir)))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", os.environ.get("KAPPA_SPARK_UI", "false"))
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.databricks.delta.properties.defaults.checkpointInterval", "20")
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.adaptive.enabled", "false")
+    )
+    if warehouse_dir:
+        builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse_dir}")
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("KAPPA_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,97 @@
+"""What a view version is: a pure transform plus the declarations the plumbing needs.
+
+A view version lives in ``jobs/<view>/v<N>.py`` and exposes ``VIEW = ViewDefinition(...)``. The transform is
+a pure function from input DataFrames to the output DataFrame; it never reads Kafka or writes Delta itself.
+The same plumbing (``kappa.job``) runs every view: read Kafka -> decode/quarantine -> transform -> idempotent
+Delta write keyed by ``(app_id, batch_id)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Literal, Mapping
+
+from kappa.parsing import RecordFormat
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+__all__ = ["ViewDefinition", "Finality", "load_view", "view_ref"]
+
+WriteMode = Literal["append", "merge", "upsert_delete"]
+
+
+@dataclass(frozen=True)
+class Finality:
+    """How a windowed view marks rows whose window the watermark has passed.
+
+    A row is final once ``window_end <= max(event_max_column over the table) - delay``; Spark's own watermark
+    for the next batch is the same value, so a final row never changes again.
+    """
+
+    window_end_column: str
+    event_max_column: str
+    delay_seconds: int
+    flag_column: str = "is_final"
+
+
+@dataclass(frozen=True)
+class ViewDefinition:
+    """One version of one view.
+
+    Attributes:
+        name: view name (matches ``kappa/platform.yaml``).
+        version: version number; each version has its own table, checkpoint and Delta appId.
+        description: one line for ``kappa status`` and the docs.
+        stream_topic: the Kafka topic read as a stream.
+        stream_format: how records of ``stream_topic`` are decoded and validated.
+        transform: pure function ``(stream, lookups) -> DataFrame``; ``stream`` has only valid records.
+        lookups: static inputs re-read from the log at every micro-batch (name -> topic); the transform
+            receives them decoded as the latest value per key (tombstones removed).
+        output_mode: Spark output mode of the transform (``append`` for stateless or closed windows,
+            ``update`` for windows that change until final).
+        write: how a batch lands in Delta: ``append`` (idempotent append), ``merge`` (upsert by ``keys``),
+            ``upsert_delete`` (KTable: latest value per key in the batch, tombstone deletes).
+        keys: merge keys for ``merge``/``upsert_delete``.
+        order_column: for ``upsert_delete``, the column deciding which record of a key is the latest.
+        finality: windowed views mark rows final once the watermark passes them.
+        latency_column: event-time column of the output used for the end-to-end latency histogram.
+        partition_by: Delta partition columns.
+        stateful: the transform keeps state in the checkpoint (watermarked windows, sessions); bad records are
+            then quarantined by a second query of the same driver, since a stateful plan has no side output.
+    """
+
+    name: str
+    version: int
+    description: str
+    stream_topic: str
+    stream_format: RecordFormat
+    transform: Callable[..., "DataFrame"]
+    output_mode: Literal["append", "update"] = "append"
+    write: WriteMode = "append"
+    keys: tuple[str, ...] = ()
+    order_column: str | None = None
+    lookups: Mapping[str, str] = field(default_factory=dict)
+    finality: Finality | None = None
+    latency_column: str | None = None
+    partition_by: tuple[str, ...] = ()
+    stateful: bool = False
+
+    @property
+    def ref(self) -> str:
+        """``name@vN``, the view version's identity in logs, metrics and Delta appIds."""
+        return view_ref(self.name, self.version)
+
+
+def view_ref(name: str, version: int) -> str:
+    return f"{name}@v{version}"
+
+
+def load_view(module: str) -> ViewDefinition:
+    """Import ``module`` (e.g. ``jobs.user_sessions.v1``) and return its ``VIEW``."""
+    mod = importlib.import_module(module)
+    view = getattr(mod, "VIEW", None)
+    if not isinstance(view, ViewDefinition):
+        raise TypeError(f"{module} does not define VIEW = ViewDefinition(...)")
+    return view
