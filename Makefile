@@ -1,0 +1,42 @@
+# kappa -- Kappa-architecture reference platform. `make` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .cache/venv
+PY := $(VENV)/bin/python
+KAPPA := $(VENV)/bin/kappa
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: help setup run down status test test-long test-deploy bench clean lock
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+setup: ## install everything (venv, Kafka broker + Spark/Delta jars) into .cache/ -- fast when done
+	@bash infra/local/bootstrap.sh all
+
+run: setup ## start the platform: broker, topics, 4 views, a live producer, Airflow; prints the URLs
+	@$(KAPPA) up
+
+down: ## stop everything `make run` started (data is kept in .kappa/)
+	@if [ -x $(KAPPA) ]; then $(KAPPA) down; fi
+
+status: ## what runs, where its metrics are
+	@$(KAPPA) status
+
+test: setup ## the test suite (real Kafka, Spark, Delta, Airflow; offline Helm checks)
+	@$(PYTEST) -m "not slow and not bench" tests
+
+test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs)
+	@$(PYTEST) -m slow tests
+
+test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, schemas, policies)
+	@bash infra/verify-offline.sh && $(PYTEST) -m deploy tests
+
+bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON + PNG in reports/
+	@$(PY) -m kappa.bench
+
+lock: ## regenerate requirements.lock from infra/versions.env pins
+	@bash infra/local/bootstrap.sh lock
+
+clean: down ## remove runtime state (.kappa/); keeps the .cache/ downloads
+	rm -rf .kappa
