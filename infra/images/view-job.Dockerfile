@@ -1,0 +1,106 @@
+# syntax=docker/dockerfile:1.7
+#
+# View-job image: PySpark from pip (SPARK_VERSION) + the Kafka connector and Delta Lake jars fetched by Maven at
+# pinned versions (no spark.jars.packages at run time) + hadoop-aws for s3a + the kappa package, running as the
+# non-root user 10001. Used by the view drivers, the Spark executors (entrypoint `executor`) and the topics Job.
+#
+#   docker build -f infra/images/view-job.Dockerfile -t kappa/view-job:0.1.0 .      (from the repository root)
+#
+# Every ARG default equals infra/versions.env (tests/deploy/test_images.py). Layout: the repository at
+# /opt/kappa (KAPPA_REPO_ROOT), the package installed editable from there (so kappa/platform.yaml is
+# /opt/kappa/kappa/platform.yaml, where the chart's topics Job mounts its ConfigMap), jars in
+# /opt/kappa/.cache/jars/spark (what kappa.spark.spark_jars() reads).
+
+ARG PYTHON_VERSION=3.11
+ARG DEBIAN_RELEASE=bookworm
+ARG MAVEN_IMAGE_TAG=3.9.11-eclipse-temurin-17
+
+# --------------------------------------------------------------------------------------------- python
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS python
+ARG SPARK_VERSION=4.1.1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements.lock /tmp/requirements.lock
+# the exact, tested dependency set of the project (pyspark, delta-spark, confluent-kafka, ...)
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install -r /tmp/requirements.lock \
+ && /opt/venv/bin/python -c "import pyspark, sys; sys.exit(0 if pyspark.__version__ == '${SPARK_VERSION}' else 'pyspark ' + pyspark.__version__ + ' != SPARK_VERSION ${SPARK_VERSION}')"
+
+# --------------------------------------------------------------------------------------------- jars
+FROM maven:${MAVEN_IMAGE_TAG} AS jars
+ARG PYTHON_VERSION=3.11
+ARG SCALA_BINARY=2.13
+ARG SPARK_VERSION=4.1.1
+ARG DELTA_VERSION=4.2.0
+ARG DELTA_SPARK_ARTIFACT=delta-spark_4.1_2.13
+ARG KAFKA_VERSION=4.1.1
+ARG LOG4J2_VERSION=2.24.3
+ARG MAVEN_DEPENDENCY_PLUGIN_VERSION=3.8.1
+ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.0.0
+COPY infra/local/pom.xml /build/pom.xml
+COPY infra/images/s3a.pom.xml /build/s3a.pom.xml
+COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
+# Only what pyspark does not ship: every artifactId prefix of pyspark/jars is excluded (same rule as
+# infra/local/bootstrap.sh), so no library lands on the classpath twice in two versions. Hadoop and Jackson
+# versions are the ones pyspark ships (also as in bootstrap.sh).
+RUN set -eu; \
+    excludes="$(find /pyspark-jars -maxdepth 1 -name '*.jar' -printf '%f\n' | sed 's/\.jar$//' | awk '{ \
+        s = $0; pre = ""; \
+        while ((i = match(s, /-[0-9]/)) > 0) { pre = pre substr(s, 1, i - 1); print pre; \
+                                               pre = pre substr(s, i, 2); s = substr(s, i + 2) } }' \
+        | sort -u | paste -sd, -)"; \
+    hadoop="$(find /pyspark-jars -maxdepth 1 -name 'hadoop-client-api-*.jar' -printf '%f\n' | sed 's/^hadoop-client-api-\(.*\)\.jar$/\1/')"; \
+    jackson="$(find /pyspark-jars -maxdepth 1 -name 'jackson-databind-*.jar' -printf '%f\n' | sed 's/^jackson-databind-\(.*\)\.jar$/\1/')"; \
+    test -n "$hadoop" && test -n "$jackson"; \
+    mvn -B -q -f /build/pom.xml -P spark \
+        -Dscala.binary="${SCALA_BINARY}" -Dspark.version="${SPARK_VERSION}" -Dkafka.version="${KAFKA_VERSION}" \
+        -Ddelta.version="${DELTA_VERSION}" -Ddelta.artifact="${DELTA_SPARK_ARTIFACT}" \
+        -Dlog4j2.version="${LOG4J2_VERSION}" -Dspark.token.provider.version="${SPARK_KAFKA_TOKEN_PROVIDER_VERSION}" \
+        -Djackson.version="$jackson" \
+        -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
+        -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
+    mvn -B -q -f /build/s3a.pom.xml -Dhadoop.version="$hadoop" \
+        -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
+        -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
+    for jar in "spark-sql-kafka-0-10_${SCALA_BINARY}-${SPARK_VERSION}.jar" "${DELTA_SPARK_ARTIFACT}-${DELTA_VERSION}.jar" \
+               "delta-storage-${DELTA_VERSION}.jar" "kafka-clients-${KAFKA_VERSION}.jar" "hadoop-aws-$hadoop.jar"; do \
+        test -f "/jars/$jar" || { echo "missing /jars/$jar" >&2; exit 1; }; \
+    done; \
+    ls /jars
+
+# --------------------------------------------------------------------------------------------- runtime
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}
+ARG PYTHON_VERSION=3.11
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Spark 4.1 runs on Java 17/21; tini reaps the JVM/Python workers; procps for Spark's scripts
+RUN set -eu; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps; \
+    rm -rf /var/lib/apt/lists/*; \
+    ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java; \
+    groupadd --gid 10001 kappa; \
+    useradd --uid 10001 --gid 10001 --home-dir /home/kappa --create-home --shell /usr/sbin/nologin kappa
+COPY --from=python /opt/venv /opt/venv
+WORKDIR /opt/kappa
+COPY pyproject.toml ./
+COPY infra/versions.env infra/versions.env
+COPY schemas/ schemas/
+COPY jobs/ jobs/
+COPY dags/ dags/
+COPY kappa/ kappa/
+COPY --from=jars /jars/ .cache/jars/spark/
+COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
+RUN /opt/venv/bin/pip install --no-deps -e /opt/kappa \
+ && /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
+ && /opt/venv/bin/kappa --help >/dev/null
+ENV PATH=/opt/venv/bin:$PATH \
+    JAVA_HOME=/opt/java \
+    SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark \
+    PYSPARK_PYTHON=/opt/venv/bin/python \
+    PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
+    KAPPA_REPO_ROOT=/opt/kappa \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+EXPOSE 9400 4040
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/kappa/bin/entrypoint.sh"]
+CMD ["kappa", "--help"]
