@@ -174,6 +174,115 @@ def topics_ensure() -> None:
         console.print("topics up to date")
 
 
+# -------------------------------------------------------------------------------------------- data
+@app.command("produce")
+def produce(
+    count: int = typer.Option(100_000, help="Events to produce (0 with --live: until stopped)."),
+    rate: Optional[float] = typer.Option(None, help="Events/s (paced); default: as fast as possible."),
+    live: bool = typer.Option(False, "--live", help="Stamp events with the wall clock (demo) instead of a "
+                              "reproducible synthetic clock."),
+    seed: int = typer.Option(0, help="Seed of the entities and the event stream."),
+    campaigns: int = typer.Option(100, help="Number of campaigns (10 ads each)."),
+    late_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of late/out-of-order events."),
+    max_lateness_ms: int = typer.Option(5000, min=0, help="Maximum lateness of late events."),
+    malformed_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of malformed records."),
+    no_campaigns: bool = typer.Option(False, "--no-campaigns", help="Do not (re)publish the ad->campaign map."),
+    topic: str = typer.Option("ad-events"),
+) -> None:
+    """Write Yahoo Streaming Benchmark ad events with the idempotent producer."""
+    from kappa import generator
+
+    settings = _settings()
+    u = generator.universe(seed=seed, campaigns=campaigns)
+    if not no_campaigns:
+        generator.publish_campaigns(settings, generator.campaign_records(u))
+    if live and count == 0:
+        if not rate:
+            raise UserError("--live --count 0 needs --rate")
+        chunk, i = max(1, int(rate * 5)), 0
+        while True:  # until SIGTERM (kappa down)
+            generator.produce(settings, topic, generator.events(
+                chunk, seed=seed + i, universe=u, late_fraction=late_fraction, max_lateness_ms=max_lateness_ms,
+                malformed_fraction=malformed_fraction, live=True), rate=rate)
+            i += 1
+    if count <= 0:
+        raise UserError("--count must be positive (or 0 together with --live --rate)")
+    result = generator.produce(settings, topic, generator.events(
+        count, seed=seed, universe=u, rate_per_s=rate or 1000.0, late_fraction=late_fraction,
+        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, live=live),
+        rate=rate)
+    console.print_json(json.dumps(result.as_dict()))
+
+
+# -------------------------------------------------------------------------------------------- stack
+@app.command("up")
+def up(
+    rate: float = typer.Option(200.0, help="Live producer rate (events/s)."),
+    airflow: bool = typer.Option(True, help="Also start Airflow standalone."),
+) -> None:
+    """Start the local platform (broker, topics, views, producer, Airflow) and print where things are."""
+    from kappa import stack
+
+    settings = _settings()
+    stack.up(settings, rate=rate, airflow=airflow, echo=lambda m: console.print(m, highlight=False))
+    console.print(
+        "\n[bold]Next[/bold]\n"
+        "  kappa status                          what runs, metrics URLs, Airflow login\n"
+        "  kappa query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
+        "  kappa replay campaign_window_counts --version 2 --start earliest\n"
+        "  make down                             stop everything (data stays in .kappa/)")
+
+
+@app.command("down")
+def down() -> None:
+    """Stop everything `kappa up` started (data stays)."""
+    from kappa import stack
+
+    stack.down(_settings(), echo=lambda m: console.print(m, highlight=False))
+
+
+@app.command("status")
+def status() -> None:
+    """Processes of the local stack, and the registry of view versions."""
+    from kappa import stack
+
+    settings = _settings()
+    table = Table("component", "state", "where")
+    for row in stack.status(settings):
+        table.add_row(*row)
+    console.print(table)
+    try:
+        from kappa.registry import Registry
+
+        records = Registry(settings.lake_uri).list()
+    except Exception as exc:  # noqa: BLE001 - registry not created yet
+        console.print(f"registry: {str(exc).splitlines()[0] if str(exc) else 'empty'}", highlight=False)
+        return
+    reg = Table("view", "version", "state", "by", "updated", "note")
+    for r in records:
+        reg.add_row(r.view, str(r.version), r.state, r.state_changed_by, str(r.updated_at)[:19], r.note or "")
+    console.print(reg)
+
+
+@app.command("query")
+def query(
+    sql: str = typer.Argument(..., help="SQL over the serving views (campaign_window_counts, ...)."),
+    as_of: Optional[str] = typer.Option(None, "--as-of", help="Delta version (int) or ISO timestamp."),
+    limit: int = typer.Option(50, help="Rows to print."),
+) -> None:
+    """Answer SQL over the serving views without Spark (DuckDB over delta-rs), with freshness."""
+    from kappa.query import run_query
+
+    result = run_query(sql, as_of=as_of, settings=_settings())
+    table = Table(*result.columns)
+    for row in result.rows[:limit]:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+    for name, f in result.freshness.items():
+        console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
+                      f"{f.last_commit}, watermark {f.watermark}", highlight=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``kappa`` console script."""
     exit_file = os.environ.get("KAPPA_EXIT_FILE")

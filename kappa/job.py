@@ -130,6 +130,11 @@ def _fault(phase: str, batch_id: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+#: Message of the progress-reporting NullPointerException of Spark 4.1's Kafka source (SPARK-55271).
+_SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)" because the return value of ' \
+    '"scala.Option.get()" is null'
+
+
 def _offsets_json(text: str | None) -> dict | None:
     """Kafka source offsets from a progress report (``None`` when absent or not JSON)."""
     try:
@@ -191,6 +196,7 @@ class ViewJob:
         self.start_offsets: dict[int, int] | None = None
         self.processed_offsets: dict[int, int] = {}
         self.bound_port: int | None = None
+        self._recoveries = 0
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -221,7 +227,7 @@ class ViewJob:
         from pyspark.sql import functions as F
 
         raw = (self.spark.read.format("kafka").options(**self._kafka_options())
-               .option("subscribe", lookup.topic).option("startingOffsets", "earliest")
+               .option("subscribe", self.settings.topic(lookup.topic)).option("startingOffsets", "earliest")
                .option("endingOffsets", "latest").option("failOnDataLoss", "false").load())
         decoded = decode(raw, lookup.format).where(F.col("_error").isNull())
         key = lookup.columns[0]
@@ -233,7 +239,7 @@ class ViewJob:
     def _decoded_stream(self) -> "DataFrame":
         from pyspark.sql import functions as F
 
-        decoded = decode(self._read_stream(self.view.stream_topic), self.view.stream_format)
+        decoded = decode(self._read_stream(self.settings.topic(self.view.stream_topic)), self.view.stream_format)
         if self.end_timestamp_ms is not None:
             decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
         return decoded
@@ -317,16 +323,39 @@ class ViewJob:
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
 
-        if view.stateful:
-            main = self._writer(output.writeStream.outputMode(view.output_mode), "main")
-            self.queries.append(main.foreachBatch(self._stateful_batch).start())
-            quarantine = self._writer(invalid.writeStream, "quarantine")
-            self.queries.append(quarantine.foreachBatch(self._quarantine_batch).start())
-        else:
-            main = self._writer(decoded.writeStream, "main")
-            self.queries.append(main.foreachBatch(self._stateless_batch).start())
+        self._output, self._decoded, self._invalid = output, decoded, invalid
+        self._start_queries()
         self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
         self._lag_thread.start()
+
+    def _start_queries(self) -> None:
+        self.queries = []
+        if self.view.stateful:
+            main = self._writer(self._output.writeStream.outputMode(self.view.output_mode), "main")
+            self.queries.append(main.foreachBatch(self._stateful_batch).start())
+            quarantine = self._writer(self._invalid.writeStream, "quarantine")
+            self.queries.append(quarantine.foreachBatch(self._quarantine_batch).start())
+        else:
+            main = self._writer(self._decoded.writeStream, "main")
+            self.queries.append(main.foreachBatch(self._stateless_batch).start())
+
+    def _recover(self) -> bool:
+        """Restart the queries after a known, harmless Spark failure; False if the failure is real.
+
+        Spark 4.1's Kafka source throws a NullPointerException while *reporting progress* of the first batch
+        after a restart when that batch is re-run from the offset log (SPARK-55271). The batch and its
+        checkpoint commit are complete by then, so starting the query again on the same checkpoint is safe.
+        """
+        failure = self.failure() or ""
+        if _SPARK_55271 not in failure or self._recoveries >= 5:
+            return False
+        self._recoveries += 1
+        log.warning("%s: restarting queries after SPARK-55271 (progress-reporting NPE)", self.view.ref)
+        for query in self.queries:
+            if query.isActive:
+                query.stop()
+        self._start_queries()
+        return True
 
     def _writer(self, writer: Any, name: str) -> Any:
         writer = writer.queryName(f"{self.view.ref}:{name}").option(
@@ -459,9 +488,10 @@ class ViewJob:
         for source in progress.sources or []:
             end = _offsets_json(source.endOffset) or {}
             start = _offsets_json(source.startOffset)
-            offsets = {int(p): int(o) for p, o in end.get(self.view.stream_topic, {}).items()}
+            topic = self.settings.topic(self.view.stream_topic)
+            offsets = {int(p): int(o) for p, o in end.get(topic, {}).items()}
             if start and self.start_offsets is None:
-                first = {int(p): int(o) for p, o in start.get(self.view.stream_topic, {}).items()}
+                first = {int(p): int(o) for p, o in start.get(topic, {}).items()}
                 self._remember_start(first)
             elif self.start_offsets is None and offsets and progress.numInputRows:
                 self._remember_start({p: o for p, o in offsets.items()})
@@ -471,7 +501,7 @@ class ViewJob:
         from kappa.topics import partition_offsets
 
         m = self.metrics
-        topic = self.view.stream_topic
+        topic = self.settings.topic(self.view.stream_topic)
         while not self._stop.wait(self.lag_poll_seconds):
             try:
                 ends = partition_offsets(self.settings, topic)
@@ -506,13 +536,19 @@ class ViewJob:
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the queries to end (bounded runs end by themselves); re-raise a query failure."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for query in self.queries:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if remaining is None:
-                query.awaitTermination()
-            elif not query.awaitTermination(remaining):
-                return False
-        return True
+        while True:
+            for query in self.queries:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    if remaining is None:
+                        query.awaitTermination()
+                    elif not query.awaitTermination(remaining):
+                        return False
+                except Exception:  # the query failed: recover if harmless, else report via failure()
+                    break
+            if self.failure() and self._recover():
+                continue
+            return True
 
     def failure(self) -> str | None:
         """The first query failure message, if any query died."""
@@ -532,6 +568,10 @@ class ViewJob:
         signal.signal(signal.SIGINT, _term)
         try:
             while not self._stop.is_set():
+                if self.failure():
+                    if self._recover():
+                        continue
+                    break
                 if all(not q.isActive for q in self.queries):
                     break
                 if on_tick:

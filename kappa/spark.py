@@ -57,11 +57,14 @@ def build_spark(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]")
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local driver stays on loopback
     from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]"))
+        .master(master)
         .config("spark.jars", ",".join(spark_jars(jars_dir)))
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
@@ -77,6 +80,8 @@ def build_spark(
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.adaptive.enabled", "false")
     )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse_dir}")

@@ -26,6 +26,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ def _subprocess_env(settings: Settings) -> dict[str, str]:
         "KAPPA_HOME": str(settings.home),
         "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "KAPPA_LAKE_URI": settings.lake_uri,
+        "KAPPA_TOPIC_PREFIX": settings.topic_prefix,
     }
     for var, value in (
         ("KAPPA_KAFKA_SECURITY_PROTOCOL", settings.security_protocol),
@@ -181,9 +183,20 @@ def declared_topics(kafka: KafkaCluster) -> dict[str, int]:
 
 
 @pytest.fixture
-def lake(kafka: KafkaCluster, tmp_path: Path) -> Settings:
-    """Settings whose lake (tables, checkpoints, quarantine) is fresh for this test."""
-    return kafka.settings.replace(lake_uri=str(tmp_path / "lake"))
+def lake(kafka: KafkaCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
+    """Settings with a fresh lake (tables, checkpoints, quarantine) and this test's own declared topics.
+
+    The topics of kappa/platform.yaml are created under a per-test prefix (``KAPPA_TOPIC_PREFIX``), so every
+    test reads a log holding only its own records, while using the real declarations (partitions, configs).
+    """
+    from kappa.catalog import load_catalog
+    from kappa.topics import ensure_topics
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]
+    settings = kafka.settings.replace(lake_uri=str(tmp_path / "lake"), topic_prefix=f"{slug}-{uuid.uuid4().hex[:6]}.")
+    specs = [dataclasses.replace(spec, name=settings.topic(spec.name)) for spec in load_catalog().topics.values()]
+    ensure_topics(settings, specs)
+    return settings
 
 
 def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -33,14 +33,14 @@ def _run_all(spark, settings, **options) -> None:
 def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_topics, lake):
     u = generator.universe(seed=11, campaigns=20, users=400)
     mapping = generator.campaign_records(u)
-    generator.publish_campaigns(lake, mapping)
+    generator.publish_campaigns(lake, mapping, topic=lake.topic("campaigns"))
     # KTable semantics: a remap and a tombstone after the first value; plus bad mapping records
     ads = list(mapping)
-    generator.publish_campaigns(lake, {ads[0]: u.campaigns[-1], ads[1]: None})
-    generator.produce(lake, "campaigns", [(None, b'{"campaign_id": "x"}'), (ads[2].encode(), b"{nope")])
+    generator.publish_campaigns(lake, {ads[0]: u.campaigns[-1], ads[1]: None}, topic=lake.topic("campaigns"))
+    generator.produce(lake, lake.topic("campaigns"), [(None, b'{"campaign_id": "x"}'), (ads[2].encode(), b"{nope")])
     stream = generator.events(6000, seed=11, universe=u, start_ms=1_700_000_000_000, rate_per_s=25,
                               late_fraction=0.1, max_lateness_ms=5000, malformed_fraction=0.3)
-    result = generator.produce(lake, "ad-events", stream)
+    result = generator.produce(lake, lake.topic("ad-events"), stream)
     assert result.delivered == 6000
 
     _run_all(spark, lake)

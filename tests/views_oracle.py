@@ -15,8 +15,8 @@ def _ms(ts: Any) -> int:
 
 
 def expected(settings: Settings) -> dict[str, Any]:
-    events = oracle.validate_records(oracle.read_log(settings, "ad-events"), "ad_event", key_field="user_id")
-    campaigns = oracle.validate_records(oracle.read_log(settings, "campaigns"), "campaign", key_field=None,
+    events = oracle.validate_records(oracle.read_log(settings, settings.topic("ad-events")), "ad_event", key_field="user_id")
+    campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign", key_field=None,
                                         tombstones=True)
     mapping = oracle.expected_campaign_catalog(campaigns)
     return {

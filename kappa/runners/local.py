@@ -62,7 +62,8 @@ class LocalRunner:
         exit_file.unlink(missing_ok=True)
         log = open(self.log_file(spec.view, spec.version), "ab")
         env = {**os.environ, **spec.env, "KAPPA_HOME": str(self.settings.home),
-               "KAPPA_LAKE_URI": self.settings.lake_uri, "KAPPA_EXIT_FILE": str(exit_file)}
+               "KAPPA_LAKE_URI": self.settings.lake_uri, "KAPPA_EXIT_FILE": str(exit_file),
+               "KAPPA_TOPIC_PREFIX": self.settings.topic_prefix}
         if not self.settings.local_broker:
             env["KAPPA_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
         proc = subprocess.Popen([sys.executable, "-m", "kappa.cli", *spec.args()], stdout=log,

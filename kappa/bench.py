@@ -1,0 +1,242 @@
+"""``make bench``: how fast is replay compared with simply reading the log, and how fresh are live views?
+
+Usage:
+    python -m kappa.bench [--events 2000000] [--live-rate 10000] [--live-seconds 60] [--out reports]
+
+Measures, in one run on one machine (numbers are only comparable side by side):
+
+(a) the raw log-read ceiling: a plain confluent-kafka consumer reading the benchmark topic to nothing;
+(b) replay throughput of ``campaign_window_counts`` from earliest (events/s) and its ratio to (a);
+(c) live end-to-end latency p50/p99 (event time -> committed in Delta) at a steady produce rate, default trigger;
+(d) peak RSS of the broker and of the Spark driver JVM.
+
+Writes ``<out>/bench.json`` and ``<out>/bench.png`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run"]
+
+
+class _PeakRss:
+    """Samples the resident memory of a process tree in the background and keeps the peak."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.5) -> None:
+        self.pids, self.interval = pids, interval
+        self.peak: dict[str, int] = {name: 0 for name in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self.interval):
+            for name, pid in self.pids.items():
+                try:
+                    rss = psutil.Process(pid).memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peak[name] = max(self.peak[name], rss)
+
+    def __enter__(self) -> "_PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _spark_jvm_pid() -> int | None:
+    import psutil
+
+    me = psutil.Process()
+    for child in me.children(recursive=True):
+        if "java" in child.name():
+            return child.pid
+    return None
+
+
+def raw_ceiling(settings: Any, topic: str, expected: int) -> dict[str, float]:
+    """(a) Read every record of ``topic`` with a plain consumer, doing nothing with it."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(settings.kafka_client_config({
+        "group.id": f"bench-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760}))
+    consumer.subscribe([topic])
+    n, started, first = 0, time.monotonic(), None
+    try:
+        while n < expected and time.monotonic() - started < 600:
+            msgs = consumer.consume(num_messages=100_000, timeout=1.0)
+            if msgs and first is None:
+                first = time.monotonic()
+            n += sum(1 for m in msgs if m.error() is None)
+    finally:
+        consumer.close()
+    elapsed = time.monotonic() - (first or started)
+    return {"records": n, "seconds": elapsed, "events_per_s": n / elapsed if elapsed else 0.0}
+
+
+def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
+    """histogram_quantile over cumulative (upper bound, count) buckets, like Prometheus."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return None
+    rank, prev_bound, prev_count = q * total, 0.0, 0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            span = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 0.0)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partitions: int = 4) -> dict[str, Any]:
+    from kappa import generator
+    from kappa.broker import LocalBroker, free_port
+    from kappa.config import Settings
+    from kappa.job import ViewJob
+    from kappa.spark import build_spark
+    from kappa.topics import create_topic, delete_topics
+    from kappa.view import load_view
+
+    base = Settings.from_env()
+    home = Path(base.home) / "bench"
+    broker = None
+    if base.local_broker:
+        broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port()).start()
+        settings = base.replace(kafka_bootstrap=broker.bootstrap, local_broker=False,
+                                lake_uri=str(home / f"lake-{int(time.time())}"))
+    else:
+        settings = base.replace(lake_uri=str(home / f"lake-{int(time.time())}"))
+    topic = f"bench-ad-events-{uuid.uuid4().hex[:6]}"
+    live_topic = f"bench-live-{uuid.uuid4().hex[:6]}"
+    result: dict[str, Any] = {"events": events, "partitions": partitions, "live_rate": live_rate,
+                              "live_seconds": live_seconds, "cores": os.cpu_count()}
+    try:
+        create_topic(settings, topic, partitions, {"retention.ms": "-1"})
+        create_topic(settings, live_topic, partitions, {"retention.ms": "-1"})
+        u = generator.universe(seed=0)
+        generator.publish_campaigns(settings, generator.campaign_records(u))
+        t0 = time.monotonic()
+        produced = generator.produce(settings, topic, generator.events(events, seed=0, universe=u))
+        result["load"] = {"seconds": time.monotonic() - t0, "delivered": produced.delivered}
+        print(f"loaded {produced.delivered} events in {result['load']['seconds']:.1f}s")
+
+        result["raw_ceiling"] = raw_ceiling(settings, topic, events)
+        print(f"(a) raw consumer: {result['raw_ceiling']['events_per_s']:,.0f} events/s")
+
+        spark = build_spark("kappa-bench", jars_dir=settings.jars_dir, driver_memory="2g")
+        pids = {"spark_driver": _spark_jvm_pid() or os.getpid()}
+        if broker is not None and broker.pid:
+            pids["broker"] = broker.pid
+        view = load_view("jobs.campaign_window_counts.v1")
+        with _PeakRss(pids) as rss:
+            replay_view = dataclasses.replace(view, stream_topic=topic)
+            job = ViewJob(replay_view, settings, spark=spark, starting="earliest", available_now=True,
+                          max_offsets_per_trigger=500_000)
+            t0 = time.monotonic()
+            job.start()
+            job.await_termination(3600)
+            elapsed = time.monotonic() - t0
+            failure = job.failure()
+            job.stop()
+            if failure:
+                raise RuntimeError(f"replay failed: {failure}")
+            result["replay"] = {"seconds": elapsed, "events_per_s": events / elapsed}
+            result["replay"]["ratio_to_raw"] = result["replay"]["events_per_s"] / result["raw_ceiling"]["events_per_s"]
+            result["replay"]["ratio_to_live_rate"] = result["replay"]["events_per_s"] / live_rate
+            print(f"(b) replay: {result['replay']['events_per_s']:,.0f} events/s "
+                  f"({result['replay']['ratio_to_raw']:.2f}x raw, {result['replay']['ratio_to_live_rate']:.1f}x live rate)")
+
+            live_view = dataclasses.replace(view, stream_topic=live_topic, version=99)
+            job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=0.0)
+            job.start()
+            time.sleep(5)
+            t0 = time.monotonic()
+            sent = generator.produce(settings, live_topic, generator.events(
+                int(live_rate * live_seconds), seed=1, universe=u, live=True), rate=live_rate)
+            achieved = sent.delivered / (time.monotonic() - t0)
+            time.sleep(10)
+            hist = next(iter(job.metrics.latency.collect())).samples
+            job.stop()
+            buckets = [(float(s.labels["le"]), int(s.value)) for s in hist if s.name.endswith("_bucket")]
+            result["live"] = {"target_rate": live_rate, "achieved_rate": achieved,
+                              "p50_s": _quantile(buckets, 0.5), "p99_s": _quantile(buckets, 0.99),
+                              "rows_observed": buckets[-1][1] if buckets else 0}
+            print(f"(c) live at {achieved:,.0f} events/s: p50 {result['live']['p50_s']}s, p99 {result['live']['p99_s']}s")
+        result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
+        spark.stop()
+    finally:
+        try:
+            delete_topics(settings, [topic, live_topic])
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+        if broker is not None:
+            broker.stop()
+    _report(result, out)
+    return result
+
+
+def _report(result: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rich.console import Console
+    from rich.table import Table
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4))
+    names = ["raw consumer (a)", "replay (b)", "live rate"]
+    values = [result["raw_ceiling"]["events_per_s"], result["replay"]["events_per_s"], result["live"]["achieved_rate"]]
+    ax1.bar(names, values, color=["#888", "#2a7", "#37c"])
+    ax1.set_ylabel("events/s")
+    ax1.set_title(f"throughput, {result['events']:,} events")
+    ax2.bar(["p50", "p99"], [result["live"]["p50_s"] or 0, result["live"]["p99_s"] or 0], color="#c73")
+    ax2.set_ylabel("seconds")
+    ax2.set_title("live end-to-end latency (c)")
+    ax3.bar(list(result["peak_rss_mb"]), list(result["peak_rss_mb"].values()), color="#76a")
+    ax3.set_ylabel("MiB")
+    ax3.set_title("peak RSS (d)")
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=100)
+    table = Table("measure", "value")
+    table.add_row("(a) raw log read", f"{result['raw_ceiling']['events_per_s']:,.0f} events/s")
+    table.add_row("(b) replay campaign_window_counts", f"{result['replay']['events_per_s']:,.0f} events/s")
+    table.add_row("    ratio to (a) (goal >= 0.5)", f"{result['replay']['ratio_to_raw']:.2f}")
+    table.add_row("    ratio to live rate (goal >= 30)", f"{result['replay']['ratio_to_live_rate']:.1f}")
+    table.add_row("(c) live rate achieved", f"{result['live']['achieved_rate']:,.0f} events/s")
+    table.add_row("    latency p50 / p99", f"{result['live']['p50_s']} / {result['live']['p99_s']} s")
+    for name, mb in result["peak_rss_mb"].items():
+        table.add_row(f"(d) peak RSS {name}", f"{mb:,.0f} MiB")
+    Console().print(table)
+    print(f"report: {out / 'bench.json'}, {out / 'bench.png'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=int(os.environ.get("KAPPA_BENCH_EVENTS", 2_000_000)))
+    parser.add_argument("--live-rate", type=float, default=10_000)
+    parser.add_argument("--live-seconds", type=float, default=60)
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    args = parser.parse_args()
+    run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out)
+
+
+if __name__ == "__main__":
+    main()

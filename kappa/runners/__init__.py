@@ -1,0 +1,1 @@
+"""View-job runners: local processes (``local``) and Kubernetes workloads (``kubernetes``)."""

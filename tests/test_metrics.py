@@ -1,0 +1,94 @@
+"""A real view driver serves Prometheus metrics, and the values move while data flows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kappa import generator
+from kappa.broker import free_port
+from tests.conftest import subprocess_env
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    matches = [v for (n, lbl), v in samples.items() if n == name and all((k, v2) in lbl for k, v2 in labels.items())]
+    return sum(matches) if matches else float("nan")
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except OSError:  # endpoint not up yet
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what} (last: {last})")
+
+
+def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
+    u = generator.universe(seed=5, campaigns=5)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    port = free_port()
+    log = open(tmp_path / "job.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kappa.cli", "view", "run", "events_raw", "--starting", "latest",
+         "--metrics-port", str(port), "--trigger-seconds", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(lake), start_new_session=True)
+    try:
+        _wait_for(lambda: scrape(port), 240, "the metrics endpoint")
+
+        def produce(seed: int) -> None:
+            generator.produce(lake, lake.topic("ad-events"), generator.events(
+                400, seed=seed, universe=u, live=True, malformed_fraction=0.1))
+
+        produce(1)
+        first = _wait_for(lambda: (s := scrape(port)) and value(s, "kappa_batches_total") >= 1 and
+                          value(s, "kappa_input_rows_total") > 0 and s, 240, "a first committed batch")
+        produce(2)
+        second = _wait_for(lambda: (s := scrape(port)) and value(s, "kappa_input_rows_total") >
+                           value(first, "kappa_input_rows_total") and value(s, "kappa_partition_lag_records") == 0
+                           and s, 240, "the second load to be processed")
+
+        labels = {"view": "events_raw", "version": "1"}
+        assert value(second, "kappa_input_rows_total", **labels) >= 800
+        assert value(second, "kappa_last_delta_version", **labels) > value(first, "kappa_last_delta_version", **labels)
+        assert value(second, "kappa_quarantined_records_total", **labels) > value(
+            first, "kappa_quarantined_records_total", **labels) > 0
+        assert value(second, "kappa_rows_written_total", **labels) > value(first, "kappa_rows_written_total", **labels)
+        # end-to-end latency histogram: every written row observed, with a plausible (live) latency
+        count = value(second, "kappa_end_to_end_latency_seconds_count", **labels)
+        assert count == value(second, "kappa_rows_written_total", **labels)
+        assert 0 < value(second, "kappa_end_to_end_latency_seconds_sum", **labels) / count < 300
+        assert value(second, "kappa_batch_duration_seconds_count", **labels) >= 2
+        # lag per partition of the 4-partition topic, all caught up, and the log end offset known
+        lags = [v for (n, lbl), v in second.items() if n == "kappa_partition_lag_records"]
+        assert len(lags) == declared_topics["ad-events"] and all(v == 0 for v in lags)
+        assert value(second, "kappa_partition_log_end_offset") > value(first, "kappa_partition_log_end_offset")
+        assert value(second, "kappa_processed_rows_per_second", **labels) >= 0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "job.log").read_text()[-2000:]
