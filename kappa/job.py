@@ -560,8 +560,11 @@ class ViewJob:
 
     def run_forever(self, on_tick: Callable[["ViewJob"], None] | None = None) -> None:
         """Run until SIGTERM/SIGINT (live) or until a bounded run ends; re-raise a query failure."""
+        signalled = threading.Event()
+
         def _term(signum: int, _frame: Any) -> None:
             log.info("signal %s: stopping %s", signum, self.view.ref)
+            signalled.set()
             self._stop.set()
 
         signal.signal(signal.SIGTERM, _term)
@@ -577,7 +580,7 @@ class ViewJob:
                 if on_tick:
                     on_tick(self)
                 self._stop.wait(1.0)
-            failure = self.failure()
+            failure = None if signalled.is_set() else self.failure()
             if failure:
                 raise RuntimeError(f"{self.view.ref} failed: {failure}")
         finally:
@@ -600,5 +603,8 @@ class ViewJob:
         if self._lock is not None:
             self._lock.release()
         if self._own_spark and self._spark is not None:
-            self._spark.stop()
+            try:
+                self._spark.stop()
+            except Exception:  # the JVM is already gone (e.g. the whole process group got SIGTERM)
+                pass
             self._spark = None

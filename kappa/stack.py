@@ -80,15 +80,17 @@ class Daemon:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        try:
-            os.killpg(pid, signal.SIGTERM)
+        try:  # the leader shuts its children down itself
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        try:
+            os.killpg(pid, signal.SIGKILL if _alive(pid) else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         self.pid_file.unlink(missing_ok=True)
         return True
 

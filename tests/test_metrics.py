@@ -53,7 +53,7 @@ def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
     port = free_port()
     log = open(tmp_path / "job.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kappa.cli", "view", "run", "events_raw", "--starting", "latest",
+        [sys.executable, "-m", "kappa.cli", "view", "run", "events_raw", "--starting", "earliest",
          "--metrics-port", str(port), "--trigger-seconds", "1"],
         stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(lake), start_new_session=True)
     try:
@@ -88,7 +88,13 @@ def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
         assert value(second, "kappa_partition_log_end_offset") > value(first, "kappa_partition_log_end_offset")
         assert value(second, "kappa_processed_rows_per_second", **labels) >= 0
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        os.kill(proc.pid, signal.SIGTERM)  # like Kubernetes: the driver process gets SIGTERM
+        try:
+            proc.wait(timeout=120)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         log.close()
     assert proc.returncode == 0, (tmp_path / "job.log").read_text()[-2000:]

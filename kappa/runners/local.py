@@ -81,15 +81,17 @@ class LocalRunner:
         if not state or not _alive(state["pid"]):
             return self.status(view, version)
         pid = state["pid"]
-        try:
-            os.killpg(pid, signal.SIGTERM)
+        try:  # the driver (group leader) stops its queries and its JVM child itself
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        try:  # whatever is left of the group (a JVM that outlived its driver)
+            os.killpg(pid, signal.SIGKILL if _alive(pid) else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
