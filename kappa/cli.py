@@ -19,8 +19,8 @@ from rich.table import Table
 
 __all__ = ["app", "main", "UserError"]
 
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 app = typer.Typer(help="Kappa platform: Kafka log -> Spark views on Delta.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -91,6 +91,7 @@ def view_run(
     from kappa.job import ViewJob
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     definition = _load_view(view, version)
     job = ViewJob(definition, _settings(), starting=starting, trigger_seconds=trigger_seconds,
                   available_now=available_now or end_ts is not None, end_timestamp_ms=end_ts,
@@ -281,6 +282,138 @@ def query(
     for name, f in result.freshness.items():
         console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
                       f"{f.last_commit}, watermark {f.watermark}", highlight=False)
+
+
+# -------------------------------------------------------------------------------------------- replays
+def _by() -> str:
+    import getpass
+
+    return f"cli:{getpass.getuser()}"
+
+
+def _replay_request(view: str, version: int, **fields):
+    from kappa.replay import ReplayRequest
+
+    return ReplayRequest(view=view, version=version, triggered_by=_by(), **fields).validate()
+
+
+@app.command("replay")
+def replay_cmd(
+    view: str = typer.Argument(..., help="View name (kappa/platform.yaml)."),
+    version: int = typer.Option(..., help="Version to build (declared under the view's versions)."),
+    start: str = typer.Option("earliest", help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'."),
+    end: str = typer.Option("live", help="live (then keep following the log) | ts:<epoch ms> (bounded)."),
+    verify: str = typer.Option("strict", help="strict (must equal the plain-Python oracle) | none."),
+    promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
+    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+    max_offsets_per_trigger: Optional[int] = typer.Option(None, min=1, help="Bound the replay's micro-batches."),
+    max_lag: int = typer.Option(2000, min=0, help="Live: caught up once at most this many records lag behind."),
+    timeout: float = typer.Option(0.0, min=0.0, help="Stop waiting after this many seconds (0: no limit)."),
+) -> None:
+    """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote)."""
+    from kappa import replay
+
+    settings = _settings()
+    req = _replay_request(view, version, **replay.parse_start(start), **replay.parse_end(end), verify=verify,
+                          auto_promote=promote, keep_hours=keep_hours,
+                          max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag)
+    runner = replay.runner_from_env(settings)
+    pre = replay.preflight(req, settings, runner)
+    console.print(pre.summary(), highlight=False)
+    rec = replay.launch(req, settings, runner, pre)
+    console.print(f"{req.ref}: {rec.state} (app id {rec.app_id})", highlight=False)
+    _follow(req, settings, runner, timeout=timeout)
+    result = replay.verify(view, version, settings, req.verify, by=req.triggered_by,
+                           end_timestamp_ms=req.end_timestamp_ms)
+    console.print(result.message, highlight=False)
+    if not result.passed:
+        raise UserError(f"{req.ref} failed verification; serving unchanged")
+    if req.auto_promote:
+        switched = replay.promote(view, version, settings, runner, by=req.triggered_by, keep_hours=keep_hours)
+        console.print(switched.message, highlight=False)
+    else:
+        console.print(f"promote it with: kappa promote {view} --version {version}", highlight=False)
+
+
+def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_every: float = 10.0) -> None:
+    """Progress bar until the replay has caught up (the job keeps running if this is interrupted)."""
+    from collections import deque
+
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    from kappa import replay
+
+    samples: deque = deque(maxlen=10)
+    deadline = time.monotonic() + timeout if timeout else None
+    last_record = 0.0
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[detail]}"))
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(req.ref, total=None, detail="starting")
+        while True:
+            record = time.monotonic() - last_record >= record_every
+            sample = replay.progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
+                                     previous=samples[0] if samples else None, record=record, by=req.triggered_by)
+            if record:
+                last_record = time.monotonic()
+            samples.append(sample)
+            bar.update(task, total=max(sample.total, 1), completed=sample.done,
+                       detail=f"lag {sample.lag:,}  ETA {sample.eta_text}")
+            if replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                                end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample):
+                bar.update(task, completed=max(sample.total, 1), detail=f"caught up (lag {sample.lag:,})")
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise UserError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
+                                "running - run `kappa verify` / `kappa promote` once it has")
+            time.sleep(poll)
+
+
+@app.command("verify")
+def verify_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    version: int = typer.Option(..., help="Version to check (must have caught up)."),
+    mode: str = typer.Option("strict", help="strict (equal to the plain-Python oracle) | none."),
+    end_ts: Optional[int] = typer.Option(None, help="Bounded replays: their end timestamp (ms)."),
+) -> None:
+    """Check a caught-up version against the independent oracle (-> verified or failed)."""
+    from kappa import replay
+
+    result = replay.verify(view, version, _settings(), mode, by=_by(), end_timestamp_ms=end_ts)
+    console.print(result.message, highlight=False)
+    for example in result.examples:
+        console.print(f"  {example}", highlight=False)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@app.command("promote")
+def promote_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    version: int = typer.Option(..., help="Verified version to serve."),
+    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+) -> None:
+    """Switch the view's serving alias to a verified version (atomic, idempotent); stop the old job."""
+    from kappa import replay
+
+    settings = _settings()
+    result = replay.promote(view, version, settings, replay.runner_from_env(settings), by=_by(),
+                            keep_hours=keep_hours)
+    console.print(result.message, highlight=False)
+
+
+@app.command("rollback")
+def rollback_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    to: Optional[int] = typer.Option(None, "--to", help="Version to serve again (default: the previous one)."),
+    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+) -> None:
+    """Serve a kept earlier version again: switch the alias back, restart its job, stop the other one."""
+    from kappa import replay
+
+    settings = _settings()
+    result = replay.rollback(view, to, settings, replay.runner_from_env(settings), by=_by(), keep_hours=keep_hours)
+    console.print(result.message, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> None:

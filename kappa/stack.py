@@ -108,6 +108,8 @@ def airflow_env(settings: Settings) -> dict[str, str]:
     home = Path(settings.home) / "airflow"
     return {
         **_env(settings),
+        # standalone starts its components as `airflow ...` subprocesses: use this environment's one
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(Path(settings.repo_root) / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
