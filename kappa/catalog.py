@@ -1,0 +1,304 @@
+"""The platform's declarations: topics of the retained log and the views maintained from them.
+
+``kappa/platform.yaml`` is the only list of topics and views (the Helm chart reads the same file). This
+module parses it into frozen dataclasses and validates it, reporting *every* problem at once with its
+location in the file.
+
+Example:
+    >>> from kappa.catalog import load_catalog
+    >>> cat = load_catalog()
+    >>> cat.topic("ad-events").partitions  # doctest: +SKIP
+    4
+    >>> cat.view("user_sessions").module()  # doctest: +SKIP
+    'jobs.user_sessions.v1'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "PLATFORM_FILE",
+    "Catalog",
+    "CatalogError",
+    "TopicSpec",
+    "ViewSpec",
+    "load_catalog",
+    "parse_catalog",
+]
+
+#: Default declaration file, next to this module.
+PLATFORM_FILE: Path = Path(__file__).resolve().parent / "platform.yaml"
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class CatalogError(ValueError):
+    """``platform.yaml`` is invalid; ``errors`` lists every problem as ``"<path>: <message>"``."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.source = source
+        self.errors = list(errors)
+        lines = "\n".join(f"  - {e}" for e in errors)
+        super().__init__(f"{source}: {len(errors)} problem(s):\n{lines}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicSpec:
+    """A declared Kafka topic.
+
+    Attributes:
+        name: Topic name.
+        partitions: Declared partition count (the platform only ever *adds* partitions).
+        replication_factor: Replication factor used at creation (cannot be changed afterwards).
+        config: Topic-level configs (string values, as Kafka reports them).
+        description: Human description.
+    """
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewSpec:
+    """A declared view: a Delta table maintained from topics, in one or more versions.
+
+    Attributes:
+        name: View name (also the serving alias).
+        description: Human description.
+        topics: Topics the view reads.
+        default_version: Version served by default (must be a key of ``versions``).
+        versions: Version number -> importable module implementing that version (``jobs.<view>.vN``).
+    """
+
+    name: str
+    description: str
+    topics: tuple[str, ...]
+    default_version: int
+    versions: dict[int, str]
+
+    def module(self, version: int | None = None) -> str:
+        """Module implementing ``version`` (default: :attr:`default_version`).
+
+        Raises:
+            KeyError: If the version is not declared.
+        """
+        v = self.default_version if version is None else version
+        try:
+            return self.versions[v]
+        except KeyError:
+            raise KeyError(
+                f"view {self.name!r} has no version {v} (declared: {sorted(self.versions)})"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """All declarations of one ``platform.yaml``.
+
+    Attributes:
+        topics: Topic name -> spec, in file order.
+        views: View name -> spec, in file order.
+        source: Path of the file it was loaded from.
+    """
+
+    topics: dict[str, TopicSpec]
+    views: dict[str, ViewSpec]
+    source: Path | None = None
+
+    def topic(self, name: str) -> TopicSpec:
+        """Return a topic spec; ``KeyError`` naming the known topics if absent."""
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise KeyError(f"unknown topic {name!r} (declared: {', '.join(self.topics)})") from None
+
+    def view(self, name: str) -> ViewSpec:
+        """Return a view spec; ``KeyError`` naming the known views if absent."""
+        try:
+            return self.views[name]
+        except KeyError:
+            raise KeyError(f"unknown view {name!r} (declared: {', '.join(self.views)})") from None
+
+
+def load_catalog(path: Path | str | None = None) -> Catalog:
+    """Load and validate ``platform.yaml``.
+
+    Args:
+        path: File to read; defaults to :data:`PLATFORM_FILE` (``kappa/platform.yaml``).
+
+    Raises:
+        CatalogError: With every validation problem found.
+        FileNotFoundError: If the file does not exist.
+    """
+    p = Path(path) if path is not None else PLATFORM_FILE
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise CatalogError(str(p), [f"not valid YAML: {exc}"]) from exc
+    return parse_catalog(data, source=p)
+
+
+def parse_catalog(data: Any, *, source: Path | str | None = None) -> Catalog:
+    """Validate an already-parsed YAML document and build the :class:`Catalog`.
+
+    Args:
+        data: The document (a mapping with ``topics`` and ``views``).
+        source: File name used in messages and stored in :attr:`Catalog.source`.
+
+    Raises:
+        CatalogError: With every validation problem found.
+    """
+    src = str(source) if source is not None else "<platform>"
+    errors: list[str] = []
+    if not isinstance(data, Mapping):
+        raise CatalogError(src, ["top level must be a mapping with 'topics' and 'views'"])
+    unknown = set(data) - {"topics", "views"}
+    if unknown:
+        errors.append(f"unknown top-level key(s): {', '.join(sorted(map(str, unknown)))}")
+
+    topics = _parse_topics(data.get("topics"), errors)
+    views = _parse_views(data.get("views"), set(topics), errors)
+    if errors:
+        raise CatalogError(src, errors)
+    return Catalog(topics=topics, views=views, source=Path(source) if source is not None else None)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _config_value(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, str)):
+        return str(value)
+    return None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def _parse_topics(raw: Any, errors: list[str]) -> dict[str, TopicSpec]:
+    if not isinstance(raw, Mapping) or not raw:
+        errors.append("topics: must be a non-empty mapping of topic name -> spec")
+        return {}
+    out: dict[str, TopicSpec] = {}
+    for name, spec in raw.items():
+        where = f"topics.{name}"
+        if not isinstance(name, str) or not _TOPIC_NAME.match(name) or name in {".", ".."}:
+            errors.append(f"{where}: invalid Kafka topic name (letters, digits, '.', '_', '-'; max 249)")
+            continue
+        if not isinstance(spec, Mapping):
+            errors.append(f"{where}: must be a mapping")
+            continue
+        unknown = set(spec) - {"description", "partitions", "replication_factor", "config"}
+        if unknown:
+            errors.append(f"{where}: unknown key(s): {', '.join(sorted(map(str, unknown)))}")
+        partitions = _positive_int(spec.get("partitions"))
+        if partitions is None:
+            errors.append(f"{where}.partitions: must be an integer >= 1, got {spec.get('partitions')!r}")
+        rf = _positive_int(spec.get("replication_factor", 1))
+        if rf is None:
+            errors.append(
+                f"{where}.replication_factor: must be an integer >= 1, got {spec.get('replication_factor')!r}"
+            )
+        config: dict[str, str] = {}
+        raw_config = spec.get("config") or {}
+        if not isinstance(raw_config, Mapping):
+            errors.append(f"{where}.config: must be a mapping of Kafka topic config -> value")
+        else:
+            for key, value in raw_config.items():
+                text = _config_value(value)
+                if not isinstance(key, str) or text is None:
+                    errors.append(f"{where}.config.{key}: value must be a string or integer, got {value!r}")
+                else:
+                    config[key] = text
+        description = spec.get("description", "")
+        if not isinstance(description, str):
+            errors.append(f"{where}.description: must be a string")
+            description = str(description)
+        if partitions is not None and rf is not None:
+            out[name] = TopicSpec(
+                name=name, partitions=partitions, replication_factor=rf, config=config,
+                description=description.strip(),
+            )
+    return out
+
+
+def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str, ViewSpec]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        errors.append("views: must be a mapping of view name -> spec")
+        return {}
+    out: dict[str, ViewSpec] = {}
+    for name, spec in raw.items():
+        where = f"views.{name}"
+        if not isinstance(name, str) or not _VIEW_NAME.match(name):
+            errors.append(f"{where}: view names are lower_snake_case identifiers")
+            continue
+        if not isinstance(spec, Mapping):
+            errors.append(f"{where}: must be a mapping")
+            continue
+        ok = True
+        unknown = set(spec) - {"description", "topics", "default_version", "versions"}
+        if unknown:
+            errors.append(f"{where}: unknown key(s): {', '.join(sorted(map(str, unknown)))}")
+        topics = spec.get("topics")
+        if not isinstance(topics, list) or not topics or not all(isinstance(t, str) for t in topics):
+            errors.append(f"{where}.topics: must be a non-empty list of topic names")
+            ok = False
+            topics = []
+        for i, t in enumerate(topics):
+            if t not in topic_names:
+                errors.append(
+                    f"{where}.topics[{i}]: unknown topic {t!r} (declared: {', '.join(sorted(topic_names))})"
+                )
+                ok = False
+        versions: dict[int, str] = {}
+        raw_versions = spec.get("versions")
+        if not isinstance(raw_versions, Mapping) or not raw_versions:
+            errors.append(f"{where}.versions: must be a non-empty mapping of version number -> {{module: ...}}")
+            ok = False
+        else:
+            for v, vspec in raw_versions.items():
+                vnum = _positive_int(v)
+                if vnum is None:
+                    errors.append(f"{where}.versions.{v}: version keys are integers >= 1")
+                    ok = False
+                    continue
+                module = vspec.get("module") if isinstance(vspec, Mapping) else None
+                if not isinstance(module, str) or not _MODULE.match(module):
+                    errors.append(f"{where}.versions.{v}.module: must be a dotted module path, got {module!r}")
+                    ok = False
+                    continue
+                versions[vnum] = module
+        default = _positive_int(spec.get("default_version"))
+        if default is None:
+            errors.append(f"{where}.default_version: must be an integer >= 1")
+            ok = False
+        elif versions and default not in versions:
+            errors.append(f"{where}.default_version: {default} is not a declared version ({sorted(versions)})")
+            ok = False
+        description = spec.get("description", "")
+        if ok and default is not None:
+            out[name] = ViewSpec(
+                name=name,
+                description=str(description).strip(),
+                topics=tuple(topics),
+                default_version=default,
+                versions=dict(sorted(versions.items())),
+            )
+    return out

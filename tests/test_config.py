@@ -1,0 +1,132 @@
+"""Settings from the environment, version pins, platform catalog."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kappa.catalog import CatalogError, load_catalog, parse_catalog
+from kappa.config import ConfigError, Settings
+from kappa.versions import VersionsError, parse_versions, read_versions
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------- settings
+def test_defaults() -> None:
+    s = Settings.from_env({})
+    assert s.repo_root == REPO
+    assert s.home == REPO / ".kappa" and s.lake_uri == str(REPO / ".kappa" / "lake")
+    assert s.kafka_bootstrap == "127.0.0.1:9092" and s.local_broker
+    assert s.jars_dir == REPO / ".cache" / "jars" and s.broker_home == REPO / ".kappa" / "broker"
+    assert s.kafka_client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert s.spark_kafka_options() == {"kafka.bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_external_cluster_and_lake(tmp_path: Path) -> None:
+    s = Settings.from_env({"KAPPA_HOME": str(tmp_path), "KAPPA_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
+                           "KAPPA_LAKE_URI": "s3a://bucket/lake"})
+    assert not s.local_broker and s.kafka_bootstrap == "k1:9092,k2:9092"
+    assert s.home == tmp_path and s.lake_uri == "s3a://bucket/lake"
+
+
+def test_sasl_ssl() -> None:
+    s = Settings.from_env({
+        "KAPPA_KAFKA_BOOTSTRAP": "k:9093", "KAPPA_KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
+        "KAPPA_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAPPA_KAFKA_SASL_USERNAME": "u",
+        "KAPPA_KAFKA_SASL_PASSWORD": 'p"w', "KAPPA_KAFKA_SSL_CA_LOCATION": "/ca.pem",
+    })
+    assert s.kafka_client_config() == {
+        "bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u", "sasl.password": 'p"w', "ssl.ca.location": "/ca.pem",
+    }
+    opts = s.spark_kafka_options()
+    assert opts["kafka.security.protocol"] == "SASL_SSL"
+    assert opts["kafka.sasl.jaas.config"] == (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p\\"w";'
+    )
+    assert opts["kafka.ssl.truststore.type"] == "PEM" and opts["kafka.ssl.truststore.location"] == "/ca.pem"
+    assert all(k.startswith("kafka.") for k in opts)
+    assert "p\"w" not in repr(s)  # password never in repr
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KAPPA_KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAPPA_KAFKA_SECURITY_PROTOCOL"),
+        ({"KAPPA_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "KAPPA_KAFKA_SASL_MECHANISM"),
+        ({"KAPPA_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAPPA_KAFKA_SASL_MECHANISM": "PLAIN"},
+         "KAPPA_KAFKA_SASL_USERNAME"),
+        ({"KAPPA_KAFKA_SASL_USERNAME": "u"}, "SASL settings given"),
+        ({"KAPPA_KAFKA_SSL_CA_LOCATION": "/ca.pem"}, "KAPPA_KAFKA_SSL_CA_LOCATION"),
+    ],
+)
+def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env)
+
+
+# ------------------------------------------------------------------------------------- versions
+def test_versions_env_parsed() -> None:
+    v = read_versions()
+    for key in ("SPARK_VERSION", "DELTA_VERSION", "DELTA_SPARK_ARTIFACT", "KAFKA_VERSION", "AIRFLOW_VERSION",
+                "CONFLUENT_KAFKA_VERSION", "PROMETHEUS_CLIENT_VERSION", "PYTHON_VERSION", "SCALA_BINARY"):
+        assert v[key], key
+    assert parse_versions('# c\nA=1\nexport B="x y"\nC=2 # trailing\n') == {"A": "1", "B": "x y", "C": "2"}
+    with pytest.raises(VersionsError, match="duplicate"):
+        parse_versions("A=1\nA=2")
+
+
+def test_lock_matches_pins() -> None:
+    """requirements.lock (make setup installs it) carries exactly the versions.env pins."""
+    v = read_versions()
+    lock = {
+        re.sub(r"[-_.]+", "-", name).lower(): ver
+        for name, ver in (line.split("==", 1) for line in (REPO / "requirements.lock").read_text().splitlines()
+                          if line and not line.startswith("#"))
+    }
+    assert lock["pyspark"] == v["SPARK_VERSION"]
+    assert lock["delta-spark"] == v["DELTA_VERSION"]
+    assert lock["apache-airflow"] == v["AIRFLOW_VERSION"]
+    assert lock["confluent-kafka"] == v["CONFLUENT_KAFKA_VERSION"]
+    assert lock["prometheus-client"] == v["PROMETHEUS_CLIENT_VERSION"]
+    assert "kappa" not in lock
+
+
+def test_installed_pyspark_matches_pin() -> None:
+    import importlib.metadata as md
+
+    assert md.version("pyspark") == read_versions()["SPARK_VERSION"]
+    assert md.version("delta-spark") == read_versions()["DELTA_VERSION"]
+
+
+# -------------------------------------------------------------------------------------- catalog
+def test_platform_catalog() -> None:
+    cat = load_catalog()
+    assert set(cat.topics) == {"ad-events", "campaigns"}
+    assert cat.topic("ad-events").partitions == 4
+    assert cat.topic("campaigns").config["cleanup.policy"] == "compact"
+    assert cat.view("campaign_window_counts").topics == ("ad-events", "campaigns")
+    assert cat.view("events_raw").module() == "jobs.events_raw.v1"
+    with pytest.raises(KeyError, match="declared"):
+        cat.view("nope")
+
+
+def test_catalog_reports_every_problem() -> None:
+    doc = {
+        "topics": {"ok": {"partitions": 1}, "bad name!": {"partitions": 1},
+                   "t2": {"partitions": 0, "config": {"retention.ms": [1]}}},
+        "views": {"v": {"topics": ["ok", "missing"], "default_version": 2, "versions": {1: {"module": "jobs.v.v1"}}},
+                  "w": {"topics": ["ok"], "default_version": 1, "versions": {1: {"module": "not a module"}}}},
+        "extra": 1,
+    }
+    with pytest.raises(CatalogError) as info:
+        parse_catalog(doc, source="x.yaml")
+    text = str(info.value)
+    for fragment in ("unknown top-level key(s): extra", "topics.bad name!: invalid", "topics.t2.partitions",
+                     "topics.t2.config.retention.ms", "views.v.topics[1]: unknown topic 'missing'",
+                     "views.v.default_version: 2 is not a declared version", "views.w.versions.1.module"):
+        assert fragment in text, fragment
+    assert len(info.value.errors) == 7
