@@ -57,12 +57,12 @@ class _PeakRss:
         self._thread.join()
 
 
-def _spark_jvm_pid() -> int | None:
+def _spark_jvm_pid(exclude: set[int]) -> int | None:
+    """The Spark driver JVM this process launched (its only java child besides the broker)."""
     import psutil
 
-    me = psutil.Process()
-    for child in me.children(recursive=True):
-        if "java" in child.name():
+    for child in psutil.Process().children(recursive=True):
+        if "java" in child.name() and child.pid not in exclude and "SparkSubmit" in " ".join(child.cmdline()):
             return child.pid
     return None
 
@@ -127,6 +127,10 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     result: dict[str, Any] = {"events": events, "partitions": partitions, "live_rate": live_rate,
                               "live_seconds": live_seconds, "cores": os.cpu_count()}
     try:
+        from kappa.catalog import load_catalog
+        from kappa.topics import ensure_topics
+
+        ensure_topics(settings, list(load_catalog().topics.values()))  # campaigns: the join's lookup
         create_topic(settings, topic, partitions, {"retention.ms": "-1"})
         create_topic(settings, live_topic, partitions, {"retention.ms": "-1"})
         u = generator.universe(seed=0)
@@ -140,7 +144,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
         print(f"(a) raw consumer: {result['raw_ceiling']['events_per_s']:,.0f} events/s")
 
         spark = build_spark("kappa-bench", jars_dir=settings.jars_dir, driver_memory="2g")
-        pids = {"spark_driver": _spark_jvm_pid() or os.getpid()}
+        pids = {"spark_driver": _spark_jvm_pid({broker.pid} if broker is not None and broker.pid else set())
+                or os.getpid()}
         if broker is not None and broker.pid:
             pids["broker"] = broker.pid
         view = load_view("jobs.campaign_window_counts.v1")

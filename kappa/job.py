@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.lock import DriverLock
 from kappa.metrics import LATENCY_BUCKETS, ViewMetrics
-from kappa.parsing import CAMPAIGNS, RecordFormat, decode
+from kappa.parsing import CAMPAIGNS, INTERNAL_COLUMNS, RecordFormat, decode
 from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, ensure_table, last_version, table_columns
 from kappa.view import ViewDefinition
 
@@ -303,7 +303,7 @@ class ViewJob:
         self._prepare_run()
         decoded = self._decoded_stream()
         lookups = self._lookups()
-        valid = decoded.where("_error IS NULL").drop("raw_key", "raw_value", "_error")
+        valid = decoded.where("_error IS NULL").drop(*INTERNAL_COLUMNS)
         invalid = decoded.where("_error IS NOT NULL")
         view = self.view
         # stateful views run the transform in the streaming plan; stateless ones apply it to each batch
@@ -368,7 +368,7 @@ class ViewJob:
     def _stateless_batch(self, batch: "DataFrame", batch_id: int) -> None:
         batch.persist()
         try:
-            valid = batch.where("_error IS NULL").drop("raw_key", "raw_value", "_error")
+            valid = batch.where("_error IS NULL").drop(*INTERNAL_COLUMNS)
             output = self.view.transform(valid, **self._lookups())
             self._commit(output, batch_id, quarantine=batch.where("_error IS NOT NULL"))
         except Exception:
