@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kappa.config import Settings
+from kappa.runners.local import pid_alive as _alive
 
 __all__ = ["Daemon", "up", "down", "status", "VIEW_METRICS_PORTS", "AIRFLOW_PORT"]
 
@@ -24,20 +25,6 @@ __all__ = ["Daemon", "up", "down", "status", "VIEW_METRICS_PORTS", "AIRFLOW_PORT
 VIEW_METRICS_PORTS = {"events_raw": 9401, "campaign_catalog": 9402, "campaign_window_counts": 9403,
                       "user_sessions": 9404}
 AIRFLOW_PORT = int(os.environ.get("KAPPA_AIRFLOW_PORT", "8080"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 @dataclass

@@ -19,10 +19,11 @@ from pathlib import Path
 from kappa.config import Settings
 from kappa.runners.base import JobSpec, JobStatus
 
-__all__ = ["LocalRunner"]
+__all__ = ["LocalRunner", "pid_alive"]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -78,7 +79,7 @@ class LocalRunner:
     def stop(self, view: str, version: int, *, timeout: float = 60.0) -> JobStatus:
         state = self._read(view, version)
         ref = f"{view}@v{version}"
-        if not state or not _alive(state["pid"]):
+        if not state or not pid_alive(state["pid"]):
             return self.status(view, version)
         pid = state["pid"]
         try:  # the driver (group leader) stops its queries and its JVM child itself
@@ -86,10 +87,10 @@ class LocalRunner:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         try:  # whatever is left of the group (a JVM that outlived its driver)
-            os.killpg(pid, signal.SIGKILL if _alive(pid) else signal.SIGTERM)
+            os.killpg(pid, signal.SIGKILL if pid_alive(pid) else signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
@@ -103,7 +104,7 @@ class LocalRunner:
         state = self._read(view, version)
         if not state:
             return JobStatus(ref, "stopped", "never started here")
-        if _alive(state["pid"]):
+        if pid_alive(state["pid"]):
             return JobStatus(ref, "running", f"pid {state['pid']}", state.get("metrics_url"))
         exit_file = self.run_dir / f"{ref}.exit"
         if exit_file.exists():
