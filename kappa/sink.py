@@ -35,22 +35,37 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 def ensure_table(spark: "SparkSession", path: str, schema: "StructType | str", *,
                  partition_by: tuple[str, ...] = (), properties: dict[str, str] | None = None) -> None:
-    """Create an empty Delta table at ``path`` if none exists (readers then see an empty view, not an error)."""
+    """Create an empty Delta table at ``path`` if none exists (readers then see an empty view, not an error).
+
+    Several drivers may create a shared table (the quarantine) at the same instant; the loser of that race sees
+    the winner's first commit appear and simply uses the table.
+    """
+    import time
+
     from delta.tables import DeltaTable
 
-    if DeltaTable.isDeltaTable(spark, path):
-        return
-    builder = DeltaTable.createIfNotExists(spark).location(path)
     if isinstance(schema, str):
         from pyspark.sql.types import _parse_datatype_string
 
         schema = _parse_datatype_string(schema)
-    builder = builder.addColumns(schema)
-    if partition_by:
-        builder = builder.partitionedBy(*partition_by)
-    for key, value in (properties or {}).items():
-        builder = builder.property(key, value)
-    builder.execute()
+    for attempt in range(10):
+        if DeltaTable.isDeltaTable(spark, path):
+            return
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        for key, value in (properties or {}).items():
+            builder = builder.property(key, value)
+        try:
+            builder.execute()
+            return
+        except Exception as exc:  # noqa: BLE001 - only the creation race is retried
+            race = any(marker in str(exc) for marker in (
+                "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "FileAlreadyExists", "ConcurrentWrite",
+                "ProtocolChanged", "MetadataChanged", "DELTA_CONCURRENT"))
+            if not race or attempt == 9:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def last_version(spark: "SparkSession", path: str) -> int:

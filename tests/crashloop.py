@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +34,22 @@ class CrashReport:
     phase_kills: dict[str, int] = field(default_factory=dict)
     skipped_replays: int = 0  # after_commit kills whose batch Delta then had to skip on restart
     log: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, line: str, *, phase: str | None = None, random_kill: bool = False,
+               skipped: bool = False) -> None:
+        with self.lock:
+            self.kills += 1
+            self.random_kills += int(random_kill)
+            if phase:
+                self.phase_kills[phase] = self.phase_kills.get(phase, 0) + 1
+            self.skipped_replays += int(skipped)
+            self.log.append(line)
 
 
 def _start(settings: Settings, view: str, log: Path, **env: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "kappa.cli", "view", "run", view, "--version", "1", "--starting", "earliest",
-            "--metrics-port", "0", "--trigger-seconds", "0.5", "--max-offsets-per-trigger", "700"]
+            "--metrics-port", "0", "--trigger-seconds", "0.5", "--max-offsets-per-trigger", os.environ.get("KAPPA_CRASH_BATCH", "400")]
     with open(log, "ab") as fh:
         return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=subprocess_env(settings, **env), start_new_session=True)
@@ -75,51 +87,60 @@ def _catalog_churn(settings: Settings, rng: random.Random) -> None:
     publish_campaigns(settings, {ad: None for ad in ads[:10]}, topic=settings.topic("campaigns"))
 
 
-def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> CrashReport:
-    """Kill view drivers ``kills`` times (rotating views, mixing random and phase kills), then drain."""
-    rng = random.Random(seed)
-    report = CrashReport()
-    for i in range(kills):
-        view = VIEWS[i % len(VIEWS)]
-        paths = ViewPaths(settings.lake_uri, view, 1)
-        ckpt = f"{paths.checkpoint}/main"
-        done = committed_batches(ckpt)
-        log = workdir / f"{view}.log"
-        if view == "campaign_catalog":
-            _catalog_churn(settings, rng)
-        use_phase = rng.random() < 0.6
-        if use_phase:
-            phase = PHASES[(i // len(VIEWS) + i) % len(PHASES)]
-            batch = done[-1] + 1 if done else 0
-            proc = _start(settings, view, log, KAPPA_FAULT=f"{phase}@{batch}")
-            try:
-                proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:  # no data left for that batch: kill it anyway
-                _killpg(proc)
-                report.log.append(f"{view}: no batch {batch} to fault, killed instead")
-                report.kills += 1
-                report.random_kills += 1
-                continue
-            assert proc.returncode == -signal.SIGKILL, f"{view} exited {proc.returncode}, see {log}"
-            report.kills += 1
-            report.phase_kills[phase] = report.phase_kills.get(phase, 0) + 1
-            if phase == "after_commit":
-                txns = delta_txns(paths.table)
-                app = next((a for a in txns if a.startswith(f"kappa:{view}@v1:") and "/" not in a), None)
-                if view in ("events_raw", "campaign_catalog") or app:
-                    # Delta holds the batch, the checkpoint does not: the restart must skip it
-                    assert batch not in committed_batches(ckpt)
-                    if app is not None and txns[app] == batch:
-                        report.skipped_replays += 1
-            report.log.append(f"{view}: SIGKILL at {phase} of batch {batch}")
-        else:
-            proc = _start(settings, view, log)
-            _wait_batches(ckpt, len(done) + 1, proc, timeout=240)
-            time.sleep(rng.uniform(0.0, 2.5))
+def _kill_once(settings: Settings, workdir: Path, view: str, i: int, rng: random.Random,
+               report: CrashReport) -> None:
+    """Start ``view``'s driver and SIGKILL it once: at a named phase of its next batch, or at a random moment."""
+    paths = ViewPaths(settings.lake_uri, view, 1)
+    ckpt = f"{paths.checkpoint}/main"
+    done = committed_batches(ckpt)
+    log = workdir / f"{view}.log"
+    if view == "campaign_catalog":
+        _catalog_churn(settings, rng)
+    if rng.random() < 0.6:
+        phase = PHASES[(i // len(VIEWS) + i) % len(PHASES)]
+        batch = done[-1] + 1 if done else 0
+        proc = _start(settings, view, log, KAPPA_FAULT=f"{phase}@{batch}")
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:  # no data left for that batch: kill it anyway
             _killpg(proc)
-            report.kills += 1
-            report.random_kills += 1
-            report.log.append(f"{view}: SIGKILL at a random moment after {len(committed_batches(ckpt))} batches")
+            report.record(f"{view}: no batch {batch} to fault, killed instead", random_kill=True)
+            return
+        assert proc.returncode == -signal.SIGKILL, f"{view} exited {proc.returncode}, see {log}"
+        skipped = False
+        if phase == "after_commit":
+            txns = delta_txns(paths.table)
+            app = next((a for a in txns if a.startswith(f"kappa:{view}@v1:") and "/" not in a), None)
+            # Delta holds the batch, the checkpoint does not: the restart must skip it
+            assert batch not in committed_batches(ckpt)
+            skipped = app is not None and txns[app] == batch
+        report.record(f"{view}: SIGKILL at {phase} of batch {batch}", phase=phase, skipped=skipped)
+    else:
+        proc = _start(settings, view, log)
+        _wait_batches(ckpt, len(done) + 1, proc, timeout=240)
+        time.sleep(rng.uniform(0.0, 2.5))
+        _killpg(proc)
+        report.record(f"{view}: SIGKILL at a random moment after {len(committed_batches(ckpt))} batches",
+                      random_kill=True)
+
+
+def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> CrashReport:
+    """Kill view drivers ``kills`` times, then drain and let every view finish the log.
+
+    Rounds kill the four views' drivers concurrently (one thread each, independent random choices), so the
+    drivers also crash while others are starting, reading or writing.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    report = CrashReport()
+    rounds = -(-kills // len(VIEWS))
+    with ThreadPoolExecutor(max_workers=len(VIEWS)) as pool:
+        for r in range(rounds):
+            views = VIEWS[: kills - r * len(VIEWS)] if r == rounds - 1 else VIEWS
+            futures = [pool.submit(_kill_once, settings, workdir, view, r * len(VIEWS) + k,
+                                   random.Random(f"{seed}-{r}-{view}"), report) for k, view in enumerate(views)]
+            for future in futures:
+                future.result()
     # drain: every view processes the rest of the log and stops by itself
     for view in VIEWS:
         log = workdir / f"{view}.log"

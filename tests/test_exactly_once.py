@@ -21,8 +21,8 @@ def _load(settings, n: int, seed: int) -> None:
     assert generator.produce(settings, settings.topic("ad-events"), stream).delivered == n
 
 
-def _prove(spark, settings, tmp_path, kills: int, seed: int) -> None:
-    _load(settings, 6000, seed)
+def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000) -> None:
+    _load(settings, events, seed)
     report = crash_loop(settings, tmp_path, kills=kills, seed=seed)
     print("\n".join(report.log))
     assert report.kills >= kills
@@ -39,4 +39,4 @@ def test_sigkill_during_processing_loses_and_duplicates_nothing(spark, kafka, de
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_sigkill_soak_50_kills(spark, kafka, declared_topics, lake, tmp_path):
-    _prove(spark, lake, tmp_path, kills=int(os.environ.get("KAPPA_SOAK_KILLS", "52")), seed=22)
+    _prove(spark, lake, tmp_path, kills=int(os.environ.get("KAPPA_SOAK_KILLS", "52")), seed=22, events=12000)
