@@ -7,10 +7,12 @@ recomputed with dictionaries and sorting. Tests and the replay verification comp
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
@@ -23,8 +25,15 @@ __all__ = [
     "expected_events_raw",
     "expected_campaign_catalog",
     "expected_window_counts",
+    "expected_window_counts_v2",
     "expected_sessions",
     "MAX_VALUE_BYTES",
+    "TOPIC_FORMATS",
+    "TopicFormat",
+    "BatchBoundary",
+    "OracleInput",
+    "OracleSpec",
+    "ORACLES",
 ]
 
 #: Size limits of the platform's record contract (schemas/README.md).
@@ -185,8 +194,9 @@ def expected_sessions(events: Iterable[Validated], *, gap_ms: int = 30_000, wate
                       closed_only: bool = True) -> dict[tuple[str, int], tuple[int, int, int]]:
     """(user_id, session_start_ms) -> (session_end_ms, event_count, distinct_ads).
 
-    A session is the maximal run of a user's events where each event starts within ``gap_ms`` of the previous
-    one's time; it ends ``gap_ms`` after its last event. With ``closed_only`` only sessions whose end is at or
+    A session is the maximal run of a user's events where each event comes at most ``gap_ms`` after the previous
+    one (an event exactly ``gap_ms`` later still belongs to it: the windows ``[t, t+gap)`` touch, and touching
+    session windows merge); it ends ``gap_ms`` after its last event. With ``closed_only`` only sessions whose end is at or
     before the final watermark (max event time - ``watermark_ms``) are returned.
     """
     by_user: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -205,7 +215,7 @@ def expected_sessions(events: Iterable[Validated], *, gap_ms: int = 30_000, wate
         items.sort()
         start, end, count, ads = None, None, 0, set()
         for t, ad in items:
-            if start is not None and t < end:
+            if start is not None and t <= end:  # an event exactly `gap` after the last one continues it
                 end = max(end, t + gap_ms)
                 count += 1
                 ads.add(ad)
@@ -218,3 +228,212 @@ def expected_sessions(events: Iterable[Validated], *, gap_ms: int = 30_000, wate
     if closed_only:
         sessions = {k: v for k, v in sessions.items() if v[0] <= watermark}
     return sessions
+
+
+# ===================================================================================================== replays
+# What verification of a replayed view version needs: which oracle recomputes (view, version), over which
+# topics, how a row of the Delta table maps onto the oracle's (key, value) form.
+
+
+@dataclass(frozen=True)
+class TopicFormat:
+    """How the records of a topic are validated (mirrors ``schemas/``, independently of ``kappa.parsing``)."""
+
+    subject: str
+    key_field: str | None
+    tombstones: bool = False
+
+
+#: Topics of ``kappa/platform.yaml`` and the schema subject of their records.
+TOPIC_FORMATS: dict[str, TopicFormat] = {
+    "ad-events": TopicFormat("ad_event", key_field="user_id"),
+    "campaigns": TopicFormat("campaign", key_field=None, tombstones=True),
+}
+
+
+@dataclass(frozen=True)
+class BatchBoundary:
+    """One micro-batch of a streaming job, as its checkpoint recorded it.
+
+    Attributes:
+        batch_id: Micro-batch id.
+        end_offsets: Partition -> first offset *not* in the batch (Spark's ``offsets/<batch>`` entry).
+        watermark_ms: Event-time watermark the batch ran with (``batchWatermarkMs``).
+    """
+
+    batch_id: int
+    end_offsets: Mapping[int, int]
+    watermark_ms: int = 0
+
+
+@dataclass(frozen=True)
+class OracleInput:
+    """Everything an oracle recomputes a view from.
+
+    Attributes:
+        events: Validated records of the view's stream topic in the verified offset range, in log order.
+        lookups: Lookup name -> validated records of its (compacted) topic, whole retained log.
+        batches: Micro-batch boundaries recorded by the job, oldest first; ``None`` = one single batch. Only
+            event-time views use them: which records arrived after the watermark passed their window depends
+            on where the batches were cut, not on the business logic.
+    """
+
+    events: Sequence[Validated]
+    lookups: Mapping[str, Sequence[Validated]] = field(default_factory=dict)
+    batches: Sequence[BatchBoundary] | None = None
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    """How to verify one view version.
+
+    Attributes:
+        stream_topic: Topic the view streams from (records in the verified range are recomputed).
+        compute: ``OracleInput -> {key tuple: value tuple}``.
+        keys: Key columns of the table (unique per row).
+        values: Value columns compared (in the order of the value tuples).
+        adapt: Table row (column -> Python value) -> ``(key tuple, value tuple)`` in the oracle's form.
+        lookups: Lookup name -> topic (read whole, validated, passed in :attr:`OracleInput.lookups`).
+        uses_batches: The result depends on micro-batch boundaries (event-time watermark).
+    """
+
+    stream_topic: str
+    compute: Callable[[OracleInput], dict[tuple, tuple]]
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+    adapt: Callable[[Mapping[str, Any]], tuple[tuple, tuple]]
+    lookups: Mapping[str, str] = field(default_factory=dict)
+    uses_batches: bool = False
+
+
+def _epoch_ms(value: Any) -> int | None:
+    """Delta timestamp (datetime, naive = UTC) -> epoch millis."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(round(value.timestamp() * 1000))
+    return int(value)
+
+
+def _batch_index(records: Sequence[Validated], batches: Sequence[BatchBoundary] | None) -> list[int | None]:
+    """Position in ``batches`` of each record (None: after the last recorded batch, not processed yet)."""
+    if batches is None:
+        return [0] * len(records)
+    parts = {p for b in batches for p in b.end_offsets}
+    ends: dict[int, list[int]] = {p: [] for p in parts}
+    for b in batches:
+        for p in parts:
+            prev = ends[p][-1] if ends[p] else 0
+            ends[p].append(max(prev, b.end_offsets.get(p, prev)))
+    out: list[int | None] = []
+    for v in records:
+        per = ends.get(v.record.partition)
+        i = bisect.bisect_right(per, v.record.offset) if per else len(batches)
+        out.append(i if i < len(batches) else None)
+    return out
+
+
+def _windows(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int,
+             watermark_ms: int) -> dict[tuple, tuple]:
+    """Tumbling event-time windows per campaign with Spark's update-mode watermark semantics.
+
+    Per micro-batch ``k`` (in order): valid events of a counted type whose ad has a campaign are dropped as late
+    when their window ends at or before the watermark of batch ``k - 1`` (Spark filters late rows with the
+    previous batch's watermark and evicts state with the current one); the others are counted. A window is
+    final once it ends at or before ``max(event time of counted rows) - watermark``. Value tuple: one count per
+    type in ``counted``, the window's max event time (ms), ``is_final``.
+    """
+    mapping = expected_campaign_catalog(inp.lookups.get("campaigns", ()))
+    batches = inp.batches
+    positions = _batch_index(inp.events, batches)
+    late_wm: list[int] = [0]
+    if batches:
+        late_wm = [0] + [b.watermark_ms for b in batches[:-1]]
+    counts: dict[tuple[str, int], list[int]] = {}
+    last: dict[tuple[str, int], int] = {}
+    max_time: int | None = None
+    for v, pos in zip(inp.events, positions):
+        if pos is None or v.error is not None or v.value["event_type"] not in counted:
+            continue
+        campaign = mapping.get(v.value["ad_id"])
+        if campaign is None:
+            continue
+        t = v.value["event_time"]
+        start = _ms_to_window(t, window_ms)
+        if start + window_ms <= late_wm[pos]:
+            continue  # arrived after the watermark passed its window: Spark drops it
+        key = (campaign, start)
+        slot = counts.setdefault(key, [0] * len(counted))
+        slot[counted.index(v.value["event_type"])] += 1
+        last[key] = max(last.get(key, t), t)
+        max_time = t if max_time is None else max(max_time, t)
+    if max_time is None:
+        return {}
+    final_before = max_time - watermark_ms
+    return {k: (*n, last[k], k[1] + window_ms <= final_before) for k, n in counts.items()}
+
+
+def expected_window_counts_v2(inp: OracleInput, *, window_ms: int = 60_000,
+                              watermark_ms: int = 30_000) -> dict[tuple[str, int], tuple[int, int, int, bool]]:
+    """campaign_window_counts v2: (campaign_id, window_start_ms) -> (views, clicks, last event ms, is_final).
+
+    60 s tumbling windows counting ``view`` and ``click`` events separately (see :func:`_windows` for the
+    watermark semantics).
+    """
+    return _windows(inp, counted=("view", "click"), window_ms=window_ms, watermark_ms=watermark_ms)
+
+
+def _window_counts_v1(inp: OracleInput) -> dict[tuple, tuple]:
+    """campaign_window_counts v1 with micro-batch semantics: -> (views, last event ms, is_final)."""
+    return _windows(inp, counted=("view",), window_ms=10_000, watermark_ms=30_000)
+
+
+def _window_row_v1(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    return ((row["campaign_id"], _epoch_ms(row["window_start"])),
+            (row["view_count"], _epoch_ms(row["last_event_time"]), row["is_final"]))
+
+
+def _window_row_v2(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    return ((row["campaign_id"], _epoch_ms(row["window_start"])),
+            (row["view_count"], row["click_count"], _epoch_ms(row["last_event_time"]), row["is_final"]))
+
+
+_RAW_FIELDS = ("user_id", "page_id", "ad_id", "ad_type", "event_type", "event_time", "ip")
+
+
+def _events_raw(inp: OracleInput) -> dict[tuple, tuple]:
+    return {k: tuple(v[f] for f in _RAW_FIELDS) for k, v in expected_events_raw(inp.events).items()}
+
+
+def _events_raw_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    return (row["partition"], row["offset"]), tuple(row[f] for f in _RAW_FIELDS)
+
+
+def _campaign_catalog(inp: OracleInput) -> dict[tuple, tuple]:
+    return {(ad,): (campaign,) for ad, campaign in expected_campaign_catalog(inp.events).items()}
+
+
+def _campaign_catalog_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    return (row["ad_id"],), (row["campaign_id"],)
+
+
+#: (view, version) -> how verification recomputes it. Views without an entry can only be replayed with
+#: ``verify="none"``.
+ORACLES: dict[tuple[str, int], OracleSpec] = {
+    ("campaign_window_counts", 1): OracleSpec(
+        stream_topic="ad-events", compute=_window_counts_v1, keys=("campaign_id", "window_start"),
+        values=("view_count", "last_event_time", "is_final"), adapt=_window_row_v1,
+        lookups={"campaigns": "campaigns"}, uses_batches=True),
+    ("campaign_window_counts", 2): OracleSpec(
+        stream_topic="ad-events", compute=expected_window_counts_v2, keys=("campaign_id", "window_start"),
+        values=("view_count", "click_count", "last_event_time", "is_final"), adapt=_window_row_v2,
+        lookups={"campaigns": "campaigns"}, uses_batches=True),
+    ("events_raw", 1): OracleSpec(
+        stream_topic="ad-events", compute=_events_raw, keys=("partition", "offset"), values=_RAW_FIELDS,
+        adapt=_events_raw_row),
+    ("campaign_catalog", 1): OracleSpec(
+        stream_topic="campaigns", compute=_campaign_catalog, keys=("ad_id",), values=("campaign_id",),
+        adapt=_campaign_catalog_row),
+}
