@@ -205,3 +205,46 @@ def subprocess_env(settings: Settings, **extra: str) -> dict[str, str]:
     env.pop("KAPPA_FAULT", None)
     env.update(extra)
     return env
+
+
+# =====================================================================================================
+# Section 3 -- Airflow fixtures (replay engineer)
+# =====================================================================================================
+
+#: Sensor poke interval of the replay DAG during tests (read by dags/kappa_replay.py when it is parsed).
+AIRFLOW_TEST_POKE_SECONDS = "2"
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A throw-away Airflow (sqlite metadata DB, this repo's ``dags/``) ready for ``DagBag`` and ``dag.test()``.
+
+    Airflow reads its configuration on first import, so the environment is set here before anything imports
+    ``airflow``; the database is created from the ORM (``airflow.utils.db.initdb``, the fast path for a new DB).
+    """
+    import sys
+
+    home = tmp_path_factory.mktemp("airflow-home")
+    dags = Path(__file__).resolve().parents[1] / "dags"
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "KAPPA_REPLAY_POKE_SECONDS": AIRFLOW_TEST_POKE_SECONDS,
+    }
+    if "airflow.configuration" in sys.modules:  # imported earlier with another home: fail loudly, not oddly
+        from airflow.configuration import conf
+
+        if conf.get("core", "dags_folder") != str(dags):
+            pytest.fail("airflow was imported before the airflow_home fixture; request it first")
+    patch = pytest.MonkeyPatch()
+    for key, value in env.items():
+        patch.setenv(key, value)
+    try:
+        from airflow.utils.db import initdb
+
+        initdb()
+        yield home
+    finally:
+        patch.undo()

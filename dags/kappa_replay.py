@@ -1,0 +1,207 @@
+"""
+### kappa_replay — rebuild a view version from the retained log, verify it, switch readers to it
+
+When a view's business logic changes, its new version (`jobs/<view>/v<N>.py`, declared in `kappa/platform.yaml`)
+is replayed over the retained Kafka log into its **own** table, next to the version readers use. Readers keep
+resolving the serving alias to the old, complete version until the new one is proven equal to an independent
+recomputation; then one Delta commit switches the alias.
+
+Every task is one call into `kappa.replay` — the same code as `kappa replay VIEW --version N` — and is
+idempotent: retrying a task, or triggering the DAG again for the same version, changes nothing already done.
+
+| task | what it does |
+|---|---|
+| `preflight` | the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
+| `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs) |
+| `wait_caught_up` | sensor in reschedule mode, logs progress %, lag and ETA; live: lag small, bounded: job finished |
+| `verify` | `strict`: the table equals the plain-Python oracle over the exact offsets it holds; else the version is `failed` and serving is untouched |
+| `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped |
+
+Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
+`start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `verify` (`strict` \\| `none`),
+`auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag).
+
+    airflow dags trigger kappa_replay --conf '{"view": "campaign_window_counts", "version": 2, "auto_promote": true}'
+
+One run at a time (`max_active_runs=1`: a replay is a whole extra Spark driver). The sensor's poke interval and
+timeout come from `KAPPA_REPLAY_POKE_SECONDS` (default 60) and
+`KAPPA_REPLAY_TIMEOUT_SECONDS` (default 86400); the runner from `KAPPA_RUNNER` (`local` | `kubernetes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from airflow.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk import Param, PokeReturnValue, dag, task
+
+from kappa.catalog import PLATFORM_FILE
+
+log = logging.getLogger(__name__)
+
+DAG_ID = Path(__file__).stem
+#: Views declared in kappa/platform.yaml (a local file, read with yaml only: no network, no Spark).
+VIEWS: list[str] = sorted((yaml.safe_load(PLATFORM_FILE.read_text(encoding="utf-8")) or {}).get("views") or {})
+POKE_SECONDS = float(os.environ.get("KAPPA_REPLAY_POKE_SECONDS", "60"))
+WAIT_TIMEOUT_SECONDS = float(os.environ.get("KAPPA_REPLAY_TIMEOUT_SECONDS", str(24 * 3600)))
+
+
+@contextmanager
+def _one_line_failures() -> Iterator[None]:
+    """A request the platform refuses (ValueError: ReplayError, RegistryError...) fails the task at once, in one
+    line and without retries; anything else (Kafka unreachable...) is raised as is and retried."""
+    try:
+        yield
+    except ValueError as exc:
+        text = str(exc).strip()
+        raise AirflowFailException(text.splitlines()[0] if text else type(exc).__name__) from None
+
+
+def _request(params: dict[str, Any], run_id: str | None) -> Any:
+    from kappa.replay import ReplayRequest
+
+    return ReplayRequest.from_params(params, triggered_by=f"airflow:{DAG_ID}:{run_id}")
+
+
+def _platform() -> tuple[Any, Any]:
+    from kappa.config import Settings
+    from kappa.replay import runner_from_env
+
+    settings = Settings.from_env()
+    return settings, runner_from_env(settings)
+
+
+@dag(
+    dag_id=DAG_ID,
+    doc_md=__doc__,
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    tags=["kappa", "replay"],
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    params={
+        "view": Param(type="string", enum=VIEWS, title="View",
+                      description="View of kappa/platform.yaml to rebuild."),
+        "version": Param(type="integer", minimum=1, title="Version",
+                         description="Version to replay (declared under the view's versions)."),
+        "start": Param("earliest", type="string", enum=["earliest", "timestamp", "offsets"], title="Start",
+                       description="earliest: log start; timestamp: start_timestamp_ms; offsets: start_offsets."),
+        "start_timestamp_ms": Param(None, type=["null", "integer"], minimum=0, title="Start timestamp (ms)",
+                                    description="Epoch milliseconds, with start=timestamp."),
+        "start_offsets": Param(None, type=["null", "string"], title="Start offsets",
+                               description='JSON, with start=offsets: {"0": 1200, "1": 1180, ...} (every partition).'),
+        "end": Param("live", type="string", enum=["live", "timestamp"], title="End",
+                     description="live: keep following the log; timestamp: stop at end_timestamp_ms (bounded)."),
+        "end_timestamp_ms": Param(None, type=["null", "integer"], minimum=0, title="End timestamp (ms)",
+                                  description="Epoch milliseconds, with end=timestamp."),
+        "verify": Param("strict", type="string", enum=["strict", "none"], title="Verification",
+                        description="strict: must equal the plain-Python oracle; none: accept as is."),
+        "auto_promote": Param(False, type="boolean", title="Promote when verified",
+                              description="Switch the serving alias once verified."),
+        "keep_hours": Param(24, type="number", minimum=0, title="Keep old version (hours)",
+                            description="How long the replaced version's table is kept for rollback."),
+        "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Max offsets per batch",
+                                         description="Bound the replay's micro-batch size (empty: unbounded)."),
+        "max_lag": Param(2000, type="integer", minimum=0, title="Caught up at lag",
+                         description="A live replay is caught up once at most this many records lag behind."),
+    },
+)
+def kappa_replay() -> None:
+    @task
+    def preflight(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
+        """Retention covers the start, size and ETA estimate; skip everything if the version already serves."""
+        from kappa import replay
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, runner = _platform()
+            try:
+                pre = replay.preflight(req, settings, runner, resume=True)
+            except replay.VersionBusy as exc:
+                if exc.record is not None and exc.record.state == "serving":  # done before: nothing to do
+                    raise AirflowSkipException(str(exc)) from None
+                raise
+        log.info("%s", pre.summary())
+        return pre.to_dict()
+
+    @task
+    def launch(pre: dict[str, Any], params: dict[str, Any] | None = None,
+               run_id: str | None = None) -> dict[str, Any]:
+        """Register the version (building) and start its job; a job that already runs is left alone."""
+        from kappa import replay
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, runner = _platform()
+            rec = replay.launch(req, settings, runner, replay.Preflight.from_dict(pre))
+        log.info("%s: %s, app id %s, starting %s", rec.ref, rec.state, rec.app_id, rec.starting)
+        return rec.to_dict()
+
+    @task.sensor(poke_interval=POKE_SECONDS, timeout=WAIT_TIMEOUT_SECONDS, mode="reschedule")
+    def wait_caught_up(launched: dict[str, Any], params: dict[str, Any] | None = None,
+                       run_id: str | None = None) -> PokeReturnValue:
+        """Sample progress (recorded in the registry), log it, done once the replay has caught up."""
+        from kappa import replay
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, runner = _platform()
+            sample = replay.progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
+                                     record=True, by=req.triggered_by)
+            log.info("%s", sample.summary())
+            log.info("metrics:\n%s", sample.metrics_text())
+            done = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                                    end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+        return PokeReturnValue(is_done=done, xcom_value={"summary": sample.summary(), "batch_id": sample.batch_id})
+
+    @task
+    def verify(caught: dict[str, Any], params: dict[str, Any] | None = None,
+               run_id: str | None = None) -> dict[str, Any]:
+        """Strict equality with the oracle over the exact offsets the table holds (or verify=none)."""
+        from kappa import replay
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, _runner = _platform()
+            result = replay.verify(req.view, req.version, settings, req.verify, by=req.triggered_by,
+                                   end_timestamp_ms=req.end_timestamp_ms)
+        log.info("%s", result.message)
+        for example in result.examples:
+            log.info("  %s", example)
+        if not result.passed:
+            raise AirflowFailException(result.message)
+        return result.to_dict()
+
+    @task.short_circuit
+    def promote_requested(verification: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
+        """Continue to promote only with auto_promote (otherwise `kappa promote` does it later)."""
+        return bool((params or {}).get("auto_promote"))
+
+    @task
+    def promote(verification: dict[str, Any], params: dict[str, Any] | None = None,
+                run_id: str | None = None) -> dict[str, Any]:
+        """Atomic alias switch (idempotent), old version retired and its job stopped."""
+        from kappa import replay
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, runner = _platform()
+            result = replay.promote(req.view, req.version, settings, runner, by=req.triggered_by,
+                                    keep_hours=req.keep_hours)
+        log.info("%s", result.message)
+        return {"view": result.view, "version": result.version, "previous_version": result.previous_version,
+                "changed": result.changed, "message": result.message}
+
+    checked = verify(wait_caught_up(launch(preflight())))
+    gate = promote_requested(checked)
+    gate >> promote(checked)
+
+
+kappa_replay()

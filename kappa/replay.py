@@ -1,0 +1,1411 @@
+"""Replays: build a new view version from the retained log, check it, and switch readers to it atomically.
+
+This module is the one code path behind ``kappa replay`` / ``promote`` / ``rollback`` / ``verify`` (CLI) and the
+``kappa_replay`` / ``kappa_rollback`` DAGs: both only parse their inputs into a :class:`ReplayRequest` and call
+these functions, so a replay behaves the same whoever triggers it. Every step is idempotent (a retried step
+changes nothing), and readers keep resolving the serving alias to the old, complete version until
+:func:`promote` switches it in one Delta commit.
+
+The flow::
+
+    preflight  the view's stream topic still retains the requested start on every partition (else: replay from
+               the events_raw archive); estimate records, bytes and ETA; refuse a version that already runs
+    launch     register the version (state building, resolved start offsets) and start its job via the runner
+    progress   processed offsets from the job's checkpoint vs. the log end (live) or the end timestamp (bounded)
+    caught_up  live: lag small; bounded: the job finished and processed everything before the end -> caught_up
+    verify     read the new table at its latest Delta version, find the micro-batch it holds (Delta txn of the
+               version's appId), recompute that exact offset range with the plain-Python oracle and require
+               equality -> verified (or failed, serving untouched); also diff it against the serving version
+    promote    switch the alias (kappa.serving), stop the old version's job, refresh the Spark SQL catalog views
+    rollback   alias back to a kept version, restart its job, stop the other one
+    retire     delete the tables of retired versions whose keep period passed
+
+Example:
+    >>> from kappa.config import Settings  # doctest: +SKIP
+    >>> from kappa import replay  # doctest: +SKIP
+    >>> s = Settings.from_env(); runner = replay.runner_from_env(s)  # doctest: +SKIP
+    >>> req = replay.ReplayRequest(view="campaign_window_counts", version=2, triggered_by="cli:alice")  # doctest: +SKIP
+    >>> pre = replay.preflight(req, s, runner); print(pre.summary())  # doctest: +SKIP
+    >>> replay.launch(req, s, runner, pre)  # doctest: +SKIP
+    >>> while not replay.caught_up("campaign_window_counts", 2, s, runner, by="cli:alice"): ...  # doctest: +SKIP
+    >>> replay.verify("campaign_window_counts", 2, s, "strict", by="cli:alice").passed  # doctest: +SKIP
+    True
+    >>> replay.promote("campaign_window_counts", 2, s, runner, by="cli:alice")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+from kappa.registry import Registry, RegistryError, VersionRecord, code_hash, is_local_uri, local_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.runners.base import Runner
+    from kappa.serving import DeletionResult, SwitchResult
+
+__all__ = [
+    "DEFAULT_MAX_LAG",
+    "DEFAULT_THROUGHPUT",
+    "END_MODES",
+    "START_MODES",
+    "VERIFY_MODES",
+    "Preflight",
+    "Progress",
+    "ReplayError",
+    "ReplayRequest",
+    "Verification",
+    "VersionBusy",
+    "adopt_serving",
+    "catalog_sql_path",
+    "caught_up",
+    "checkpoint_batches",
+    "launch",
+    "parse_end",
+    "parse_start",
+    "preflight",
+    "progress",
+    "promote",
+    "retire_expired",
+    "rollback",
+    "runner_from_env",
+    "spark_catalog",
+    "stream_topic",
+    "verify",
+    "write_catalog_sql",
+]
+
+log = logging.getLogger("kappa.replay")
+
+StartMode = Literal["earliest", "timestamp", "offsets"]
+EndMode = Literal["live", "timestamp"]
+VerifyMode = Literal["strict", "none"]
+
+START_MODES: tuple[str, ...] = ("earliest", "timestamp", "offsets")
+END_MODES: tuple[str, ...] = ("live", "timestamp")
+VERIFY_MODES: tuple[str, ...] = ("strict", "none")
+
+#: Replay throughput assumed for the ETA when no earlier replay was measured (records/s).
+DEFAULT_THROUGHPUT = 20_000.0
+#: A live replay counts as caught up once at most this many records are left behind the log end.
+DEFAULT_MAX_LAG = 2_000
+#: Records sampled to estimate the average record size.
+_SAMPLE_RECORDS = 200
+#: Registry states of a version whose replay is past launching.
+_BUSY_STATES = frozenset({"caught_up", "verified", "serving"})
+_VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+# ------------------------------------------------------------------------------------------------ errors
+class ReplayError(ValueError):
+    """A replay step was refused or failed; the message is one line (CLI error, Airflow task failure)."""
+
+
+class VersionBusy(ReplayError):
+    """The requested version already runs or is past building; nothing new is started.
+
+    Attributes:
+        record: Its registry row (None if only the runner knows it).
+    """
+
+    def __init__(self, message: str, record: VersionRecord | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------------ request
+@dataclass(frozen=True, kw_only=True)
+class ReplayRequest:
+    """What to replay and how, as given by the CLI or the DAG's Params.
+
+    Attributes:
+        view: View name (``kappa/platform.yaml``).
+        version: Version to build (declared under ``versions`` of the view).
+        start: ``earliest`` (log start), ``timestamp`` (first offsets at ``start_timestamp_ms``) or ``offsets``.
+        start_timestamp_ms: Start time (epoch ms) for ``start="timestamp"``.
+        start_offsets: For ``start="offsets"``: ``{"<partition>": offset}`` or Spark's
+            ``{"<topic>": {"<partition>": offset}}`` (dict or JSON text), every partition of the topic.
+        end: ``live`` (keep running; caught up = small lag) or ``timestamp`` (bounded: records with a Kafka
+            timestamp before ``end_timestamp_ms``, then the job stops).
+        end_timestamp_ms: End time (epoch ms) for ``end="timestamp"``.
+        verify: ``strict`` (equality with the plain-Python oracle) or ``none``.
+        auto_promote: Switch the serving alias once verified.
+        keep_hours: How long the replaced version's table is kept for rollback.
+        triggered_by: Who asks (``cli:<user>``, ``airflow:<dag>:<run id>``); recorded in the registry.
+        max_offsets_per_trigger: Micro-batch size bound of the replay job (None: Spark's default, unbounded).
+        max_lag: A live replay is caught up once at most this many records are left behind the log end.
+        metrics_port: Prometheus port of the job (None: a free port for local runs).
+    """
+
+    view: str
+    version: int
+    start: StartMode = "earliest"
+    start_timestamp_ms: int | None = None
+    start_offsets: Mapping[str, Any] | str | None = None
+    end: EndMode = "live"
+    end_timestamp_ms: int | None = None
+    verify: VerifyMode = "strict"
+    auto_promote: bool = False
+    keep_hours: float = 24.0
+    triggered_by: str = ""
+    max_offsets_per_trigger: int | None = None
+    max_lag: int = DEFAULT_MAX_LAG
+    metrics_port: int | None = None
+
+    @property
+    def ref(self) -> str:
+        """``<view>@v<N>``."""
+        return f"{self.view}@v{self.version}"
+
+    @property
+    def bounded(self) -> bool:
+        """True for a bounded replay (``end="timestamp"``)."""
+        return self.end == "timestamp"
+
+    def validate(self) -> ReplayRequest:
+        """Check every field; returns ``self``.
+
+        Raises:
+            ReplayError: The first problem, as one line naming the parameter.
+        """
+        def integer(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not isinstance(self.view, str) or not _VIEW_NAME.match(self.view):
+            raise ReplayError(f"view {self.view!r}: expected a view name of kappa/platform.yaml (lower_snake_case)")
+        if not integer(self.version) or self.version < 1:
+            raise ReplayError(f"version {self.version!r}: expected an integer >= 1")
+        if self.start not in START_MODES:
+            raise ReplayError(f"start {self.start!r}: expected one of {', '.join(START_MODES)}")
+        if self.start == "timestamp":
+            if not integer(self.start_timestamp_ms) or self.start_timestamp_ms < 0:
+                raise ReplayError("start=timestamp needs start_timestamp_ms (epoch milliseconds >= 0)")
+        elif self.start_timestamp_ms is not None:
+            raise ReplayError(f"start_timestamp_ms is only used with start=timestamp (start is {self.start})")
+        if self.start == "offsets":
+            if self.start_offsets in (None, "", {}):
+                raise ReplayError('start=offsets needs start_offsets, e.g. {"0": 1200, "1": 1180}')
+            _parse_offsets(self.start_offsets, None)
+        elif self.start_offsets not in (None, "", {}):
+            raise ReplayError(f"start_offsets is only used with start=offsets (start is {self.start})")
+        if self.end not in END_MODES:
+            raise ReplayError(f"end {self.end!r}: expected one of {', '.join(END_MODES)}")
+        if self.end == "timestamp":
+            if not integer(self.end_timestamp_ms) or self.end_timestamp_ms < 0:
+                raise ReplayError("end=timestamp needs end_timestamp_ms (epoch milliseconds >= 0)")
+            if self.start == "timestamp" and self.end_timestamp_ms <= self.start_timestamp_ms:  # type: ignore[operator]
+                raise ReplayError(f"end_timestamp_ms {self.end_timestamp_ms} is not after start_timestamp_ms "
+                                  f"{self.start_timestamp_ms}")
+        elif self.end_timestamp_ms is not None:
+            raise ReplayError(f"end_timestamp_ms is only used with end=timestamp (end is {self.end})")
+        if self.verify not in VERIFY_MODES:
+            raise ReplayError(f"verify {self.verify!r}: expected one of {', '.join(VERIFY_MODES)}")
+        if not isinstance(self.auto_promote, bool):
+            raise ReplayError(f"auto_promote {self.auto_promote!r}: expected true or false")
+        if isinstance(self.keep_hours, bool) or not isinstance(self.keep_hours, (int, float)) or self.keep_hours < 0:
+            raise ReplayError(f"keep_hours {self.keep_hours!r}: expected a number >= 0")
+        if self.max_offsets_per_trigger is not None and (
+                not integer(self.max_offsets_per_trigger) or self.max_offsets_per_trigger < 1):
+            raise ReplayError(f"max_offsets_per_trigger {self.max_offsets_per_trigger!r}: expected an integer >= 1")
+        if not integer(self.max_lag) or self.max_lag < 0:
+            raise ReplayError(f"max_lag {self.max_lag!r}: expected an integer >= 0 (records)")
+        if self.metrics_port is not None and (not integer(self.metrics_port) or not 0 <= self.metrics_port < 65536):
+            raise ReplayError(f"metrics_port {self.metrics_port!r}: expected a TCP port")
+        if not isinstance(self.triggered_by, str) or not self.triggered_by.strip():
+            raise ReplayError("triggered_by is required (e.g. cli:<user> or airflow:<dag>:<run id>)")
+        return self
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], *, triggered_by: str) -> ReplayRequest:
+        """Build and validate a request from the ``kappa_replay`` DAG's Params (unknown keys are ignored).
+
+        Raises:
+            ReplayError: A parameter is missing or invalid.
+        """
+        names = {f.name for f in dataclasses.fields(cls)} - {"triggered_by"}
+        values = {k: v for k, v in params.items() if k in names and v is not None}
+        if "view" not in values or "version" not in values:
+            raise ReplayError("params view and version are required")
+        try:
+            req = cls(**values, triggered_by=triggered_by)
+        except TypeError as exc:
+            raise ReplayError(f"invalid replay parameters: {_one_line(exc)}") from None
+        return req.validate()
+
+
+def parse_start(text: str) -> dict[str, Any]:
+    """CLI ``--start``: ``earliest`` | ``ts:<epoch ms>`` | JSON offsets -> :class:`ReplayRequest` fields."""
+    value = (text or "").strip()
+    if value == "earliest":
+        return {"start": "earliest"}
+    if value.startswith("ts:"):
+        if not value[3:].isdigit():
+            raise ReplayError(f"--start {text!r}: expected ts:<epoch milliseconds>")
+        return {"start": "timestamp", "start_timestamp_ms": int(value[3:])}
+    if value.startswith("{"):
+        _parse_offsets(value, None)
+        return {"start": "offsets", "start_offsets": value}
+    raise ReplayError(f"--start {text!r}: expected earliest, ts:<epoch ms> or JSON offsets")
+
+
+def parse_end(text: str) -> dict[str, Any]:
+    """CLI ``--end``: ``live`` | ``ts:<epoch ms>`` -> :class:`ReplayRequest` fields."""
+    value = (text or "").strip()
+    if value == "live":
+        return {"end": "live"}
+    if value.startswith("ts:") and value[3:].isdigit():
+        return {"end": "timestamp", "end_timestamp_ms": int(value[3:])}
+    raise ReplayError(f"--end {text!r}: expected live or ts:<epoch ms>")
+
+
+def _parse_offsets(value: Mapping[str, Any] | str | None, topics: tuple[str, ...] | None) -> dict[int, int]:
+    """``{"p": o}`` or ``{"topic": {"p": o}}`` (dict or JSON) -> ``{p: o}``; checks the topic name if given."""
+    if value is None or value == "":
+        return {}
+    data: Any = value
+    if isinstance(value, str):
+        try:
+            data = json.loads(value)
+        except ValueError as exc:
+            raise ReplayError(f"start_offsets is not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping) or not data:
+        raise ReplayError('start_offsets must be a JSON object like {"0": 1200} or {"<topic>": {"0": 1200}}')
+    if all(isinstance(v, Mapping) for v in data.values()):
+        if len(data) != 1:
+            raise ReplayError(f"start_offsets names {len(data)} topics; a view streams from one")
+        (named, data), = data.items()
+        if topics is not None and named not in topics:
+            raise ReplayError(f"start_offsets are for topic {named!r}, but the view streams from {topics[-1]!r}")
+    out: dict[int, int] = {}
+    for p, o in data.items():
+        try:
+            part, off = int(p), int(o)
+        except (TypeError, ValueError):
+            raise ReplayError(f"start_offsets: partition {p!r} -> {o!r} is not an integer pair") from None
+        if part < 0 or off < 0 or isinstance(o, bool):
+            raise ReplayError(f"start_offsets: partition {p} -> {o}: partitions and offsets are >= 0")
+        out[part] = off
+    return out
+
+
+def _spark_offsets(topic: str, offsets: Mapping[int, int]) -> str:
+    """Spark's JSON form ``{"topic": {"0": 12, ...}}`` (also what the registry stores)."""
+    return json.dumps({topic: {str(p): int(o) for p, o in sorted(offsets.items())}}, sort_keys=True)
+
+
+def _offsets_from_json(text: str | None) -> dict[int, int]:
+    """Registry / Spark JSON offsets (single topic) -> ``{p: o}`` (empty when absent)."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if isinstance(data, Mapping) and data and all(isinstance(v, Mapping) for v in data.values()):
+        data = next(iter(data.values()))
+    if not isinstance(data, Mapping):
+        return {}
+    try:
+        return {int(p): int(o) for p, o in data.items()}
+    except (TypeError, ValueError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------ plumbing
+def runner_from_env(settings: Settings) -> Runner:
+    """The job runner chosen by ``KAPPA_RUNNER``: ``local`` (default, processes) or ``kubernetes``."""
+    kind = os.environ.get("KAPPA_RUNNER", "local").strip().lower() or "local"
+    if kind == "local":
+        from kappa.runners.local import LocalRunner
+
+        return LocalRunner(settings)
+    if kind == "kubernetes":
+        from kappa.runners.kubernetes import KubernetesRunner
+
+        return KubernetesRunner.from_env()  # type: ignore[return-value]
+    raise ReplayError(f"KAPPA_RUNNER={kind!r}: expected local or kubernetes")
+
+
+def _catalog() -> Any:
+    from kappa.catalog import load_catalog
+
+    return load_catalog()
+
+
+def _module(view: str, version: int) -> str:
+    """Module of a declared view version, or a one-line ReplayError naming what is declared."""
+    views = _catalog().views
+    if view not in views:
+        raise ReplayError(f"unknown view {view!r}; declared views: {', '.join(sorted(views))}")
+    spec = views[view]
+    if version not in spec.versions:
+        raise ReplayError(f"{view} has no version {version} in kappa/platform.yaml "
+                          f"(declared: {', '.join(map(str, sorted(spec.versions)))})")
+    return spec.versions[version]
+
+
+@functools.lru_cache(maxsize=64)
+def stream_topic(view: str, version: int) -> str:
+    """The declared topic a view version streams from (its ``ViewDefinition.stream_topic``)."""
+    from kappa.view import load_view
+
+    return load_view(_module(view, version)).stream_topic
+
+
+def _topic(settings: Settings, view: str, version: int) -> str:
+    """Physical Kafka topic of the version's stream (``KAPPA_TOPIC_PREFIX`` applied)."""
+    return settings.topic(stream_topic(view, version))
+
+
+def _paths(settings: Settings, view: str, version: int) -> Any:
+    from kappa.job import ViewPaths
+
+    return ViewPaths(settings.lake_uri, view, version)
+
+
+def _registry(settings: Settings) -> Registry:
+    return Registry(settings.lake_uri)
+
+
+def _alias(settings: Settings) -> Any:
+    from kappa.serving import ServingAlias
+
+    return ServingAlias(settings.lake_uri)
+
+
+def _fs_read(uri: str) -> str | None:
+    """Text of a file in the lake (local path or any fsspec URL); None if it does not exist."""
+    if is_local_uri(uri):
+        path = Path(local_path(uri))
+        return path.read_text() if path.is_file() else None
+    fs, path = _fsspec(uri)
+    return fs.cat_file(path).decode() if fs.exists(path) else None
+
+
+def _fs_list(uri: str) -> list[str]:
+    """Names in a lake directory (empty if it does not exist)."""
+    if is_local_uri(uri):
+        path = Path(local_path(uri))
+        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    fs, path = _fsspec(uri)
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if fs.exists(path) else []
+
+
+def _fsspec(uri: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec comes with Airflow
+        raise ReplayError(f"reading {uri} needs fsspec and the filesystem's driver (e.g. s3fs)") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(re.sub(r"^s3a://", "s3://", uri))
+    except (ImportError, ValueError) as exc:
+        raise ReplayError(f"cannot read {uri}: {_one_line(exc)}") from None
+    return fs, path
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint
+def _offsets_entry(text: str, topic: str) -> tuple[dict[int, int], int]:
+    """Parse a Spark ``offsets/<batch>`` file: (offsets of ``topic``, batchWatermarkMs)."""
+    lines = text.splitlines()
+    watermark = 0
+    if len(lines) > 1:
+        try:
+            watermark = int(json.loads(lines[1]).get("batchWatermarkMs", 0) or 0)
+        except (ValueError, AttributeError):
+            watermark = 0
+    for line in lines[2:]:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and topic in data:
+            return {int(p): int(o) for p, o in data[topic].items()}, watermark
+    return {}, watermark
+
+
+def _batch_ids(folder: str) -> list[int]:
+    return sorted(int(name) for name in _fs_list(folder) if name.isdigit())
+
+
+def checkpoint_batches(checkpoint: str, topic: str, *, upto: int | None = None) -> list[Any]:
+    """Micro-batches recorded in a query checkpoint (``<checkpoint>/offsets``), oldest first.
+
+    Args:
+        checkpoint: The query's checkpoint folder (``<view checkpoint>/main``).
+        topic: Source topic whose offsets are read.
+        upto: Only batches with an id <= this.
+
+    Returns:
+        :class:`kappa.oracle.BatchBoundary` per batch (end offsets, watermark). Spark only keeps the last
+        ``spark.sql.streaming.minBatchesToRetain`` (100) entries; callers needing all of them check ids.
+    """
+    from kappa.oracle import BatchBoundary
+
+    out = []
+    for batch in _batch_ids(f"{checkpoint}/offsets"):
+        if upto is not None and batch > upto:
+            continue
+        text = _fs_read(f"{checkpoint}/offsets/{batch}")
+        if text is None:
+            continue
+        offsets, watermark = _offsets_entry(text, topic)
+        out.append(BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark))
+    return out
+
+
+def _processed(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
+    """End offsets of the last *committed* micro-batch of the view's main query (and its id)."""
+    checkpoint = f"{_paths(settings, view, version).checkpoint}/main"
+    committed = _batch_ids(f"{checkpoint}/commits")
+    if not committed:
+        return {}, None
+    batch = committed[-1]
+    text = _fs_read(f"{checkpoint}/offsets/{batch}")
+    return (_offsets_entry(text, topic)[0] if text else {}), batch
+
+
+def _run_info(settings: Settings, view: str, version: int) -> dict[str, Any]:
+    paths = _paths(settings, view, version)
+    text = _fs_read(f"{paths.checkpoint}/run.json")
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {}
+
+
+def _table_run_id(table: str) -> str | None:
+    """``kappa.runId`` property the job stamped on its Delta table (None if no table yet)."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(table):
+        return None
+    return DeltaTable(table).metadata().configuration.get("kappa.runId") or None
+
+
+def _app_id(settings: Settings, view: str, version: int) -> str | None:
+    """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
+    run = _table_run_id(_paths(settings, view, version).table) or _run_info(settings, view, version).get("run_id")
+    return f"kappa:{view}@v{version}:{run}" if run else None
+
+
+def _ensure_run_id(settings: Settings, view: str, version: int, record: VersionRecord | None) -> str:
+    """The run id the version's job will use; for local lakes written to run.json before the job starts.
+
+    The job reads ``run.json`` from its checkpoint when it exists, so the registry row can carry the exact Delta
+    appId from the start. On object-store lakes the job picks its own id; :func:`progress` records it later.
+    """
+    known = _table_run_id(_paths(settings, view, version).table) or _run_info(settings, view, version).get("run_id")
+    if known:
+        return str(known)
+    if record is not None and not record.app_id.endswith(":pending"):
+        run_id = record.app_id.rsplit(":", 1)[-1]
+    else:
+        run_id = uuid.uuid4().hex[:12]
+    paths = _paths(settings, view, version)
+    if paths.is_local:
+        run_file = paths.local("run.json")
+        run_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = run_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"run_id": run_id, "view": view, "version": version, "created": time.time(),
+                                   "created_by": "kappa.replay"}, indent=2))
+        os.replace(tmp, run_file)
+        return run_id
+    return "pending"
+
+
+# ------------------------------------------------------------------------------------------------ preflight
+@dataclass(frozen=True, kw_only=True)
+class Preflight:
+    """What :func:`preflight` found; JSON-friendly (:meth:`to_dict`) so a DAG can pass it between tasks.
+
+    Attributes:
+        request: The validated request.
+        module: Module implementing the version.
+        topic: Stream topic of the version.
+        start_offsets: Resolved start offset per partition (the registry's record when resuming).
+        log_start: Earliest retained offset per partition.
+        log_end: Log end offset per partition, at preflight time.
+        target_offsets: Where the replay is complete: the log end (live) or the first offsets at the end
+            timestamp (bounded).
+        records: Records to replay (``target - start``; live logs keep growing).
+        avg_record_bytes: Average key + value size of a sample of the records.
+        bytes_estimate: ``records * avg_record_bytes``.
+        throughput: Records/s assumed for the ETA.
+        throughput_source: Where it comes from (an earlier replay, or the default).
+        eta_seconds: ``records / throughput``.
+        existing_state: Registry state of the version if it was registered already (resume), else None.
+        job_state: Runner status of its job.
+    """
+
+    request: ReplayRequest
+    module: str
+    topic: str
+    start_offsets: dict[int, int]
+    log_start: dict[int, int]
+    log_end: dict[int, int]
+    target_offsets: dict[int, int]
+    records: int
+    avg_record_bytes: float
+    bytes_estimate: int
+    throughput: float
+    throughput_source: str
+    eta_seconds: float
+    existing_state: str | None = None
+    job_state: str = "stopped"
+
+    @property
+    def starting(self) -> str:
+        """The job's start position: Spark JSON offsets ``{"topic": {"0": o, ...}}``."""
+        return _spark_offsets(self.topic, self.start_offsets)
+
+    def summary(self) -> str:
+        """One human line: what will be replayed, how big, how long."""
+        what = (f"{self.request.ref}: replay {self.records:,} records (~{_human_bytes(self.bytes_estimate)}) of "
+                f"{self.topic} from {_short_offsets(self.start_offsets)}")
+        end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
+        eta = f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s ({self.throughput_source})"
+        resume = f"; resuming ({self.existing_state}, job {self.job_state})" if self.existing_state else ""
+        return what + end + eta + resume
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form (int keys become strings)."""
+        out = dataclasses.asdict(self)
+        out["request"] = dataclasses.asdict(self.request)
+        for name in ("start_offsets", "log_start", "log_end", "target_offsets"):
+            out[name] = {str(p): o for p, o in getattr(self, name).items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Preflight:
+        """Inverse of :meth:`to_dict`."""
+        values = dict(data)
+        values["request"] = ReplayRequest(**values["request"])
+        for name in ("start_offsets", "log_start", "log_end", "target_offsets"):
+            values[name] = {int(p): int(o) for p, o in values[name].items()}
+        return cls(**values)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _human_seconds(s: float | None) -> str:
+    if s is None or s != s or s == float("inf"):
+        return "unknown"
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _short_offsets(offsets: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items())) + "}"
+
+
+def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume: bool = False) -> Preflight:
+    """Check that a replay can start and estimate its size and duration; changes nothing.
+
+    Args:
+        req: The request (validated here).
+        settings: Platform settings (Kafka, lake).
+        runner: Job runner (asked whether the version already runs).
+        resume: Follow an existing run of the version instead of refusing it (DAG reruns). A version that
+            already serves is still reported via :class:`VersionBusy`.
+
+    Raises:
+        ReplayError: Invalid request, unknown view/version, version registered with other code, retired
+            version, or a start the topic's retention no longer covers (one line naming every partition's gap).
+        VersionBusy: The version already runs or is past building (without ``resume``), or already serves.
+    """
+    from kappa.topics import TopicError, offsets_for_timestamp, partition_offsets
+
+    req.validate()
+    module = _module(req.view, req.version)
+    declared = stream_topic(req.view, req.version)
+    topic = settings.topic(declared)
+    registry = _registry(settings)
+    existing = registry.get(req.view, req.version)
+    job = runner.status(req.view, req.version)
+    if existing is not None:
+        current_hash = code_hash(module)
+        if existing.code_hash != current_hash:
+            raise ReplayError(f"{req.ref} was registered with other code (sha256 {existing.code_hash[:12]}, now "
+                              f"{current_hash[:12]}); a version's table belongs to its code: create version "
+                              f"{req.version + 1}")
+        if existing.state == "retired":
+            raise ReplayError(f"{req.ref} is retired; serve it again with `kappa rollback {req.view} --to "
+                              f"{req.version}` instead of replaying it")
+        if existing.state == "serving":
+            raise VersionBusy(f"{req.ref} already serves; nothing to replay", existing)
+    if existing is None and job.state == "running":
+        raise VersionBusy(f"{req.ref} already runs ({job.detail}) but is not registered (started by hand?); its "
+                          "start is unknown, so it cannot be verified - stop it with `kappa view stop "
+                          f"{req.view} --version {req.version}` and replay again")
+    busy = job.state == "running" or (existing is not None and existing.state in _BUSY_STATES)
+    if busy and not resume:
+        state = existing.state if existing is not None else "unregistered"
+        raise VersionBusy(f"{req.ref} is already {state} (job {job.state}: {job.detail}); refusing to start it "
+                          "again - see `kappa status`, or stop it with `kappa view stop "
+                          f"{req.view} --version {req.version}`", existing)
+
+    try:
+        bounds = partition_offsets(settings, topic)
+    except TopicError as exc:
+        raise ReplayError(f"{req.ref}: {_one_line(exc)}") from None
+    log_start = {p: lo for p, (lo, _hi) in bounds.items()}
+    log_end = {p: hi for p, (_lo, hi) in bounds.items()}
+
+    resumed = _offsets_from_json(existing.start_offsets) if existing is not None else {}
+    if resumed:
+        start = resumed
+        # what must still be readable is what the job has not processed yet
+        processed, _batch = _processed(settings, req.view, req.version, topic)
+        needed = {p: max(o, processed.get(p, o)) for p, o in start.items()}
+    else:
+        if req.start == "earliest":
+            start = dict(log_start)
+        elif req.start == "timestamp":
+            start = offsets_for_timestamp(settings, topic, int(req.start_timestamp_ms or 0))
+        else:
+            start = _parse_offsets(req.start_offsets, (declared, topic))
+            missing = sorted(set(log_end) - set(start))
+            unknown = sorted(set(start) - set(log_end))
+            if missing or unknown:
+                raise ReplayError(f"start_offsets must name every partition of {topic} "
+                                  f"({', '.join(map(str, sorted(log_end)))}); missing {missing or '-'}, "
+                                  f"unknown {unknown or '-'}")
+            beyond = {p: o for p, o in start.items() if o > log_end[p]}
+            if beyond:
+                raise ReplayError(f"start_offsets beyond the log end of {topic}: " + ", ".join(
+                    f"partition {p} -> {o} (end {log_end[p]})" for p, o in sorted(beyond.items())))
+        needed = start
+    gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
+    if gaps:
+        paths = _paths(settings, "events_raw", 1)
+        detail = "; ".join(f"partition {p} starts at {low} (requested {o}: {low - o:,} records gone)"
+                           for p, (o, low) in sorted(gaps.items()))
+        raise ReplayError(f"{topic} no longer retains the start of {req.ref}: {detail}. Replay from the events_raw "
+                          f"archive ({paths.table}) instead, or start inside retention (earliest / ts:<ms>)")
+
+    if req.bounded:
+        at_end = offsets_for_timestamp(settings, topic, int(req.end_timestamp_ms or 0))
+        target = {p: max(start.get(p, 0), at_end.get(p, log_end[p])) for p in log_end}
+    else:
+        target = dict(log_end)
+    records = sum(max(0, target[p] - start.get(p, 0)) for p in target)
+    avg = _sample_record_bytes(settings, topic, start, target) if records else 0.0
+    rate, source = _measured_throughput(registry)
+    return Preflight(
+        request=req, module=module, topic=topic, start_offsets=dict(sorted(start.items())), log_start=log_start,
+        log_end=log_end, target_offsets=target, records=records, avg_record_bytes=avg,
+        bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
+        eta_seconds=records / rate if rate > 0 else float("inf"),
+        existing_state=existing.state if existing is not None else None, job_state=job.state,
+    )
+
+
+def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int],
+                         end: Mapping[int, int], *, limit: int = _SAMPLE_RECORDS, timeout: float = 5.0) -> float:
+    """Average key + value size of up to ``limit`` records from the start of the range."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    parts = [p for p in end if end[p] > start.get(p, 0)]
+    if not parts:
+        return 0.0
+    consumer = Consumer(settings.kafka_client_config({
+        "group.id": f"kappa-preflight-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "enable.partition.eof": False, "auto.offset.reset": "earliest"}))
+    sizes: list[int] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in parts])
+        deadline = time.monotonic() + timeout
+        while len(sizes) < limit and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=limit - len(sizes), timeout=0.5):
+                if msg.error() is None:
+                    sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
+    finally:
+        consumer.close()
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def _measured_throughput(registry: Registry) -> tuple[float, str]:
+    """Records/s of the most recent replay that reached caught_up (registration -> caught_up), else default."""
+    try:
+        events = registry.events()
+        records = {(r.view, r.version): r for r in registry.list()}
+    except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
+        log.warning("cannot read replay history for the ETA: %s", _one_line(exc))
+        return DEFAULT_THROUGHPUT, "default"
+    registered: dict[tuple[str, int], datetime] = {}
+    best: tuple[datetime, float, str] | None = None
+    for e in events:
+        key = (e.view, e.version)
+        if e.from_state is None:
+            registered[key] = e.at
+        elif e.to_state == "caught_up" and e.from_state == "building" and key in registered:
+            rec = records.get(key)
+            if rec is None:
+                continue
+            start, end = _offsets_from_json(rec.start_offsets), _offsets_from_json(rec.end_offsets)
+            done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
+            seconds = (e.at - registered[key]).total_seconds()
+            if done > 0 and seconds > 0 and (best is None or e.at > best[0]):
+                best = (e.at, done / seconds, f"measured on {rec.ref}")
+    if best is None:
+        return DEFAULT_THROUGHPUT, "default"
+    return best[1], best[2]
+
+
+# ------------------------------------------------------------------------------------------------ launch
+def adopt_serving(view: str, settings: Settings, *, by: str, exclude: int | None = None) -> VersionRecord | None:
+    """Track the version that serves by default (no alias yet) in the registry, so a promote can retire it.
+
+    Before the first switch a view resolves to its catalog ``default_version``, which ``kappa up`` runs without
+    registering. When that version has a table, it is registered (code of the catalog module), walked to
+    ``serving`` with notes saying it was adopted without verification, and the alias is pointed at it
+    explicitly. Idempotent; returns None when there is nothing to adopt.
+    """
+    alias = _alias(settings)
+    registry = alias.registry
+    if alias.alias(view) is not None or registry.serving(view) is not None:
+        return None
+    default = _catalog().views[view].default_version
+    if default == exclude or registry.get(view, default) is not None:
+        return None  # the default version is being managed through the registry already
+    paths = _paths(settings, view, default)
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(paths.table):
+        return None
+    info = _run_info(settings, view, default)
+    starting = info.get("starting") or {}
+    if isinstance(starting, Mapping):
+        starting = starting.get("startingOffsets") or (
+            f"ts:{starting['startingTimestamp']}" if starting.get("startingTimestamp") else "earliest")
+    topic = _topic(settings, view, default)
+    start_offsets = info.get("start_offsets")
+    rec = registry.register(
+        view, default, code_module=_module(view, default), table_path=paths.table,
+        app_id=_app_id(settings, view, default) or f"kappa:{view}@v{default}:pending", starting=str(starting),
+        triggered_by=by, start_offsets=_spark_offsets(topic, {int(p): int(o) for p, o in start_offsets.items()})
+        if start_offsets else None)
+    note = "adopted: served as default_version before the registry tracked it (not re-verified)"
+    for state in ("caught_up", "verified"):
+        if rec.state in {"building", "caught_up"}:  # a concurrent adopter may be ahead: same steps, no-ops
+            rec = registry.set_state(view, default, state, by=by, note=note)
+    if rec.state == "verified":
+        alias.promote(view, default, by=by)
+    return registry.get(view, default)
+
+
+def _free_port() -> int:
+    from kappa.broker import free_port
+
+    return free_port()
+
+
+def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Preflight) -> VersionRecord:
+    """Register the version (state ``building``) and start its job; idempotent.
+
+    Re-registering the same code is a no-op, a job that already runs is left alone, a ``failed`` version is
+    moved back to ``building`` and its job restarted (it resumes from its checkpoint). The version serving by
+    default is adopted first (:func:`adopt_serving`).
+
+    Raises:
+        ReplayError: The registry refused (other code, retired version...) or the runner failed.
+    """
+    from kappa.runners.base import JobSpec
+
+    req.validate()
+    if pre.request.view != req.view or pre.request.version != req.version:
+        raise ReplayError(f"preflight was for {pre.request.ref}, not {req.ref}")
+    registry = _registry(settings)
+    paths = _paths(settings, req.view, req.version)
+    try:
+        adopt_serving(req.view, settings, by=req.triggered_by, exclude=req.version)
+        existing = registry.get(req.view, req.version)
+        run_id = _ensure_run_id(settings, req.view, req.version, existing)
+        rec = registry.register(
+            req.view, req.version, code_module=pre.module, table_path=paths.table,
+            app_id=f"kappa:{req.ref}:{run_id}", starting=pre.starting, triggered_by=req.triggered_by,
+            start_offsets=pre.starting)
+        if rec.state == "retired":
+            raise ReplayError(f"{req.ref} is retired; use `kappa rollback {req.view} --to {req.version}`")
+        if rec.state == "failed":
+            rec = registry.set_state(req.view, req.version, "building", by=req.triggered_by, expected={"failed"},
+                                     note=f"relaunched after failure: {rec.note or '?'}")
+    except RegistryError as exc:
+        raise ReplayError(_one_line(exc)) from None
+    status = runner.status(req.view, req.version)
+    if status.state != "running" and not (status.state == "finished" and req.bounded):
+        spec = JobSpec(req.view, req.version, starting=rec.starting, end_timestamp_ms=req.end_timestamp_ms,
+                       max_offsets_per_trigger=req.max_offsets_per_trigger,
+                       metrics_port=req.metrics_port if req.metrics_port is not None else _free_port())
+        try:
+            status = runner.start(spec)
+        except Exception as exc:  # noqa: BLE001 - runner errors (process, Kubernetes API) become one line
+            raise ReplayError(f"{req.ref}: starting the job failed: {_one_line(exc)}") from None
+        log.info("%s: job %s (%s) %s", req.ref, status.state, status.detail, status.metrics_url or "")
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------ progress
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """How far a version's job got (a sample; two samples give a rate).
+
+    Attributes:
+        view: View name.
+        version: Version.
+        topic: Stream topic.
+        start_offsets: Where the run started.
+        processed_offsets: End offsets of the last committed micro-batch (start offsets if none yet).
+        target_offsets: Log end (live) or offsets at the end timestamp (bounded).
+        batch_id: Last committed micro-batch (None: none yet).
+        done: Records processed since the start.
+        total: Records from the start to the target.
+        ratio: ``done / total`` (1.0 when there is nothing to do).
+        lag: Records between the processed offsets and the target.
+        rate: Records/s between the previous sample and this one; when no micro-batch completed in between, the
+            average since the version was registered (None when nothing was processed yet).
+        eta_seconds: ``lag / rate`` (None when unknown).
+        sampled_at: Time of the sample (UTC).
+        job_state: Runner status of the job (``running``, ``finished``...), if asked.
+    """
+
+    view: str
+    version: int
+    topic: str
+    start_offsets: dict[int, int]
+    processed_offsets: dict[int, int]
+    target_offsets: dict[int, int]
+    batch_id: int | None
+    done: int
+    total: int
+    ratio: float
+    lag: int
+    rate: float | None
+    eta_seconds: float | None
+    sampled_at: datetime
+    job_state: str | None = None
+
+    @property
+    def ref(self) -> str:
+        """``<view>@v<N>``."""
+        return f"{self.view}@v{self.version}"
+
+    @property
+    def eta_text(self) -> str:
+        """The ETA for humans (``42 s``, ``3.5 min``, ``unknown``)."""
+        return _human_seconds(self.eta_seconds)
+
+    def summary(self) -> str:
+        """One human line."""
+        rate = f", {self.rate:,.0f} rec/s" if self.rate is not None else ""
+        return (f"{self.ref}: {self.ratio:.1%} ({self.done:,}/{self.total:,} records), lag {self.lag:,}{rate}, "
+                f"ETA {_human_seconds(self.eta_seconds)}, batch {self.batch_id if self.batch_id is not None else '-'}")
+
+    def metrics_text(self) -> str:
+        """The sample as Prometheus exposition lines (logged by the DAG; the job exports its own gauges)."""
+        labels = f'{{view="{self.view}",version="{self.version}"}}'
+        lines = [f"kappa_replay_progress_ratio{labels} {self.ratio:.6f}",
+                 f"kappa_replay_lag_records{labels} {self.lag}",
+                 f"kappa_replay_processed_records{labels} {self.done}"]
+        if self.rate is not None:
+            lines.append(f"kappa_replay_rate_records_per_second{labels} {self.rate:.3f}")
+        if self.eta_seconds is not None:
+            lines.append(f"kappa_replay_eta_seconds{labels} {self.eta_seconds:.1f}")
+        return "\n".join(lines)
+
+
+def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: int | None = None,
+             previous: Progress | None = None, record: bool = False, by: str = "kappa:progress") -> Progress:
+    """Sample a version's progress from its checkpoint and the log.
+
+    Args:
+        view: View name.
+        version: Version.
+        settings: Platform settings.
+        end_timestamp_ms: Bounded replays: the end timestamp (target = first offsets at it). None: live.
+        previous: An earlier sample for the rate/ETA; default: the registry row's ``end_offsets`` and
+            ``updated_at`` (the sample last recorded).
+        record: Store this sample in the registry row (``end_offsets`` + a note with ratio, lag and ETA) while
+            the version is ``building`` or ``caught_up`` -- how progress is exported without a pushgateway.
+        by: Who records it.
+    """
+    from kappa.topics import offsets_for_timestamp, partition_offsets
+
+    topic = _topic(settings, view, version)
+    registry = _registry(settings)
+    rec = registry.get(view, version)
+    bounds = partition_offsets(settings, topic)
+    start = _offsets_from_json(rec.start_offsets) if rec is not None else {}
+    if not start:
+        run_start = _run_info(settings, view, version).get("start_offsets") or {}
+        start = {int(p): int(o) for p, o in run_start.items()} or {p: lo for p, (lo, _hi) in bounds.items()}
+    if end_timestamp_ms is not None:
+        at_end = offsets_for_timestamp(settings, topic, end_timestamp_ms)
+        target = {p: max(start.get(p, 0), at_end.get(p, hi)) for p, (_lo, hi) in bounds.items()}
+    else:
+        target = {p: hi for p, (_lo, hi) in bounds.items()}
+    processed, batch = _processed(settings, view, version, topic)
+    processed = {p: processed.get(p, start.get(p, 0)) for p in target}
+    done = sum(max(0, processed[p] - start.get(p, 0)) for p in target)
+    total = sum(max(0, target[p] - start.get(p, 0)) for p in target)
+    lag = sum(max(0, target[p] - processed[p]) for p in target)
+    now = datetime.now(UTC)
+
+    prev_done: int | None = None
+    prev_at: datetime | None = None
+    if previous is not None:
+        prev_done, prev_at = previous.done, previous.sampled_at
+    elif rec is not None and rec.end_offsets and rec.state in {"building", "caught_up"}:
+        before = _offsets_from_json(rec.end_offsets)
+        prev_done = sum(max(0, before.get(p, start.get(p, 0)) - start.get(p, 0)) for p in target)
+        prev_at = rec.updated_at
+    rate = eta = None
+    if prev_done is not None and prev_at is not None and (now - prev_at).total_seconds() > 0.5:
+        rate = max(0.0, (done - prev_done) / (now - prev_at).total_seconds())
+    if not rate and done > 0 and rec is not None and (now - rec.created_at).total_seconds() > 0:
+        # no micro-batch since the previous sample (batches are discrete): the average since registration
+        rate = done / (now - rec.created_at).total_seconds()
+    if lag == 0:
+        eta = 0.0
+    elif rate:
+        eta = lag / rate
+    sample = Progress(view=view, version=version, topic=topic, start_offsets=start, processed_offsets=processed,
+                      target_offsets=target, batch_id=batch, done=done, total=total,
+                      ratio=1.0 if total == 0 else min(1.0, done / total), lag=lag, rate=rate, eta_seconds=eta,
+                      sampled_at=now)
+    if record and rec is not None and rec.state in {"building", "caught_up"}:
+        fields: dict[str, Any] = {"end_offsets": _spark_offsets(topic, processed)}
+        app_id = _app_id(settings, view, version)
+        if app_id and app_id != rec.app_id:
+            fields["app_id"] = app_id
+        if _offsets_from_json(rec.end_offsets) != processed or "app_id" in fields:
+            try:
+                registry.set_state(view, version, rec.state, by=by, note=sample.summary(), **fields)
+            except RegistryError as exc:  # a concurrent state change: the sample is simply not recorded
+                log.warning("progress of %s not recorded: %s", sample.ref, _one_line(exc))
+    return sample
+
+
+def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
+              end_timestamp_ms: int | None = None, max_lag: int = DEFAULT_MAX_LAG,
+              sample: Progress | None = None) -> bool:
+    """True once the version's job has caught up; then the registry row moves to ``caught_up``.
+
+    Live (``end_timestamp_ms`` None): the job runs, committed at least one batch and lags at most ``max_lag``
+    records behind the log end. Bounded: the job finished and processed everything before the end timestamp.
+
+    Raises:
+        ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``).
+    """
+    status = runner.status(view, version)
+    p = sample or progress(view, version, settings, end_timestamp_ms=end_timestamp_ms, record=True, by=by)
+    registry = _registry(settings)
+    rec = registry.get(view, version)
+    ref = f"{view}@v{version}"
+    bounded = end_timestamp_ms is not None
+    reached = all(p.processed_offsets.get(part, 0) >= off for part, off in p.target_offsets.items())
+    if bounded:
+        done = status.state == "finished" and reached
+    else:
+        done = status.state == "running" and p.batch_id is not None and p.lag <= max_lag
+    stopped = status.state == "failed" or (status.state in {"stopped", "finished"} and not done)
+    if stopped:
+        reason = f"{ref}: job no longer running ({status.state}: {status.detail}) before catching up; {p.summary()}"
+        if rec is not None and rec.state in {"building", "caught_up"}:
+            registry.set_state(view, version, "failed", by=by, note=reason[:500])
+        raise ReplayError(reason)
+    if done and rec is not None and rec.state in {"building", "caught_up"}:
+        registry.set_state(view, version, "caught_up", by=by, expected={"building", "caught_up"},
+                           end_offsets=_spark_offsets(p.topic, p.processed_offsets), note=p.summary())
+    return done
+
+
+# ------------------------------------------------------------------------------------------------ verify
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """Outcome of :func:`verify`.
+
+    Attributes:
+        view: View name.
+        version: Version verified.
+        mode: ``strict`` or ``none``.
+        passed: The table equals the oracle (always True for ``none``).
+        delta_version: Delta version of the table that was checked.
+        batch_id: Micro-batch that Delta version holds (txnVersion of the version's appId).
+        start_offsets: Start of the recomputed offset range.
+        end_offsets: End (exclusive) of the recomputed offset range (that batch's end offsets).
+        rows: Rows in the table at ``delta_version``.
+        expected_rows: Rows the oracle computed.
+        missing: Keys the oracle has and the table lacks.
+        extra: Keys the table has and the oracle lacks.
+        different: Keys present in both with different values.
+        duplicates: Keys present more than once in the table.
+        examples: Up to 5 differences ``"key: table=... oracle=..."``.
+        compared_with: Version serving when verified (None if none, or this version itself).
+        only_new: Keys only in this version's table (vs. ``compared_with``).
+        only_old: Keys only in the serving version's table.
+        changed: Keys in both with different values in the columns both tables have.
+        message: One human line.
+    """
+
+    view: str
+    version: int
+    mode: str
+    passed: bool
+    delta_version: int | None = None
+    batch_id: int | None = None
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    rows: int = 0
+    expected_rows: int = 0
+    missing: int = 0
+    extra: int = 0
+    different: int = 0
+    duplicates: int = 0
+    examples: tuple[str, ...] = ()
+    compared_with: int | None = None
+    only_new: int = 0
+    only_old: int = 0
+    changed: int = 0
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        out = dataclasses.asdict(self)
+        out["start_offsets"] = {str(p): o for p, o in self.start_offsets.items()}
+        out["end_offsets"] = {str(p): o for p, o in self.end_offsets.items()}
+        out["examples"] = list(self.examples)
+        return out
+
+
+def _table_rows(table: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """All rows of a delta-rs table snapshot as dicts (arro3, no pyarrow)."""
+    data = table.scan().read_all()
+    names = list(data.column_names)
+    columns = [data.column(i).to_pylist() for i in range(len(names))]
+    return names, [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _diff_serving(view: str, version: int, settings: Settings, spec: Any,
+                  rows: list[dict[str, Any]]) -> tuple[int | None, int, int, int]:
+    """(serving version, only in new, only in old, changed) between ``rows`` and the serving version's table."""
+    from deltalake import DeltaTable
+
+    try:
+        target = _alias(settings).target(view)
+    except RegistryError:
+        return None, 0, 0, 0
+    if target.version == version or not DeltaTable.is_deltatable(target.table_path):
+        return None, 0, 0, 0
+    names, old_rows = _table_rows(DeltaTable(target.table_path))
+    keys = [k for k in spec.keys if k in names]
+    if len(keys) != len(spec.keys):
+        return target.version, len(rows), len(old_rows), 0
+    common = [c for c in rows[0].keys() if c in names and c not in keys] if rows else []
+
+    def index(table_rows: list[dict[str, Any]]) -> dict[tuple, tuple]:
+        return {tuple(r[k] for k in keys): tuple(r[c] for c in common) for r in table_rows}
+
+    new, old = index(rows), index(old_rows)
+    changed = sum(1 for k in new.keys() & old.keys() if new[k] != old[k])
+    return target.version, len(new.keys() - old.keys()), len(old.keys() - new.keys()), changed
+
+
+def verify(view: str, version: int, settings: Settings, mode: str = "strict", *, by: str,
+           end_timestamp_ms: int | None = None) -> Verification:
+    """Check a caught-up version against the independent oracle; ``verified`` or ``failed`` in the registry.
+
+    ``strict``: open the version's table at its latest Delta version, find the micro-batch it holds (the Delta
+    txn of the version's appId), read that batch's end offsets (and, for event-time views, every batch's
+    boundaries and watermark) from the job's checkpoint, recompute ``[start, end)`` of the log with the
+    plain-Python oracle (:data:`kappa.oracle.ORACLES`) and require exact equality of keys and values, with no
+    duplicated key. ``none``: no check, the registry note says so. The serving alias is never touched; a
+    failure marks the version ``failed`` with the reason. Also reports how the table differs from the version
+    currently serving (keys only in the new one, only in the old one, changed values).
+
+    Raises:
+        ReplayError: Unknown/unregistered version, not caught up yet, no oracle for a strict check, or the
+            checkpoint no longer has the batch history the check needs.
+    """
+    from deltalake import DeltaTable
+
+    from kappa import oracle
+
+    if mode not in VERIFY_MODES:
+        raise ReplayError(f"verify mode {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
+    _module(view, version)
+    ref = f"{view}@v{version}"
+    registry = _registry(settings)
+    rec = registry.get(view, version)
+    if rec is None:
+        raise ReplayError(f"{ref} is not registered; replay it first (`kappa replay {view} --version {version}`)")
+    if rec.state in {"building", "failed", "retired"}:
+        raise ReplayError(f"{ref} is {rec.state}; only a caught-up version can be verified")
+    record_state = rec.state in {"caught_up", "verified"}
+
+    if mode == "none":
+        result = Verification(view=view, version=version, mode="none", passed=True,
+                              message=f"{ref}: not verified (verify=none), accepted as is")
+        if record_state:
+            registry.set_state(view, version, "verified", by=by, expected={"caught_up", "verified"},
+                               note=result.message)
+        return result
+
+    spec = oracle.ORACLES.get((view, version))
+    if spec is None:
+        raise ReplayError(f"no oracle recomputes {ref} (kappa.oracle.ORACLES); replay it with verify=none")
+    table_path = _paths(settings, view, version).table
+    if not DeltaTable.is_deltatable(table_path):
+        raise ReplayError(f"{ref}: no Delta table at {table_path} yet")
+    table = DeltaTable(table_path)
+    delta_version = table.version()
+    run_id = table.metadata().configuration.get("kappa.runId")
+    app_id = f"kappa:{ref}:{run_id}" if run_id else rec.app_id
+    batch = table.transaction_version(app_id)
+    if batch is None:
+        raise ReplayError(f"{ref}: Delta version {delta_version} of {table_path} has no commit of {app_id}; "
+                          "nothing processed yet")
+    topic = settings.topic(spec.stream_topic)
+    checkpoint = f"{_paths(settings, view, version).checkpoint}/main"
+    batches = checkpoint_batches(checkpoint, topic, upto=batch)
+    if not batches or batches[-1].batch_id != batch:
+        raise ReplayError(f"{ref}: the checkpoint has no offsets of batch {batch} (Delta version {delta_version})")
+    if spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
+        first = batches[0].batch_id
+        raise ReplayError(f"{ref}: the checkpoint keeps batches {first}..{batch} only, a strict check of an "
+                          "event-time view needs every batch from 0 (raise spark.sql.streaming.minBatchesToRetain)"
+                          " - or verify=none")
+    end = dict(batches[-1].end_offsets)
+    start = _offsets_from_json(rec.start_offsets) or {
+        int(p): int(o) for p, o in (_run_info(settings, view, version).get("start_offsets") or {}).items()}
+
+    def validated(records: list[Any], name: str) -> list[Any]:
+        fmt = oracle.TOPIC_FORMATS.get(name)
+        if fmt is None:
+            raise ReplayError(f"the oracle has no record format for topic {name!r} (kappa.oracle.TOPIC_FORMATS)")
+        return oracle.validate_records(records, fmt.subject, key_field=fmt.key_field, tombstones=fmt.tombstones)
+
+    records = oracle.read_log(settings, topic, start=start or None, end=end)
+    if end_timestamp_ms is not None:
+        records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
+    lookups = {name: validated(oracle.read_log(settings, settings.topic(declared)), declared)
+               for name, declared in spec.lookups.items()}
+    expected = spec.compute(oracle.OracleInput(events=validated(records, spec.stream_topic), lookups=lookups,
+                                               batches=batches if spec.uses_batches else None))
+    _names, rows = _table_rows(table)
+    actual: dict[tuple, tuple] = {}
+    duplicates = 0
+    for row in rows:
+        key, value = spec.adapt(row)
+        duplicates += key in actual
+        actual[key] = value
+    missing = expected.keys() - actual.keys()
+    extra = actual.keys() - expected.keys()
+    different = [k for k in expected.keys() & actual.keys() if expected[k] != actual[k]]
+    examples = tuple(
+        [f"{k}: missing, oracle={expected[k]}" for k in sorted(missing, key=str)[:2]]
+        + [f"{k}: extra, table={actual[k]}" for k in sorted(extra, key=str)[:2]]
+        + [f"{k}: table={actual[k]} oracle={expected[k]}" for k in sorted(different, key=str)[:3]])[:5]
+    passed = not (missing or extra or different or duplicates)
+    compared, only_new, only_old, changed = _diff_serving(view, version, settings, spec, rows)
+    versus = (f"; vs serving v{compared}: {only_new} keys only here, {only_old} only there, {changed} changed"
+              if compared is not None else "")
+    where = f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+    if passed:
+        message = f"{ref}: {len(rows):,} rows equal the oracle ({where}){versus}"
+    else:
+        message = (f"{ref}: differs from the oracle ({where}): {len(missing)} missing, {len(extra)} extra, "
+                   f"{len(different)} different, {duplicates} duplicated keys; e.g. {examples[0] if examples else '-'}")
+    result = Verification(
+        view=view, version=version, mode="strict", passed=passed, delta_version=delta_version, batch_id=batch,
+        start_offsets=start, end_offsets=end, rows=len(rows), expected_rows=len(expected), missing=len(missing),
+        extra=len(extra), different=len(different), duplicates=duplicates, examples=examples,
+        compared_with=compared, only_new=only_new, only_old=only_old, changed=changed, message=message)
+    if record_state:
+        fields: dict[str, Any] = {"end_offsets": _spark_offsets(topic, end)}
+        if app_id != rec.app_id:
+            fields["app_id"] = app_id
+        if passed:
+            registry.set_state(view, version, "verified", by=by, expected={"caught_up", "verified"},
+                               note=message[:1000], **fields)
+        else:
+            registry.set_state(view, version, "failed", by=by, note=message[:1000], **fields)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ switch
+def catalog_sql_path(settings: Settings) -> str:
+    """``<lake>/_registry/catalog.sql``: the Spark SQL views over the serving aliases."""
+    return f"{settings.lake_uri.rstrip('/')}/_registry/catalog.sql"
+
+
+def _catalog_statements(settings: Settings, database: str) -> list[str]:
+    from deltalake import DeltaTable
+
+    alias = _alias(settings)
+    statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
+    for view in _catalog().views:
+        if DeltaTable.is_deltatable(alias.resolve(view)):
+            statements.append(alias.spark_view_sql(view, database=database))
+    return statements
+
+
+def write_catalog_sql(settings: Settings, *, database: str = "analytics") -> str:
+    """Write one ``CREATE OR REPLACE VIEW <database>.<view>`` per view whose serving table exists.
+
+    The file (:func:`catalog_sql_path`) is replaced atomically, so a reader never executes half of it.
+    Returns its path (local lakes; on object stores the statements are only built by :func:`spark_catalog`).
+    """
+    statements = _catalog_statements(settings, database)
+    path = catalog_sql_path(settings)
+    if not is_local_uri(path):
+        return path
+    target = Path(local_path(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    header = f"-- generated by kappa.replay at {datetime.now(UTC).isoformat(timespec='seconds')}: serving aliases\n"
+    tmp.write_text(header + "".join(f"{s};\n" for s in statements))
+    os.replace(tmp, target)
+    return path
+
+
+def spark_catalog(spark: Any, settings: Settings | None = None, *, refresh: bool = True,
+                  database: str = "analytics") -> list[str]:
+    """Create ``<database>.<view>`` Spark SQL views for every serving alias (the Spark reader path).
+
+    Executes ``<lake>/_registry/catalog.sql`` (rewritten first with ``refresh``, the default, so it follows the
+    current aliases). Returns the view names created.
+    """
+    if settings is None:
+        from kappa.config import Settings
+
+        settings = Settings.from_env()
+    path = catalog_sql_path(settings)
+    if refresh or (_fs_read(path) is None and is_local_uri(path)):
+        write_catalog_sql(settings, database=database)
+    text = _fs_read(path) if is_local_uri(path) else None
+    if text is not None:
+        body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+        statements = [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
+    else:
+        statements = _catalog_statements(settings, database)
+    created = []
+    for statement in statements:
+        spark.sql(statement)
+        m = re.match(r"CREATE OR REPLACE VIEW (\S+)", statement)
+        if m:
+            created.append(m.group(1))
+    return created
+
+
+def _stop(runner: Runner, view: str, version: int) -> None:
+    try:
+        status = runner.status(view, version)
+        if status.state == "running":
+            runner.stop(view, version)
+            log.info("%s@v%s: job stopped", view, version)
+    except Exception as exc:  # noqa: BLE001 - the switch already happened; report, do not undo it
+        raise ReplayError(f"{view}@v{version}: the alias switched, but stopping the old job failed "
+                          f"({_one_line(exc)}); stop it with `kappa view stop {view} --version {version}`") from None
+
+
+def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
+            keep_hours: float = 24.0) -> SwitchResult:
+    """Switch the view's serving alias to a verified version, stop the old version's job; idempotent.
+
+    The switch is :func:`kappa.serving.ServingAlias.promote` (one Delta commit readers see atomically; the
+    replaced version becomes ``retired`` with its table kept ``keep_hours`` for rollback). Then the replaced
+    version's job is stopped and ``<lake>/_registry/catalog.sql`` is rewritten. Promoting the version that
+    already serves changes nothing.
+
+    Raises:
+        ReplayError: Not verified, table missing, a concurrent switch won, or stopping the old job failed.
+    """
+    _module(view, version)
+    try:
+        adopt_serving(view, settings, by=by, exclude=version)
+        result = _alias(settings).promote(view, version, by=by, keep=timedelta(hours=keep_hours))
+    except RegistryError as exc:
+        raise ReplayError(_one_line(exc)) from None
+    if result.previous_version is not None and result.previous_version != version:
+        _stop(runner, view, result.previous_version)
+    write_catalog_sql(settings)
+    return result
+
+
+def rollback(view: str, to_version: int | None, settings: Settings, runner: Runner, *, by: str,
+             keep_hours: float = 24.0) -> SwitchResult:
+    """Point the alias back to a kept version, restart its job, stop the replaced one; idempotent.
+
+    Args:
+        view: View name.
+        to_version: Version to serve again (a ``retired`` one whose table is kept); None = the version served
+            before the last switch. Automation should pass it: repeating a bare rollback would undo it.
+        settings: Platform settings.
+        runner: Job runner.
+        by: Who asks.
+        keep_hours: How long the replaced version's table is kept.
+
+    Raises:
+        ReplayError: Nothing to roll back to, or the target's table is gone.
+    """
+    from kappa.runners.base import JobSpec
+
+    try:
+        result = _alias(settings).rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))
+    except RegistryError as exc:
+        raise ReplayError(_one_line(exc)) from None
+    rec = _registry(settings).get(view, result.version)
+    if runner.status(view, result.version).state != "running":
+        try:
+            runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest",
+                                 metrics_port=_free_port()))
+        except Exception as exc:  # noqa: BLE001
+            raise ReplayError(f"{view}@v{result.version} serves again, but starting its job failed "
+                              f"({_one_line(exc)}); start it with `kappa view start {view} --version "
+                              f"{result.version}`") from None
+    if result.previous_version is not None and result.previous_version != result.version:
+        _stop(runner, view, result.previous_version)
+    write_catalog_sql(settings)
+    return result
+
+
+def retire_expired(settings: Settings, runner: Runner, *, by: str,
+                   now: datetime | None = None) -> list[DeletionResult]:
+    """Stop the jobs of retired versions past their keep period and delete their tables and checkpoints."""
+    alias = _alias(settings)
+    for rec in alias.expired(now):
+        _stop(runner, rec.view, rec.version)
+    try:
+        return alias.delete_expired(now, by=by)
+    except RegistryError as exc:
+        raise ReplayError(_one_line(exc)) from None
