@@ -1,0 +1,483 @@
+"""Replays end to end on the real stack: v2 of campaign_window_counts rebuilt from the log while v1 serves.
+
+The main test drives the real DAGs with ``dag.test()`` (LocalRunner: the view jobs are real ``kappa view run``
+processes on the session broker, with this test's own topics and lake):
+
+v1 live from earliest -> more events, including a burst of very late ones that the watermark drops -> the
+``kappa_replay`` DAG for v2 (earliest, strict verification, auto promote, small micro-batches so the watermark
+really cuts batches) -> v2 equals the plain-Python oracle -> promoted: the alias resolves to v2, v1 is retired
+and its job stopped. A reader thread resolves the alias and reads the table it names the whole time: it only
+ever sees v1's table, or v2's once complete. Rerunning the DAG and retrying promote change nothing;
+``kappa_rollback`` serves v1 again with its job running.
+
+Other tests: preflight refuses a start the topic's retention no longer covers (``delete_records`` advances the
+log start, which is what retention does) and a version that already runs; request validation and the oracle's
+micro-batch semantics in plain Python.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from deltalake import DeltaTable
+
+from kappa import generator, oracle, replay
+from kappa.config import Settings
+from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated, expected_window_counts_v2
+from kappa.registry import Registry
+from kappa.replay import ReplayError, ReplayRequest, VersionBusy
+from tests.conftest import subprocess_env
+
+VIEW = "campaign_window_counts"
+T0 = 1_700_000_000_000
+
+
+def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})")
+
+
+def _platform_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
+    """The DAG tasks and the job subprocesses see this test's cluster, topics, lake and home."""
+    for key, value in subprocess_env(settings).items():
+        if key.startswith("KAPPA_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+
+
+def _dag(dag_id: str) -> Any:
+    from airflow.models.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"), include_examples=False)
+    assert bag.import_errors == {}
+    return bag.dags[dag_id]
+
+
+def _states(run: Any) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+class AliasReader(threading.Thread):
+    """Resolves the serving alias and counts the rows of the table it names, as a reader would, in a loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True, name="alias-reader")
+        self.settings = settings
+        self.stop = threading.Event()
+        self.seen: list[tuple[int, str, int]] = []  # (version, table, rows)
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        from deltalake import DeltaTable
+
+        from kappa.serving import ServingAlias
+
+        alias = ServingAlias(self.settings.lake_uri)
+        while not self.stop.is_set():
+            try:
+                target = alias.target(VIEW)
+                if DeltaTable.is_deltatable(target.table_path):
+                    rows = DeltaTable(target.table_path).scan().read_all().num_rows
+                    self.seen.append((target.version, target.table_path, rows))
+            except Exception as exc:  # noqa: BLE001 - recorded, asserted empty
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.stop.wait(0.5)
+
+
+# ==================================================================================================== e2e
+@pytest.mark.integration
+@pytest.mark.airflow
+@pytest.mark.timeout(900)  # ~4 min on an idle 2-core machine; two Spark drivers share it
+def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airflow_home, tmp_path, monkeypatch):
+    from kappa.broker import free_port
+    from kappa.runners.base import JobSpec
+    from kappa.runners.local import LocalRunner
+    from kappa.serving import ServingAlias
+
+    settings = lake.replace(home=tmp_path / "home")
+    _platform_env(monkeypatch, settings)
+    runner = LocalRunner(settings)
+    registry = Registry(settings.lake_uri)
+    alias = ServingAlias(settings.lake_uri)
+    paths = {v: replay._paths(settings, VIEW, v).table for v in (1, 2)}  # noqa: SLF001
+    events_topic = settings.topic("ad-events")
+
+    u = generator.universe(seed=21, campaigns=8, users=300)
+    generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
+    first = generator.events(2500, seed=21, universe=u, start_ms=T0, rate_per_s=20, late_fraction=0.05,
+                             malformed_fraction=0.05)
+    assert generator.produce(settings, events_topic, first).delivered == 2500
+
+    reader = AliasReader(settings)
+    try:
+        # v1 serves (by default: no alias, no registry row yet), live from earliest
+        runner.start(JobSpec(VIEW, 1, starting="earliest", metrics_port=free_port()))
+        # more events while v1 runs, then a burst far behind the watermark (dropped as late)
+        more = generator.events(2500, seed=22, universe=u, start_ms=T0 + 125_000, rate_per_s=20,
+                                late_fraction=0.05, malformed_fraction=0.05)
+        very_late = generator.events(150, seed=23, universe=u, start_ms=T0, rate_per_s=50)
+        assert generator.produce(settings, events_topic, [*more, *very_late]).delivered == 2650
+        _wait_for(lambda: DeltaTable.is_deltatable(paths[1]), 240, "v1's table")
+        reader.start()
+
+        # three micro-batches: the last one filters late rows with a watermark past the burst's window
+        conf = {"view": VIEW, "version": 2, "start": "earliest", "verify": "strict", "auto_promote": True,
+                "keep_hours": 1, "max_offsets_per_trigger": 1800, "max_lag": 0}
+        started = time.monotonic()
+        run = _dag("kappa_replay").test(run_conf=conf)
+        took = time.monotonic() - started
+        assert run.state == "success", _states(run)
+        assert set(_states(run).values()) == {"success"}, _states(run)
+
+        # v2 serves, v1 is retired (table kept), its job stopped; v2's job keeps following the log
+        assert alias.resolve(VIEW) == paths[2]
+        v1, v2 = registry.get(VIEW, 1), registry.get(VIEW, 2)
+        assert (v1.state, v2.state) == ("retired", "serving"), (v1, v2)
+        assert v1.delete_after is not None and v1.deleted_at is None
+        assert runner.status(VIEW, 1).state != "running"
+        assert runner.status(VIEW, 2).state == "running"
+        history = [(e.from_state, e.to_state) for e in registry.events(VIEW, 2)]
+        assert [h for h in history if h[0] != h[1]] == [
+            (None, "building"), ("building", "caught_up"), ("caught_up", "verified"), ("verified", "serving")]
+        verified_note = next(e.note for e in registry.events(VIEW, 2) if e.to_state == "verified"
+                             and e.from_state == "caught_up")
+        assert "equal the oracle" in verified_note and "vs serving v1" in verified_note, verified_note
+        verified_rows = int(re.search(r"([\d,]+) rows equal the oracle", verified_note).group(1).replace(",", ""))
+        assert v2.app_id == f"kappa:{VIEW}@v2:{replay._run_info(settings, VIEW, 2)['run_id']}"  # noqa: SLF001
+        start = replay._offsets_from_json(v2.start_offsets)  # noqa: SLF001
+        assert start == {p: 0 for p in range(4)}
+
+        # the replay ran in several micro-batches and the watermark dropped the very late burst: still equal
+        check = replay.verify(VIEW, 2, settings, "strict", by="test")  # v2 serves: read-only re-check
+        assert check.passed, check.message
+        assert check.rows == verified_rows and check.batch_id >= 2, check
+        assert registry.get(VIEW, 2).revision == v2.revision  # a serving version's row is not touched
+        batches = replay.checkpoint_batches(f"{replay._paths(settings, VIEW, 2).checkpoint}/main",  # noqa: SLF001
+                                            events_topic)
+        assert any(b.watermark_ms > T0 for b in batches)
+        log = oracle.validate_records(oracle.read_log(settings, events_topic), "ad_event", key_field="user_id")
+        lookups = {"campaigns": oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")),
+                                                        "campaign", key_field=None, tombstones=True)}
+        no_drops = expected_window_counts_v2(OracleInput(log, lookups))
+        table = dict(oracle.ORACLES[(VIEW, 2)].adapt(r) for r in replay._table_rows(  # noqa: SLF001
+            DeltaTable(paths[2]))[1])
+        assert sum(n[0] + n[1] for n in no_drops.values()) > sum(n[0] + n[1] for n in table.values())
+
+        # readers only ever saw v1's table, or v2's complete one
+        time.sleep(1.0)
+        seen_versions = [s[0] for s in reader.seen]
+        assert reader.errors == []
+        assert 1 in seen_versions and 2 in seen_versions, seen_versions[-5:]
+        assert seen_versions.index(2) > 0 and 1 not in seen_versions[seen_versions.index(2):]
+        assert {s[1] for s in reader.seen} == {paths[1], paths[2]}
+        assert {s[2] for s in reader.seen if s[0] == 2} == {verified_rows}
+
+        # rerunning the DAG and retrying promote change nothing
+        switched = alias.alias(VIEW)
+        rerun = _dag("kappa_replay").test(run_conf=conf)
+        assert rerun.state == "success"
+        assert _states(rerun) == {"preflight": "skipped", "launch": "skipped", "wait_caught_up": "skipped",
+                                  "verify": "skipped", "promote_requested": "skipped", "promote": "skipped"}
+        again = replay.promote(VIEW, 2, settings, runner, by="test:retry")
+        assert again.changed is False and alias.alias(VIEW) == switched
+        assert registry.get(VIEW, 2).revision == v2.revision
+
+        # the Spark catalog file names the serving table
+        sql = Path(replay.catalog_sql_path(settings)).read_text()
+        assert f"CREATE OR REPLACE VIEW analytics.{VIEW} AS SELECT * FROM delta.`{paths[2]}`;" in sql
+
+        # rollback: v1 serves again and its job runs, v2's job is stopped
+        back = _dag("kappa_rollback").test(run_conf={"view": VIEW, "to_version": 1})
+        assert back.state == "success", _states(back)
+        assert alias.resolve(VIEW) == paths[1]
+        assert (registry.get(VIEW, 1).state, registry.get(VIEW, 2).state) == ("serving", "retired")
+        assert runner.status(VIEW, 1).state == "running"
+        assert runner.status(VIEW, 2).state != "running"
+        assert f"delta.`{paths[1]}`" in Path(replay.catalog_sql_path(settings)).read_text()
+        print(f"replay DAG took {took:.0f}s; {len(batches)} batches; {verified_rows} rows")
+    finally:
+        reader.stop.set()
+        for version in (1, 2):
+            runner.stop(VIEW, version)
+
+
+# ==================================================================================================== preflight
+def _delete_records(settings: Settings, topic: str, before: dict[int, int]) -> None:
+    """Advance the log start offsets, exactly what retention does to old segments."""
+    from confluent_kafka import TopicPartition
+
+    from kappa.topics import admin_client
+
+    admin = admin_client(settings)  # keep a reference: the futures need the client alive
+    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in before.items()], operation_timeout=30)
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+@pytest.mark.integration
+def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_path):
+    from kappa.runners.local import LocalRunner
+    from kappa.topics import partition_offsets
+
+    settings = lake.replace(home=tmp_path / "home")
+    runner = LocalRunner(settings)
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=3, campaigns=2)
+    assert generator.produce(settings, topic, generator.events(400, seed=3, universe=u)).delivered == 400
+    ends = {p: hi for p, (_lo, hi) in partition_offsets(settings, topic).items()}
+
+    req = ReplayRequest(view=VIEW, version=2, triggered_by="test")
+    pre = replay.preflight(req, settings, runner)
+    assert pre.records == 400 and pre.start_offsets == {p: 0 for p in ends} and pre.target_offsets == ends
+    assert pre.avg_record_bytes > 100 and pre.bytes_estimate > 400 * 100
+    assert pre.throughput == replay.DEFAULT_THROUGHPUT and pre.eta_seconds == pytest.approx(400 / 20_000)
+    assert replay.Preflight.from_dict(pre.to_dict()) == pre
+    assert "replay 400 records" in pre.summary()
+
+    _delete_records(settings, topic, {0: ends[0] // 2, 2: ends[2]})
+    from_zero = ReplayRequest(view=VIEW, version=2, start="offsets", start_offsets={str(p): 0 for p in ends},
+                              triggered_by="test")
+    with pytest.raises(ReplayError) as refused:
+        replay.preflight(from_zero, settings, runner)
+    message = str(refused.value)
+    assert "\n" not in message and "no longer retains" in message
+    assert f"partition 0 starts at {ends[0] // 2} (requested 0: {ends[0] // 2:,} records gone)" in message
+    assert f"partition 2 starts at {ends[2]}" in message and "partition 1 " not in message
+    assert "events_raw archive" in message and "views/events_raw/v1/table" in message
+    # earliest now means the new log start: nothing to refuse
+    pre = replay.preflight(req, settings, runner)
+    assert pre.start_offsets[0] == ends[0] // 2 and pre.records == 400 - ends[0] // 2 - ends[2]
+
+    with pytest.raises(ReplayError, match=r"missing \[3\]"):
+        replay.preflight(ReplayRequest(view=VIEW, version=2, start="offsets", triggered_by="test",
+                                       start_offsets='{"0": 300, "1": 0, "2": 300}'), settings, runner)
+    with pytest.raises(ReplayError, match="unknown view 'nope'"):
+        replay.preflight(ReplayRequest(view="nope", version=1, triggered_by="test"), settings, runner)
+    with pytest.raises(ReplayError, match="has no version 9"):
+        replay.preflight(ReplayRequest(view=VIEW, version=9, triggered_by="test"), settings, runner)
+
+    # a job nobody registered has an unknown start: refused even when following runs (resume=True)
+    with pytest.raises(VersionBusy, match="is not registered"):
+        replay.preflight(req, settings, FakeRunner(running={2}), resume=True)
+    # a version past building is not started again (the DAG's rerun follows it instead: resume=True)
+    registry = Registry(settings.lake_uri)
+    registry.register(VIEW, 2, code_module="jobs.campaign_window_counts.v2", table_path="/x", app_id="kappa:x",
+                      starting="earliest", triggered_by="test")
+    registry.set_state(VIEW, 2, "caught_up", by="test")
+    with pytest.raises(VersionBusy, match="already caught_up"):
+        replay.preflight(req, settings, runner)
+    assert replay.preflight(req, settings, runner, resume=True).existing_state == "caught_up"
+
+
+# ==================================================================================================== plain
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"version": 0}, "version 0: expected an integer >= 1"),
+    ({"start": "timestamp"}, "start=timestamp needs start_timestamp_ms"),
+    ({"start_timestamp_ms": 5}, "start_timestamp_ms is only used with start=timestamp"),
+    ({"start": "offsets", "start_offsets": "{nope"}, "start_offsets is not valid JSON"),
+    ({"start": "offsets", "start_offsets": {"0": -1}}, "partitions and offsets are >= 0"),
+    ({"end": "timestamp"}, "end=timestamp needs end_timestamp_ms"),
+    ({"start": "timestamp", "start_timestamp_ms": 10, "end": "timestamp", "end_timestamp_ms": 10},
+     "is not after start_timestamp_ms"),
+    ({"verify": "loose"}, "verify 'loose': expected one of strict, none"),
+    ({"keep_hours": -1}, "keep_hours -1: expected a number >= 0"),
+    ({"max_offsets_per_trigger": 0}, "max_offsets_per_trigger 0: expected an integer >= 1"),
+    ({"triggered_by": " "}, "triggered_by is required"),
+])
+def test_request_validation_says_what_is_wrong_in_one_line(fields, message):
+    values = {"view": VIEW, "version": 2, "triggered_by": "test", **fields}
+    with pytest.raises(ReplayError) as err:
+        ReplayRequest(**values).validate()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_positions_and_dag_params_map_onto_one_request():
+    assert replay.parse_start("earliest") == {"start": "earliest"}
+    assert replay.parse_start("ts:1700000000000") == {"start": "timestamp", "start_timestamp_ms": 1700000000000}
+    assert replay.parse_start('{"0": 5}') == {"start": "offsets", "start_offsets": '{"0": 5}'}
+    assert replay.parse_end("ts:9") == {"end": "timestamp", "end_timestamp_ms": 9}
+    with pytest.raises(ReplayError, match="expected earliest, ts:<epoch ms> or JSON offsets"):
+        replay.parse_start("latest")
+    params = {"view": VIEW, "version": 2, "start": "timestamp", "start_timestamp_ms": 7, "start_offsets": None,
+              "end": "live", "end_timestamp_ms": None, "verify": "none", "auto_promote": True, "keep_hours": 2,
+              "max_offsets_per_trigger": None, "max_lag": 2000}
+    req = ReplayRequest.from_params(params, triggered_by="airflow:kappa_replay:r1")
+    assert req == ReplayRequest(view=VIEW, version=2, start="timestamp", start_timestamp_ms=7, verify="none",
+                                auto_promote=True, keep_hours=2, triggered_by="airflow:kappa_replay:r1")
+
+
+def _event(partition: int, offset: int, t: int, kind: str = "view", ad: str = "ad1") -> Validated:
+    rec = LogRecord("ad-events", partition, offset, 0, b"u", b"{}")
+    return Validated(rec, {"event_type": kind, "ad_id": ad, "event_time": t, "user_id": "u"}, None)
+
+
+def test_oracle_drops_late_events_with_the_previous_batchs_watermark():
+    campaigns = {"campaigns": [Validated(LogRecord("campaigns", 0, 0, 0, b"ad1", b"{}"), {"campaign_id": "c"}, None)]}
+    events = [_event(0, 0, 100_000), _event(0, 1, 200_000, "click"), _event(1, 0, 130_000),
+              _event(1, 1, 65_000), _event(1, 2, 70_000, "purchase"), _event(0, 2, 150_000, ad="unmapped")]
+    one_batch = expected_window_counts_v2(OracleInput(events, campaigns))
+    assert one_batch == {("c", 60_000): (2, 0, 100_000, True), ("c", 120_000): (1, 0, 130_000, False),
+                         ("c", 180_000): (0, 1, 200_000, False)}
+    # offset 1 of partition 1 (t=65 s, window [60, 120) s) lands in batch 2, which filters late rows with the
+    # watermark batch 1 ran with (170 s): dropped. Batch 2's own watermark would not matter.
+    batches = [BatchBoundary(0, {0: 2, 1: 1}, 0), BatchBoundary(1, {0: 3, 1: 1}, 170_000),
+               BatchBoundary(2, {0: 3, 1: 3}, 170_000)]
+    assert expected_window_counts_v2(OracleInput(events, campaigns, batches))[("c", 60_000)] == (1, 0, 100_000, True)
+    batches[1] = BatchBoundary(1, {0: 3, 1: 1}, 0)
+    assert expected_window_counts_v2(OracleInput(events, campaigns, batches)) == one_batch
+    # records after the last recorded batch are not in the table yet, so not in the oracle either
+    partial = expected_window_counts_v2(OracleInput(events, campaigns, batches[:1]))
+    assert partial == {("c", 60_000): (1, 0, 100_000, True), ("c", 120_000): (1, 0, 130_000, False),
+                       ("c", 180_000): (0, 1, 200_000, False)}
+
+
+class FakeRunner:
+    """Records what the replay functions ask a runner to do (the real runners are exercised above)."""
+
+    def __init__(self, running: set[int]) -> None:
+        self.running = set(running)
+        self.calls: list[tuple[str, int]] = []
+
+    def start(self, spec: Any) -> Any:
+        from kappa.runners.base import JobStatus
+
+        self.calls.append(("start", spec.version))
+        self.running.add(spec.version)
+        return JobStatus(spec.ref, "running")
+
+    def stop(self, view: str, version: int) -> Any:
+        from kappa.runners.base import JobStatus
+
+        self.calls.append(("stop", version))
+        self.running.discard(version)
+        return JobStatus(f"{view}@v{version}", "stopped")
+
+    def status(self, view: str, version: int) -> Any:
+        from kappa.runners.base import JobStatus
+
+        return JobStatus(f"{view}@v{version}", "running" if version in self.running else "stopped")
+
+
+@pytest.mark.integration
+def test_spark_catalog_views_follow_the_serving_alias(spark, tmp_path):
+    """promote/rollback rewrite catalog.sql; spark_catalog() makes analytics.<view> read the serving table."""
+    import duckdb
+    from deltalake import write_deltalake
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    registry = Registry(settings.lake_uri)
+    for version, rows in ((1, 3), (2, 5)):
+        path = replay._paths(settings, VIEW, version).table  # noqa: SLF001
+        write_deltalake(path, duckdb.sql(f"SELECT i::BIGINT AS n, {version} AS v FROM range({rows}) t(i)"))
+    registry.register(VIEW, 2, code_module="jobs.campaign_window_counts.v2", table_path=replay._paths(  # noqa: SLF001
+        settings, VIEW, 2).table, app_id="kappa:t", starting="earliest", triggered_by="test")
+    for state in ("caught_up", "verified"):
+        registry.set_state(VIEW, 2, state, by="test")
+    runner = FakeRunner(running={1, 2})
+
+    # v1 served by default (unregistered): adopted, then replaced; its job stopped
+    result = replay.promote(VIEW, 2, settings, runner, by="test")
+    assert (result.version, result.previous_version, result.changed) == (2, 1, True)
+    assert registry.get(VIEW, 1).state == "retired" and "adopted" in registry.events(VIEW, 1)[1].note
+    assert runner.calls == [("stop", 1)]
+    assert replay.spark_catalog(spark, settings) == [f"analytics.{VIEW}"]  # other views have no table
+    assert spark.table(f"analytics.{VIEW}").count() == 5
+
+    assert replay.promote(VIEW, 2, settings, runner, by="test").changed is False  # a retry: no-op
+    assert runner.calls == [("stop", 1)]
+
+    back = replay.rollback(VIEW, 1, settings, runner, by="test")
+    assert (back.version, back.previous_version) == (1, 2)
+    assert runner.calls == [("stop", 1), ("start", 1), ("stop", 2)]
+    replay.spark_catalog(spark, settings)
+    assert spark.table(f"analytics.{VIEW}").count() == 3
+    assert {r.v for r in spark.table(f"analytics.{VIEW}").collect()} == {1}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["replay", "nope", "--version", "2"], "error: unknown view 'nope'; declared views:"),
+    (["replay", VIEW, "--version", "9"], f"error: {VIEW} has no version 9 in kappa/platform.yaml"),
+    (["replay", VIEW, "--version", "2", "--start", "latest"], "error: --start 'latest': expected earliest"),
+    (["replay", VIEW, "--version", "2", "--end", "ts:x"], "error: --end 'ts:x': expected live or ts:<epoch ms>"),
+    (["verify", VIEW, "--version", "2"], f"error: {VIEW}@v2 is not registered; replay it first"),
+    (["promote", VIEW, "--version", "2"], f"error: {VIEW}@v2 is not registered"),
+    (["rollback", VIEW], f"error: {VIEW} has no serving version to roll back from"),
+])
+def test_cli_refusals_are_one_line(argv, message, tmp_path, monkeypatch, capsys):
+    from kappa.cli import main
+
+    monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAPPA_LAKE_URI", str(tmp_path / "lake"))
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith(message) and "\n" not in err, err
+
+
+def test_retire_expired_stops_and_deletes_only_versions_past_their_keep(tmp_path):
+    import duckdb
+    from deltalake import write_deltalake
+
+    from kappa.registry import utcnow
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    registry = Registry(settings.lake_uri)
+    tables = {v: replay._paths(settings, VIEW, v).table for v in (1, 2)}  # noqa: SLF001
+    for version in (1, 2):
+        write_deltalake(tables[version], duckdb.sql(f"SELECT {version} AS v"))
+        registry.register(VIEW, version, code_module=f"jobs.campaign_window_counts.v{version}",
+                          table_path=tables[version], app_id="kappa:t", starting="earliest", triggered_by="test")
+        for state in ("caught_up", "verified"):
+            registry.set_state(VIEW, version, state, by="test")
+    runner = FakeRunner(running={1, 2})
+    replay.promote(VIEW, 1, settings, runner, by="test")
+    replay.promote(VIEW, 2, settings, runner, by="test", keep_hours=1)
+    runner.running.add(1)  # pretend its job was restarted by hand
+
+    assert replay.retire_expired(settings, runner, by="test") == []  # kept for another hour
+    results = replay.retire_expired(settings, runner, by="test", now=utcnow() + timedelta(hours=2))
+    assert [(r.version, r.deleted) for r in results] == [(1, True)]
+    assert ("stop", 1) in runner.calls and 2 in runner.running
+    assert not Path(tables[1]).exists() and Path(tables[2]).exists()
+    assert registry.get(VIEW, 1).deleted_at is not None
+    with pytest.raises(ReplayError, match="cannot roll back"):
+        replay.rollback(VIEW, 1, settings, runner, by="test")
+
+
+def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
+    """The CLI's wait loop (the rest of `kappa replay` is the functions tested above)."""
+    from datetime import UTC, datetime
+
+    from kappa import cli
+
+    samples = iter([(0, None), (2000, 40.0), (5000, 0.0)])
+    calls = []
+
+    def fake_progress(view, version, settings, **kwargs):
+        done, eta = next(samples)
+        calls.append(kwargs["record"])
+        return replay.Progress(view=view, version=version, topic="t", start_offsets={0: 0},
+                               processed_offsets={0: done}, target_offsets={0: 5000}, batch_id=0, done=done,
+                               total=5000, ratio=done / 5000, lag=5000 - done, rate=None, eta_seconds=eta,
+                               sampled_at=datetime.now(UTC))
+
+    monkeypatch.setattr(replay, "progress", fake_progress)
+    monkeypatch.setattr(replay, "caught_up", lambda *a, sample, **k: sample.lag == 0)
+    monkeypatch.setattr(cli.time, "sleep", lambda _s: None)
+    req = ReplayRequest(view=VIEW, version=2, triggered_by="test")
+    cli._follow(req, settings=None, runner=None, timeout=0)  # noqa: SLF001
+    assert calls == [True, False, False]  # the registry records a sample every 10 s, not every poll
+    assert "caught up" in capsys.readouterr().out
