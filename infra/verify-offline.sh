@@ -179,13 +179,13 @@ promql="$(sed -n 's/^promql-lint: \([0-9]*\) expressions.*/\1/p' "$OUT/promql.lo
 
 log "6/8 policy check: checkov $CHECKOV_VERSION (config infra/deploy/checkov.yaml)"
 cp "$OUT"/rendered/*.yaml "$OUT/policy/"
-# the runner's Deployments/Services (view template filled with sample values); the executor pod template is a
+# the runner's Deployments/Jobs/Services (view template filled with sample values); the executor pod template is a
 # partial pod spec completed by Spark (resources, image, probes-free executors) and is schema-checked only
 "$PY" - "$OUT/embedded" "$OUT/policy" <<'EOF'
 import sys, pathlib, yaml
 src, dst = map(pathlib.Path, sys.argv[1:])
 for f in sorted(src.glob("*.yaml")):
-    docs = [d for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") in ("Deployment", "Service")]
+    docs = [d for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") in ("Deployment", "Job", "Service")]
     if docs:
         (dst / f.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
 EOF

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
 from kappa.metrics import LATENCY_BUCKETS, ViewMetrics
 from kappa.parsing import CAMPAIGNS, INTERNAL_COLUMNS, RecordFormat, decode
@@ -413,9 +414,32 @@ class ViewJob:
         finally:
             rows.unpersist()
 
+    def _lineage(self, spark: "SparkSession", batch_id: int) -> str | None:
+        """The batch's log range and watermark from the main query's offset log (written before the batch
+        runs), as the Delta commit's ``userMetadata`` (:mod:`kappa.lineage`); None if unreadable."""
+        uri = f"{self.paths.checkpoint}/main/offsets/{batch_id}"
+        try:
+            jvm = spark.sparkContext._jvm
+            path = jvm.org.apache.hadoop.fs.Path(uri)
+            fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            stream = fs.open(path)
+            try:
+                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            finally:
+                stream.close()
+        except Exception as exc:  # noqa: BLE001 - lineage is for audits; the commit itself must go on
+            log.warning("%s: batch %s: cannot read %s for the commit's lineage: %s", self.view.ref, batch_id, uri,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return None
+        topic = self.settings.topic(self.view.stream_topic)
+        offsets, watermark = parse_offset_log(text, topic)
+        return batch_metadata(app_id=self.app_id or "", batch_id=batch_id, topic=topic, end_offsets=offsets,
+                              watermark_ms=watermark)
+
     def _commit(self, output: "DataFrame", batch_id: int, *, quarantine: "DataFrame | None") -> None:
+        lineage = self._lineage(output.sparkSession, batch_id)
         _fault("before_write", batch_id)
-        self.sink.write(output, batch_id)
+        self.sink.write(output, batch_id, user_metadata=lineage)
         _fault("between_commits", batch_id)
         if quarantine is not None:
             self._write_quarantine(quarantine, batch_id)

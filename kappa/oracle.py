@@ -400,6 +400,62 @@ def _window_row_v2(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
             (row["view_count"], row["click_count"], _epoch_ms(row["last_event_time"]), row["is_final"]))
 
 
+def expected_sessions_batched(inp: OracleInput, *, gap_ms: int = 30_000) -> dict[tuple, tuple]:
+    """user_sessions v1 with Spark's micro-batch semantics (append mode, session windows, 30 s watermark).
+
+    (user_id, session_start_ms) -> (session_end_ms, event_count, distinct_ads, last_event_ms). Per micro-batch
+    ``k`` in order: a user's valid events of the batch are first merged among themselves into sessions (an event
+    at most ``gap_ms`` after the previous one continues a session); a batch session ending at or before the
+    previous batch's watermark is dropped as late (Spark filters late input after this in-batch merge, on the
+    session's end); the rest merge with the user's open sessions; open sessions ending at or before batch
+    ``k``'s watermark are emitted (written once) and forgotten. Events after the last recorded batch are not
+    processed yet; sessions still open are not in the table.
+    """
+    batches = inp.batches or []
+    positions = _batch_index(inp.events, inp.batches)
+    per_batch: list[dict[str, list[tuple[int, str]]]] = [defaultdict(list) for _ in batches]
+    for v, pos in zip(inp.events, positions):
+        if pos is None or v.error is not None:
+            continue
+        per_batch[pos][v.value["user_id"]].append((v.value["event_time"], v.value["ad_id"]))
+
+    def merge(items: list[tuple[int, int, int, set[str], int]]) -> list[tuple[int, int, int, set[str], int]]:
+        """Merge (start, end, count, ads, last) sessions that overlap or touch."""
+        out: list[tuple[int, int, int, set[str], int]] = []
+        for start, end, count, ads, last in sorted(items, key=lambda x: (x[0], x[1])):
+            if out and start <= out[-1][1]:
+                s0, e0, c0, a0, l0 = out[-1]
+                out[-1] = (s0, max(e0, end), c0 + count, a0 | ads, max(l0, last))
+            else:
+                out.append((start, end, count, set(ads), last))
+        return out
+
+    open_sessions: dict[str, list[tuple[int, int, int, set[str], int]]] = defaultdict(list)
+    emitted: dict[tuple, tuple] = {}
+    previous_wm = 0
+    for batch, rows in zip(batches, per_batch):
+        for user, items in rows.items():
+            local = merge([(t, t + gap_ms, 1, {ad}, t) for t, ad in items])
+            alive = [x for x in local if x[1] > previous_wm]
+            if alive:
+                open_sessions[user] = merge(open_sessions[user] + alive)
+        for user in list(open_sessions):
+            keep = []
+            for start, end, count, ads, last in open_sessions[user]:
+                if end <= batch.watermark_ms:
+                    emitted[(user, start)] = (end, count, len(ads), last)
+                else:
+                    keep.append((start, end, count, ads, last))
+            open_sessions[user] = keep
+        previous_wm = batch.watermark_ms
+    return emitted
+
+
+def _session_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    return ((row["user_id"], _epoch_ms(row["session_start"])),
+            (_epoch_ms(row["session_end"]), row["event_count"], row["distinct_ads"], _epoch_ms(row["last_event_time"])))
+
+
 _RAW_FIELDS = ("user_id", "page_id", "ad_id", "ad_type", "event_type", "event_time", "ip")
 
 
@@ -430,6 +486,10 @@ ORACLES: dict[tuple[str, int], OracleSpec] = {
         stream_topic="ad-events", compute=expected_window_counts_v2, keys=("campaign_id", "window_start"),
         values=("view_count", "click_count", "last_event_time", "is_final"), adapt=_window_row_v2,
         lookups={"campaigns": "campaigns"}, uses_batches=True),
+    ("user_sessions", 1): OracleSpec(
+        stream_topic="ad-events", compute=expected_sessions_batched, keys=("user_id", "session_start"),
+        values=("session_end", "event_count", "distinct_ads", "last_event_time"), adapt=_session_row,
+        uses_batches=True),
     ("events_raw", 1): OracleSpec(
         stream_topic="ad-events", compute=_events_raw, keys=("partition", "offset"), values=_RAW_FIELDS,
         adapt=_events_raw_row),

@@ -48,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from kappa.lineage import batches_from_history, parse_offset_log
 from kappa.registry import Registry, RegistryError, VersionRecord, code_hash, is_local_uri, local_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -420,28 +421,6 @@ def _fsspec(uri: str) -> tuple[Any, str]:
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint
-def _offsets_entry(text: str, topic: str) -> tuple[dict[int, int], int]:
-    """Parse a Spark ``offsets/<batch>`` file: (offsets of ``topic``, batchWatermarkMs)."""
-    lines = text.splitlines()
-    watermark = 0
-    if len(lines) > 1:
-        try:
-            watermark = int(json.loads(lines[1]).get("batchWatermarkMs", 0) or 0)
-        except (ValueError, AttributeError):
-            watermark = 0
-    for line in lines[2:]:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and topic in data:
-            return {int(p): int(o) for p, o in data[topic].items()}, watermark
-    return {}, watermark
-
-
 def _batch_ids(folder: str) -> list[int]:
     return sorted(int(name) for name in _fs_list(folder) if name.isdigit())
 
@@ -467,9 +446,22 @@ def checkpoint_batches(checkpoint: str, topic: str, *, upto: int | None = None) 
         text = _fs_read(f"{checkpoint}/offsets/{batch}")
         if text is None:
             continue
-        offsets, watermark = _offsets_entry(text, topic)
+        offsets, watermark = parse_offset_log(text, topic)
         out.append(BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark))
     return out
+
+
+def _batch_boundaries(settings: Settings, view: str, version: int, table: Any, app_id: str, topic: str,
+                      upto: int) -> list[Any]:
+    """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.lineage`, complete
+    for the table's history), else from the checkpoint (only its last ``minBatchesToRetain`` batches)."""
+    history = batches_from_history(table.history(), app_id, upto=upto)
+    if [b.batch_id for b in history] == list(range(upto + 1)):
+        return history
+    checkpoint = checkpoint_batches(f"{_paths(settings, view, version).checkpoint}/main", topic, upto=upto)
+    merged = {b.batch_id: b for b in checkpoint}
+    merged.update({b.batch_id: b for b in history})
+    return [merged[b] for b in sorted(merged)]
 
 
 def _processed(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
@@ -480,7 +472,7 @@ def _processed(settings: Settings, view: str, version: int, topic: str) -> tuple
         return {}, None
     batch = committed[-1]
     text = _fs_read(f"{checkpoint}/offsets/{batch}")
-    return (_offsets_entry(text, topic)[0] if text else {}), batch
+    return (parse_offset_log(text, topic)[0] if text else {}), batch
 
 
 def _run_info(settings: Settings, view: str, version: int) -> dict[str, Any]:
@@ -1146,7 +1138,8 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
 
     ``strict``: open the version's table at its latest Delta version, find the micro-batch it holds (the Delta
     txn of the version's appId), read that batch's end offsets (and, for event-time views, every batch's
-    boundaries and watermark) from the job's checkpoint, recompute ``[start, end)`` of the log with the
+    boundaries and watermark) from the Delta commits (:mod:`kappa.lineage`; the checkpoint's offset log as a
+    fallback), recompute ``[start, end)`` of the log with the
     plain-Python oracle (:data:`kappa.oracle.ORACLES`) and require exact equality of keys and values, with no
     duplicated key. ``none``: no check, the registry note says so. The serving alias is never touched; a
     failure marks the version ``failed`` with the reason. Also reports how the table differs from the version
@@ -1195,15 +1188,15 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
         raise ReplayError(f"{ref}: Delta version {delta_version} of {table_path} has no commit of {app_id}; "
                           "nothing processed yet")
     topic = settings.topic(spec.stream_topic)
-    checkpoint = f"{_paths(settings, view, version).checkpoint}/main"
-    batches = checkpoint_batches(checkpoint, topic, upto=batch)
+    batches = _batch_boundaries(settings, view, version, table, app_id, topic, batch)
     if not batches or batches[-1].batch_id != batch:
-        raise ReplayError(f"{ref}: the checkpoint has no offsets of batch {batch} (Delta version {delta_version})")
+        raise ReplayError(f"{ref}: neither the Delta history nor the checkpoint has the offsets of batch {batch} "
+                          f"(Delta version {delta_version})")
     if spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
         first = batches[0].batch_id
-        raise ReplayError(f"{ref}: the checkpoint keeps batches {first}..{batch} only, a strict check of an "
-                          "event-time view needs every batch from 0 (raise spark.sql.streaming.minBatchesToRetain)"
-                          " - or verify=none")
+        raise ReplayError(f"{ref}: only batches {first}..{batch} have known boundaries (Delta history and "
+                          "checkpoint both purged older ones); a strict check of an event-time view needs every "
+                          "batch from 0 - verify=none, or replay again")
     end = dict(batches[-1].end_offsets)
     start = _offsets_from_json(rec.start_offsets) or {
         int(p): int(o) for p, o in (_run_info(settings, view, version).get("start_offsets") or {}).items()}

@@ -31,6 +31,7 @@ QUARANTINE_SCHEMA = (
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def ensure_table(spark: "SparkSession", path: str, schema: "StructType | str", *,
@@ -94,14 +95,17 @@ def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":
 
 
 @contextmanager
-def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int) -> Iterator[None]:
+def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_metadata: str | None) -> Iterator[None]:
     session.conf.set(_TXN_APP, app_id)
     session.conf.set(_TXN_VERSION, str(batch_id))
+    if user_metadata:
+        session.conf.set(_USER_METADATA, user_metadata)
     try:
         yield
     finally:
         session.conf.unset(_TXN_APP)
         session.conf.unset(_TXN_VERSION)
+        session.conf.unset(_USER_METADATA)
 
 
 @dataclass
@@ -112,15 +116,22 @@ class DeltaSink:
     path: str
     app_id: str
 
-    def write(self, batch: "DataFrame", batch_id: int) -> None:
-        """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit."""
+    def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None) -> None:
+        """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
+
+        ``user_metadata`` becomes the commit's ``userMetadata`` (the job records the batch's log range there,
+        see :mod:`kappa.lineage`). Empty batches commit too, so every batch id has its commit.
+        """
         if self.view.write == "append":
-            (batch.write.format("delta").mode("append")
-             .option("txnAppId", self.app_id).option("txnVersion", batch_id).save(self.path))
+            writer = (batch.write.format("delta").mode("append")
+                      .option("txnAppId", self.app_id).option("txnVersion", batch_id))
+            if user_metadata:
+                writer = writer.option("userMetadata", user_metadata)
+            writer.save(self.path)
         elif self.view.write == "merge":
-            self._merge(batch, batch_id)
+            self._merge(batch, batch_id, user_metadata)
         elif self.view.write == "upsert_delete":
-            self._upsert_delete(batch, batch_id)
+            self._upsert_delete(batch, batch_id, user_metadata)
         else:  # pragma: no cover - guarded by the Literal type
             raise ValueError(f"unknown write mode {self.view.write!r}")
 
@@ -132,12 +143,12 @@ class DeltaSink:
     def _cond(self) -> str:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.view.keys)
 
-    def _merge(self, batch: "DataFrame", batch_id: int) -> None:
+    def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         session = batch.sparkSession
         source = batch
         if self.view.finality is not None:
             source = self._with_finality(batch, self.view.finality)
-        with _idempotent_dml(session, self.app_id, batch_id):
+        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
             (self._table(session).alias("t").merge(source.alias("s"), self._cond())
              .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
 
@@ -166,7 +177,7 @@ class DeltaSink:
         )
         return batch.unionByName(newly_final)
 
-    def _upsert_delete(self, batch: "DataFrame", batch_id: int) -> None:
+    def _upsert_delete(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -179,7 +190,7 @@ class DeltaSink:
         )
         session = batch.sparkSession
         columns = {c: f"s.`{c}`" for c in table_columns(self.view, batch.schema).fieldNames()}
-        with _idempotent_dml(session, self.app_id, batch_id):
+        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
             (self._table(session).alias("t").merge(latest.alias("s"), self._cond())
              .whenMatchedDelete(condition="s.is_tombstone")
              .whenMatchedUpdate(condition="NOT s.is_tombstone", set=columns)

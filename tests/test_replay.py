@@ -17,6 +17,7 @@ micro-batch semantics in plain Python.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -27,7 +28,7 @@ from typing import Any, Callable
 import pytest
 from deltalake import DeltaTable
 
-from kappa import generator, oracle, replay
+from kappa import generator, lineage, oracle, replay
 from kappa.config import Settings
 from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated, expected_window_counts_v2
 from kappa.registry import Registry
@@ -105,9 +106,13 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
     from kappa.runners.base import JobSpec
     from kappa.runners.local import LocalRunner
     from kappa.serving import ServingAlias
+    from kappa.topics import partition_offsets
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
+    # Spark itself purges the checkpoint's offset log down to the last 2 batches: the strict check must get
+    # every batch boundary from the Delta commits (kappa.lineage), not from the checkpoint
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.sql.streaming.minBatchesToRetain=2 pyspark-shell")
     runner = LocalRunner(settings)
     registry = Registry(settings.lake_uri)
     alias = ServingAlias(settings.lake_uri)
@@ -146,7 +151,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         v1, v2 = registry.get(VIEW, 1), registry.get(VIEW, 2)
         assert (v1.state, v2.state) == ("retired", "serving"), (v1, v2)
         assert v1.delete_after is not None and v1.deleted_at is None
-        assert runner.status(VIEW, 1).state != "running"
+        assert runner.status(VIEW, 1).state == "stopped", "a stopped live job is not a finished bounded run"
         assert runner.status(VIEW, 2).state == "running"
         history = [(e.from_state, e.to_state) for e in registry.events(VIEW, 2)]
         assert [h for h in history if h[0] != h[1]] == [
@@ -164,8 +169,14 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         assert check.passed, check.message
         assert check.rows == verified_rows and check.batch_id >= 2, check
         assert registry.get(VIEW, 2).revision == v2.revision  # a serving version's row is not touched
-        batches = replay.checkpoint_batches(f"{replay._paths(settings, VIEW, 2).checkpoint}/main",  # noqa: SLF001
-                                            events_topic)
+        purged = replay.checkpoint_batches(f"{replay._paths(settings, VIEW, 2).checkpoint}/main",  # noqa: SLF001
+                                           events_topic)
+        assert purged[0].batch_id > 0, "Spark kept the whole offset log; the lineage path was not exercised"
+        batches = lineage.batches_from_history(DeltaTable(paths[2]).history(), v2.app_id)
+        assert [b.batch_id for b in batches] == list(range(len(batches))) and len(batches) > check.batch_id
+        assert {b.batch_id: b for b in batches if b.batch_id >= purged[0].batch_id} == {
+            b.batch_id: b for b in purged}, "Delta commit lineage equals Spark's own offset log"
+        assert batches[-1].end_offsets == {p: hi for p, (_lo, hi) in partition_offsets(settings, events_topic).items()}
         assert any(b.watermark_ms > T0 for b in batches)
         log = oracle.validate_records(oracle.read_log(settings, events_topic), "ad_event", key_field="user_id")
         lookups = {"campaigns": oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")),
@@ -204,13 +215,74 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         assert alias.resolve(VIEW) == paths[1]
         assert (registry.get(VIEW, 1).state, registry.get(VIEW, 2).state) == ("serving", "retired")
         assert runner.status(VIEW, 1).state == "running"
-        assert runner.status(VIEW, 2).state != "running"
+        assert runner.status(VIEW, 2).state == "stopped"
         assert f"delta.`{paths[1]}`" in Path(replay.catalog_sql_path(settings)).read_text()
         print(f"replay DAG took {took:.0f}s; {len(batches)} batches; {verified_rows} rows")
     finally:
         reader.stop.set()
         for version in (1, 2):
             runner.stop(VIEW, version)
+
+
+# ==================================================================================================== bounded
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafka, lake, tmp_path, monkeypatch):
+    """user_sessions v1 rebuilt from earliest up to a timestamp (CLI/API path, LocalRunner, real job).
+
+    Small micro-batches and a burst of very late events: Spark drops the burst's sessions by the previous batch's
+    watermark, so only a recomputation that follows the recorded batches (kappa.lineage) equals the table.
+    """
+    from kappa.runners.local import LocalRunner
+
+    view = "user_sessions"
+    settings = lake.replace(home=tmp_path / "home")
+    _platform_env(monkeypatch, settings)
+    runner = LocalRunner(settings)
+    registry = Registry(settings.lake_uri)
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=31, campaigns=4, users=900)
+    on_time = generator.events(2000, seed=31, universe=u, start_ms=T0, rate_per_s=20, late_fraction=0.05,
+                               malformed_fraction=0.05)
+    very_late = list(generator.events(120, seed=32, universe=u, start_ms=T0 - 600_000, rate_per_s=60))
+    assert generator.produce(settings, topic, [*on_time, *very_late]).delivered == 2120
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    after = generator.events(300, seed=33, universe=u, start_ms=T0 + 400_000, rate_per_s=20)
+    assert generator.produce(settings, topic, after).delivered == 300
+
+    req = ReplayRequest(view=view, version=1, end="timestamp", end_timestamp_ms=cut, max_offsets_per_trigger=700,
+                        triggered_by="test:bounded")
+    pre = replay.preflight(req, settings, runner)
+    assert pre.records == 2120, pre.summary()
+    try:
+        replay.launch(req, settings, runner, pre)
+        _wait_for(lambda: replay.caught_up(view, 1, settings, runner, by="test", end_timestamp_ms=cut), 420,
+                  "the bounded replay to finish")
+        status = runner.status(view, 1)
+        assert (status.state, status.detail) == ("finished", "bounded run completed")
+        assert registry.get(view, 1).state == "caught_up"
+
+        check = replay.verify(view, 1, settings, "strict", by="test", end_timestamp_ms=cut)
+        assert check.passed, check.message
+        assert registry.get(view, 1).state == "verified"
+        assert check.rows == check.expected_rows > 50 and check.batch_id >= 3, check
+
+        # the micro-batch semantics mattered: a recomputation that ignores them disagrees with the table
+        table = DeltaTable(replay._paths(settings, view, 1).table)  # noqa: SLF001
+        rows = dict(oracle.ORACLES[(view, 1)].adapt(r) for r in replay._table_rows(table)[1])  # noqa: SLF001
+        log = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
+        before_cut = [v for v in log if v.record.timestamp_ms < cut]
+        unbatched = oracle.expected_sessions(before_cut, closed_only=False)
+        late = [json.loads(value) for _key, value, _meta in very_late]
+        late_keys = {(e["user_id"], e["event_time"]) for e in late} & unbatched.keys()
+        assert len(late_keys) > 50, "most of the burst would start sessions of their own without the watermark"
+        assert not late_keys & rows.keys(), "Spark dropped the burst's sessions as late"
+        # nothing after the end timestamp was processed
+        assert max(end for end, *_ in rows.values()) < T0 + 400_000
+    finally:
+        runner.stop(view, 1)
 
 
 # ==================================================================================================== preflight
@@ -481,3 +553,21 @@ def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
     cli._follow(req, settings=None, runner=None, timeout=0)  # noqa: SLF001
     assert calls == [True, False, False]  # the registry records a sample every 10 s, not every poll
     assert "caught up" in capsys.readouterr().out
+
+
+def test_session_oracle_follows_spark_micro_batches():
+    def ev(p: int, o: int, user: str, t: int, ad: str = "a") -> Validated:
+        return Validated(LogRecord("ad-events", p, o, 0, user.encode(), b"{}"),
+                         {"event_type": "view", "ad_id": ad, "event_time": t, "user_id": user}, None)
+
+    events = [ev(0, 0, "u", 100_000), ev(0, 1, "u", 110_000, "b"),       # batch 0 (watermark 0): session opens
+              ev(0, 2, "u", 105_000),                                    # batch 1: not late yet (previous wm 0)
+              ev(0, 3, "u", 100_000),                                    # batch 2: alone and late -> dropped
+              ev(0, 4, "v", 115_000), ev(0, 5, "v", 140_000),            # batch 2: late alone, not once merged
+              ev(0, 6, "w", 500_000)]                                    # batch 3: still open at the end
+    batches = [BatchBoundary(0, {0: 2}, 0), BatchBoundary(1, {0: 3}, 150_000), BatchBoundary(2, {0: 6}, 200_000),
+               BatchBoundary(3, {0: 7}, 210_000)]
+    got = oracle.expected_sessions_batched(OracleInput(events, {}, batches))
+    assert got == {("u", 100_000): (140_000, 3, 2, 110_000), ("v", 115_000): (170_000, 2, 1, 140_000)}
+    # without micro-batches (one batch, final watermark) the late event would count and w would not be emitted
+    assert oracle.expected_sessions(events) == {("u", 100_000): (140_000, 4, 2), ("v", 115_000): (170_000, 2, 1)}

@@ -7,8 +7,9 @@
   CRDs shipped in the prometheus-operator Go module (``example/prometheus-operator-crd``), made strict the
   same way (``additionalProperties: false`` unless the CRD preserves unknown fields). Without ``--crd-dir``
   those objects are reported as skipped.
-* Manifests embedded in ConfigMaps (the chart's view-workload template, filled with sample values; the
-  Spark executor pod template) are extracted and validated like the others (``--extract DIR`` also writes
+* Manifests embedded in ConfigMaps (the chart's view-workload template, filled with sample values, and the
+  bounded-replay Job the Kubernetes runner builds from it; the Spark executor pod template) are extracted and
+  validated like the others (``--extract DIR`` also writes
   them out, e.g. for the policy check).
 
 Usage:
@@ -83,6 +84,17 @@ def embedded(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             inner = _fill(inner)
             inner.setdefault("metadata", {}).setdefault("name", f"{doc['metadata']['name']}-{key.removesuffix('.yaml')}")
             yield f"{doc['metadata']['name']}[{key}]", inner
+            if inner["kind"] == "Deployment" and "__KAPPA_VERSION__" in text:
+                yield f"{doc['metadata']['name']}[{key}] as a bounded-replay Job", _bounded_job(doc["data"])
+
+
+def _bounded_job(data: dict[str, str]) -> dict[str, Any]:
+    """The Job the Kubernetes runner builds from the view template for a bounded replay (its own code)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from kappa.runners.kubernetes import KubernetesRunner
+
+    runner = KubernetesRunner.from_configmap(data)
+    return runner.job_manifest(SAMPLE["__KAPPA_VIEW__"], int(SAMPLE["__KAPPA_VERSION__"]), SAMPLE["__KAPPA_STARTING__"])
 
 
 # ------------------------------------------------------------------------------------------- CRDs

@@ -1,4 +1,4 @@
-"""Runs view-version drivers as Kubernetes Deployments, built from the Helm chart's own template.
+"""Runs view-version drivers as Kubernetes Deployments (live) or Jobs (bounded), built from the chart's template.
 
 The chart (``helm/kappa``) renders the view-driver Deployment (and, in Spark-on-Kubernetes mode, the driver's
 headless Service) from one named template. It renders the same template once more with placeholders into the
@@ -12,6 +12,11 @@ ConfigMap ``<release>-view-template``, which the Airflow pods mount at ``$KAPPA_
 object ``helm install`` would have created for that view version: same labels and selector, ``Recreate``
 strategy with one replica (one driver per checkpoint), image, environment, ports, probes, security context
 and resources. ``tests/deploy`` asserts this against ``helm template``.
+
+A bounded replay (``JobSpec.end_timestamp_ms``) stops by itself once it passed its end; under a Deployment the
+kubelet would restart the finished driver forever, so :meth:`KubernetesRunner.job_manifest` wraps the very same
+pod template in a ``batch/v1`` Job (``restartPolicy: OnFailure``, ``backoffLimit``): a crash restarts the driver
+from its checkpoint, a clean exit completes the Job, and :meth:`KubernetesRunner.status` reports ``finished``.
 
 The official ``kubernetes`` client is imported only when the API is called (``start``/``stop``/``status``);
 ``manifest`` is pure and needs nothing but PyYAML.
@@ -62,6 +67,10 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _INSTALL_HINT = "the Kubernetes runner needs the official client: pip install kubernetes"
+#: Restarts of a crashing bounded driver before its Job fails (each resumes from the checkpoint).
+JOB_BACKOFF_LIMIT = 6
+#: A finished bounded Job (and its pod's logs) is kept this long for status and post-mortems.
+JOB_TTL_SECONDS = 7 * 24 * 3600
 
 
 class KubernetesRunnerError(RuntimeError):
@@ -130,7 +139,8 @@ class KubernetesRunner:
         service_template: text of ``service.yaml`` (driver Service, Spark-on-Kubernetes mode) or None.
         namespace: namespace to work in; defaults to ``$KAPPA_K8S_NAMESPACE``, the pod's namespace, or the
             namespace rendered into the template.
-        apps_api / core_api: ``kubernetes.client.AppsV1Api`` / ``CoreV1Api`` instances (tests inject fakes);
+        apps_api / core_api / batch_api: ``kubernetes.client.AppsV1Api`` / ``CoreV1Api`` / ``BatchV1Api``
+            instances (tests inject fakes);
             created lazily from the in-cluster (else kubeconfig) configuration otherwise.
     """
 
@@ -144,6 +154,7 @@ class KubernetesRunner:
         namespace: str | None = None,
         apps_api: Any = None,
         core_api: Any = None,
+        batch_api: Any = None,
     ) -> None:
         self._deployment_template = self._parse_template(deployment_template, "deployment.yaml", "Deployment")
         self._service_template = (
@@ -157,6 +168,7 @@ class KubernetesRunner:
         )
         self._apps = apps_api
         self._core = core_api
+        self._batch = batch_api
 
     # ------------------------------------------------------------------------------------------ building
     @classmethod
@@ -221,6 +233,30 @@ class KubernetesRunner:
         values = self._values(view, version, starting)
         return self._check_names(_fill(copy.deepcopy(self._deployment_template), values))
 
+    def job_manifest(self, view: str, version: int, starting: str = "earliest") -> dict[str, Any]:
+        """The bounded-run form: the chart's driver pod template (unchanged but for ``restartPolicy``) in a Job.
+
+        Same name, labels (so the metrics PodMonitor, NetworkPolicies and executor ownership apply) and
+        ``kappa.io/starting`` annotation as the Deployment; no Helm ownership annotations, since no chart
+        release renders Jobs.
+        """
+        deployment = self.manifest(view, version, starting)
+        metadata = copy.deepcopy(deployment["metadata"])
+        annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if not k.startswith("meta.helm.sh/")}
+        metadata["annotations"] = {**annotations, "kappa.io/bounded": "true"}
+        template = copy.deepcopy(deployment["spec"]["template"])
+        template["spec"]["restartPolicy"] = "OnFailure"
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": metadata,
+            "spec": {
+                "backoffLimit": JOB_BACKOFF_LIMIT,
+                "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+                "template": template,
+            },
+        }
+
     def service_manifest(self, view: str, version: int) -> dict[str, Any] | None:
         """The driver's headless Service (Spark-on-Kubernetes mode), or None in Spark local mode."""
         if self._service_template is None:
@@ -233,7 +269,7 @@ class KubernetesRunner:
 
     # ------------------------------------------------------------------------------------------ API
     def _clients(self) -> tuple[Any, Any]:
-        if self._apps is None or self._core is None:
+        if self._apps is None or self._core is None or self._batch is None:
             try:
                 from kubernetes import client, config
             except ImportError:
@@ -248,6 +284,7 @@ class KubernetesRunner:
             api = client.ApiClient()
             self._apps = self._apps or client.AppsV1Api(api)
             self._core = self._core or client.CoreV1Api(api)
+            self._batch = self._batch or client.BatchV1Api(api)
         return self._apps, self._core
 
     @staticmethod
@@ -277,11 +314,13 @@ class KubernetesRunner:
         """Create the driver (and its Service); a driver that already exists is left alone (no-op).
 
         Accepts a ``kappa.runners.base.JobSpec`` -- its bounded-run options (``--end-ts``,
-        ``--max-offsets-per-trigger``) and ``env`` are appended to the template's container -- or
-        ``(view, version, starting)``. With ``wait``, returns once the driver pod is Ready.
+        ``--max-offsets-per-trigger``) and ``env`` are appended to the template's container, and a bounded spec
+        (``end_timestamp_ms``) becomes a Job instead of a Deployment -- or ``(view, version, starting)``.
+        With ``wait``, returns once the driver pod is Ready.
         """
         extra_args: list[str] = []
         extra_env: dict[str, str] = {}
+        bounded = False
         if isinstance(spec_or_view, str):
             if version is None:
                 raise KubernetesRunnerError("start(view, version, starting): version is required")
@@ -289,36 +328,50 @@ class KubernetesRunner:
         else:
             spec = spec_or_view
             view, version, starting = spec.view, spec.version, starting or spec.starting
+            bounded = getattr(spec, "end_timestamp_ms", None) is not None
             args = [str(a) for a in spec.args()]
             if "--metrics-port" in args:  # the template already carries everything up to --metrics-port
                 extra_args = args[args.index("--metrics-port") + 2:]
             extra_env = {str(k): str(v) for k, v in (getattr(spec, "env", None) or {}).items()}
         version = int(version)  # type: ignore[arg-type]
-        body = self.manifest(view, version, starting)
+        body = self.job_manifest(view, version, starting) if bounded else self.manifest(view, version, starting)
         container = body["spec"]["template"]["spec"]["containers"][0]
         container["args"] = list(container["args"]) + extra_args
         if extra_env:
             container["env"] = list(container.get("env", [])) + [{"name": k, "value": v} for k, v in extra_env.items()]
         apps, core = self._clients()
         name = body["metadata"]["name"]
-        existing = self._call(f"read deployment/{name}", apps.read_namespaced_deployment, name, self.namespace,
-                              ignore=(404,))
-        if existing is None:
+        if self._read_deployment(name) is None and self._read_job(name) is None:
             service = self.service_manifest(view, version)
             if service is not None:
                 self._call(f"create service/{service['metadata']['name']}", core.create_namespaced_service,
                            self.namespace, service, ignore=(409,))
-            self._call(f"create deployment/{name}", apps.create_namespaced_deployment, self.namespace, body,
-                       ignore=(409,))
+            if bounded:
+                self._call(f"create job/{name}", self._batch.create_namespaced_job, self.namespace, body,
+                           ignore=(409,))
+            else:
+                self._call(f"create deployment/{name}", apps.create_namespaced_deployment, self.namespace, body,
+                           ignore=(409,))
         if wait:
             return self.wait(view, version, ready=True, timeout=timeout)
         return self.status(view, version)
 
+    def _read_deployment(self, name: str) -> Any:
+        apps, _core = self._clients()
+        return self._call(f"read deployment/{name}", apps.read_namespaced_deployment, name, self.namespace,
+                          ignore=(404,))
+
+    def _read_job(self, name: str) -> Any:
+        self._clients()
+        return self._call(f"read job/{name}", self._batch.read_namespaced_job, name, self.namespace, ignore=(404,))
+
     def stop(self, view: str, version: int, *, wait: bool = False, timeout: float = 300.0) -> Any:
-        """Delete the driver Deployment (foreground: its pod goes first) and its Service."""
+        """Delete the driver's Deployment or Job (foreground: its pod goes first) and its Service."""
         name = self.deployment_name(view, version)
         apps, core = self._clients()
         self._call(f"delete deployment/{name}", apps.delete_namespaced_deployment, name, self.namespace,
+                   propagation_policy="Foreground", ignore=(404,))
+        self._call(f"delete job/{name}", self._batch.delete_namespaced_job, name, self.namespace,
                    propagation_policy="Foreground", ignore=(404,))
         service = self.service_manifest(view, version)
         if service is not None:
@@ -329,34 +382,45 @@ class KubernetesRunner:
         return self.status(view, version)
 
     def status(self, view: str, version: int) -> Any:
-        """``running`` while the driver's Deployment exists (detail says whether its pod is Ready),
-        ``failed`` when the driver crash-loops or the rollout exceeded its deadline, ``stopped`` otherwise."""
+        """``running`` while the driver's Deployment (or unfinished Job) exists -- the detail says whether its
+        pod is Ready --, ``finished`` once a bounded Job completed, ``failed`` when the driver crash-loops, the
+        rollout exceeded its deadline or the Job ran out of retries, ``stopped`` otherwise."""
         manifest = self.manifest(view, version)
         name = manifest["metadata"]["name"]
         ref = f"{view}@v{version}"
-        apps, core = self._clients()
-        dep = self._call(f"read deployment/{name}", apps.read_namespaced_deployment, name, self.namespace,
-                         ignore=(404,))
+        _apps, core = self._clients()
+        dep = self._read_deployment(name)
+        kind = "deployment"
         if dep is None:
-            return _status(ref, "stopped", "no deployment")
+            dep = self._read_job(name)
+            kind = "job"
+            if dep is None:
+                return _status(ref, "stopped", "no deployment")
         dep = dep.to_dict() if hasattr(dep, "to_dict") else dep
         meta, st = dep.get("metadata") or {}, dep.get("status") or {}
         if meta.get("deletion_timestamp") or meta.get("deletionTimestamp"):
-            return _status(ref, "stopped", f"deployment/{name} is being deleted")
+            return _status(ref, "stopped", f"{kind}/{name} is being deleted")
         for cond in st.get("conditions") or []:
+            if str(cond.get("status", "True")) != "True":
+                continue
             if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
                 return _status(ref, "failed", f"deployment/{name}: {cond.get('message') or 'progress deadline exceeded'}")
+            if kind == "job" and cond.get("type") == "Complete":
+                return _status(ref, "finished", f"job/{name}: bounded run completed")
+            if kind == "job" and cond.get("type") == "Failed":
+                return _status(ref, "failed", f"job/{name}: {cond.get('reason') or 'failed'} "
+                                              f"{cond.get('message') or ''}".strip())
         selector = ",".join(f"{k}={v}" for k, v in manifest["spec"]["selector"]["matchLabels"].items())
-        pods = self._call(f"list pods of deployment/{name}", core.list_namespaced_pod, self.namespace,
+        pods = self._call(f"list pods of {kind}/{name}", core.list_namespaced_pod, self.namespace,
                           label_selector=selector)
         pods = pods.to_dict() if hasattr(pods, "to_dict") else (pods or {})
         for pod in pods.get("items") or []:
             for cs in (pod.get("status") or {}).get("container_statuses") or []:
                 waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
                 if waiting in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"):
-                    return _status(ref, "failed", f"deployment/{name}: {waiting} (restarts {cs.get('restart_count', 0)})")
-        ready = st.get("ready_replicas", st.get("readyReplicas")) or 0
-        return _status(ref, "running", f"deployment/{name} {'ready' if ready else 'starting (0/1 ready)'}")
+                    return _status(ref, "failed", f"{kind}/{name}: {waiting} (restarts {cs.get('restart_count', 0)})")
+        ready = (st.get("ready_replicas", st.get("readyReplicas")) if kind == "deployment" else st.get("ready")) or 0
+        return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}")
 
     def wait(self, view: str, version: int, *, ready: bool = True, timeout: float = 600.0, poll: float = 5.0) -> Any:
         """Poll until the driver is Ready (``ready=True``) or gone (``ready=False``); raise on timeout/failure."""
@@ -364,6 +428,8 @@ class KubernetesRunner:
         while True:
             current = self.status(view, version)
             if ready and current.state == "running" and current.detail.endswith(" ready"):
+                return current
+            if ready and current.state == "finished":
                 return current
             if not ready and current.state == "stopped" and current.detail == "no deployment":
                 return current

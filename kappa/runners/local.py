@@ -82,6 +82,8 @@ class LocalRunner:
         if not state or not pid_alive(state["pid"]):
             return self.status(view, version)
         pid = state["pid"]
+        state["stopped"] = time.time()  # a graceful stop also exits 0: status must not call it "finished"
+        self._state_file(view, version).write_text(json.dumps(state, indent=2))
         try:  # the driver (group leader) stops its queries and its JVM child itself
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -106,10 +108,14 @@ class LocalRunner:
             return JobStatus(ref, "stopped", "never started here")
         if pid_alive(state["pid"]):
             return JobStatus(ref, "running", f"pid {state['pid']}", state.get("metrics_url"))
+        if state.get("stopped"):
+            return JobStatus(ref, "stopped", f"pid {state['pid']} stopped by request")
         exit_file = self.run_dir / f"{ref}.exit"
         if exit_file.exists():
             code = exit_file.read_text().strip()
-            if code == "0":
+            if code == "0" and (state.get("spec") or {}).get("end_timestamp_ms") is not None:
                 return JobStatus(ref, "finished", "bounded run completed")
+            if code == "0":
+                return JobStatus(ref, "stopped", f"pid {state['pid']} exited 0")
             return JobStatus(ref, "failed", f"exit {code}; see {self.log_file(view, version)}")
         return JobStatus(ref, "stopped", f"pid {state['pid']} not running; see {self.log_file(view, version)}")

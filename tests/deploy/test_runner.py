@@ -181,6 +181,32 @@ class FakeApps:
             raise ApiError(404, "Not Found")
 
 
+class FakeBatch:
+    def __init__(self) -> None:
+        self.jobs: dict[tuple[str, str], dict] = {}
+        self.calls: list[tuple] = []
+
+    def read_namespaced_job(self, name: str, namespace: str) -> dict:
+        self.calls.append(("read", name, namespace))
+        try:
+            return self.jobs[(namespace, name)]
+        except KeyError:
+            raise ApiError(404, "Not Found") from None
+
+    def create_namespaced_job(self, namespace: str, body: dict) -> dict:
+        self.calls.append(("create", body["metadata"]["name"], namespace))
+        key = (namespace, body["metadata"]["name"])
+        if key in self.jobs:
+            raise ApiError(409, "Conflict")
+        self.jobs[key] = {**body, "status": {}}
+        return body
+
+    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str | None = None) -> None:
+        self.calls.append(("delete", name, namespace, propagation_policy))
+        if self.jobs.pop((namespace, name), None) is None:
+            raise ApiError(404, "Not Found")
+
+
 class FakeCore:
     def __init__(self) -> None:
         self.services: dict[tuple[str, str], dict] = {}
@@ -202,7 +228,7 @@ class FakeCore:
 def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
     objs = h.render(sets=["viewJobs.spark.mode=kubernetes"])
     apps, core = FakeApps(), FakeCore()
-    runner = runner_from(objs, apps_api=apps, core_api=core)
+    runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=FakeBatch())
     assert runner.namespace == "kappa"
     assert runner.status("user_sessions", 2).state == "stopped"
 
@@ -236,16 +262,75 @@ def test_start_accepts_a_job_spec(helm: Path) -> None:
     from kappa.runners.base import JobSpec, JobStatus
 
     objs = h.render()
-    apps, core = FakeApps(), FakeCore()
-    runner = runner_from(objs, apps_api=apps, core_api=core)
-    status = runner.start(JobSpec("events_raw", 4, starting="earliest", end_timestamp_ms=1700000000000, env={"X": "1"}))
+    apps, core, batch = FakeApps(), FakeCore(), FakeBatch()
+    runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=batch)
+    status = runner.start(JobSpec("events_raw", 4, starting="earliest", max_offsets_per_trigger=5000, env={"X": "1"}))
     assert isinstance(status, JobStatus)
     body = apps.deployments[("kappa", "kappa-view-events-raw-v4")]
     c = h.pod_spec(body)["containers"][0]
-    assert c["args"][-2:] == ["--end-ts", "1700000000000"]
+    assert c["args"][-2:] == ["--max-offsets-per-trigger", "5000"]
     assert c["args"][c["args"].index("--starting") + 1] == "earliest"
     assert {"name": "X", "value": "1"} in c["env"]
+    assert not batch.jobs, "a live run is a Deployment"
     assert not core.services, "Spark local mode: no driver Service"
+
+
+def test_bounded_replay_is_a_job_with_the_chart_pod_template(helm: Path) -> None:
+    """A bounded driver exits by itself: under a Deployment the kubelet would restart it forever."""
+    from kappa.runners.base import JobSpec
+
+    objs = h.render(sets=["viewJobs.spark.mode=kubernetes"])
+    apps, core, batch = FakeApps(), FakeCore(), FakeBatch()
+    runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=batch)
+    spec = JobSpec("campaign_window_counts", 2, starting="earliest", end_timestamp_ms=1700000000000)
+    assert runner.start(spec).state == "running"
+    assert not apps.deployments, "no Deployment for a bounded run"
+    job = batch.jobs[("kappa", "kappa-view-campaign-window-counts-v2")]
+    deployment = runner.manifest("campaign_window_counts", 2, "earliest")
+
+    # the pod is the chart's pod, except that a clean exit completes it instead of restarting it
+    pod = job["spec"]["template"]
+    assert pod["spec"].pop("restartPolicy") == "OnFailure"
+    assert "restartPolicy" not in deployment["spec"]["template"]["spec"]
+    container, chart_container = pod["spec"]["containers"][0], deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == chart_container["args"] + ["--end-ts", "1700000000000"]
+    container["args"] = chart_container["args"]
+    assert pod == deployment["spec"]["template"]
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert "selector" not in job["spec"], "the Job controller generates its selector"
+    assert job["metadata"]["labels"] == deployment["metadata"]["labels"]
+    assert job["metadata"]["annotations"]["kappa.io/bounded"] == "true"
+    assert not any(k.startswith("meta.helm.sh/") for k in job["metadata"]["annotations"])
+    assert ("kappa", "kappa-view-campaign-window-counts-v2-driver") in core.services
+
+    # idempotent: neither a second Job nor a Deployment
+    runner.start(spec)
+    runner.start("campaign_window_counts", 2, "earliest")
+    assert [c for c in batch.calls if c[0] == "create"] == [("create", "kappa-view-campaign-window-counts-v2", "kappa")]
+    assert not [c for c in apps.calls if c[0] == "create"]
+
+    job["status"] = {"ready": 1, "active": 1}
+    assert runner.status("campaign_window_counts", 2).detail == "job/kappa-view-campaign-window-counts-v2 ready"
+    job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    assert runner.status("campaign_window_counts", 2).state == "finished"
+    assert runner.wait("campaign_window_counts", 2, ready=True, timeout=1, poll=0.01).state == "finished"
+    job["status"] = {"failed": 7, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                                  "message": "Job has reached the specified backoff limit"}]}
+    st = runner.status("campaign_window_counts", 2)
+    assert (st.state, st.detail) == ("failed", "job/kappa-view-campaign-window-counts-v2: BackoffLimitExceeded "
+                                               "Job has reached the specified backoff limit")
+
+    assert runner.stop("campaign_window_counts", 2).state == "stopped"
+    assert ("delete", "kappa-view-campaign-window-counts-v2", "kappa", "Foreground") in batch.calls
+    assert not batch.jobs and not core.services
+
+
+def test_the_runner_role_allows_exactly_what_the_runner_calls(default_objs: list[dict]) -> None:
+    role = h.named(default_objs, "Role", "kappa-airflow-runner")
+    rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    for group, resource in (("apps", "deployments"), ("batch", "jobs"), ("", "services")):
+        assert {"get", "create", "delete"} <= rules[(group, resource)], (group, resource)
+    assert ("", "secrets") not in rules and ("", "pods/exec") not in rules
 
 
 def test_api_errors_become_one_line_runner_errors(default_objs: list[dict]) -> None:
@@ -253,7 +338,7 @@ def test_api_errors_become_one_line_runner_errors(default_objs: list[dict]) -> N
         def read_namespaced_deployment(self, name: str, namespace: str) -> dict:
             raise ApiError(403, "Forbidden")
 
-    runner = runner_from(default_objs, apps_api=Forbidden(), core_api=FakeCore())
+    runner = runner_from(default_objs, apps_api=Forbidden(), core_api=FakeCore(), batch_api=FakeBatch())
     with pytest.raises(KubernetesRunnerError, match="read deployment/kappa-view-events-raw-v1 failed: 403 Forbidden"):
         runner.status("events_raw", 1)
 

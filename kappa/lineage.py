@@ -1,0 +1,86 @@
+"""Which slice of the log each Delta commit of a view holds.
+
+Spark's checkpoint records every micro-batch's end offsets and the event-time watermark it ran with
+(``<checkpoint>/offsets/<batch id>``), but it purges all but the last ``spark.sql.streaming.minBatchesToRetain``
+(100) entries. A strict check of an event-time view needs *every* batch boundary since the version started
+(late rows are dropped by the previous batch's watermark), so the job copies each batch's entry into the Delta
+commit that applies it, as the commit's ``userMetadata``::
+
+    {"kappa": {"app_id": "kappa:<view>@v<N>:<run>", "batch": 7, "topic": "ad-events",
+               "end_offsets": {"0": 1200, "1": 1180}, "watermark_ms": 1700000123000}}
+
+The boundary and the data it describes land in one atomic commit, and they stay as long as the table's history
+does (``delta.logRetentionDuration``, 30 days by default) - also the answer to "which offsets does Delta version
+N contain" for anyone auditing a view.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from kappa.oracle import BatchBoundary
+
+__all__ = ["batch_metadata", "batches_from_history", "parse_offset_log"]
+
+
+def parse_offset_log(text: str, topic: str) -> tuple[dict[int, int], int]:
+    """Parse a Spark ``offsets/<batch>`` entry: (end offsets of ``topic``, ``batchWatermarkMs``)."""
+    lines = text.splitlines()
+    watermark = 0
+    if len(lines) > 1:
+        try:
+            watermark = int(json.loads(lines[1]).get("batchWatermarkMs", 0) or 0)
+        except (ValueError, AttributeError):
+            watermark = 0
+    for line in lines[2:]:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and topic in data:
+            return {int(p): int(o) for p, o in data[topic].items()}, watermark
+    return {}, watermark
+
+
+def batch_metadata(*, app_id: str, batch_id: int, topic: str, end_offsets: Mapping[int, int],
+                   watermark_ms: int) -> str:
+    """The ``userMetadata`` of the Delta commit applying ``batch_id`` (compact JSON)."""
+    return json.dumps({"kappa": {
+        "app_id": app_id, "batch": int(batch_id), "topic": topic,
+        "end_offsets": {str(p): int(o) for p, o in sorted(end_offsets.items())}, "watermark_ms": int(watermark_ms),
+    }}, separators=(",", ":"), sort_keys=True)
+
+
+def batches_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
+                         upto: int | None = None) -> list[BatchBoundary]:
+    """Batch boundaries of ``app_id`` recorded in a Delta table's commit history, oldest batch first.
+
+    Args:
+        history: Commit infos (``deltalake.DeltaTable.history()``), in any order.
+        app_id: Only commits of this run.
+        upto: Only batches with an id <= this.
+
+    A batch Spark re-ran after a crash was skipped by Delta (same appId/txnVersion), so each id appears once;
+    should a boundary appear twice, the entries are identical (the offset log is immutable) and one is kept.
+    """
+    found: dict[int, BatchBoundary] = {}
+    for commit in history:
+        text = commit.get("userMetadata")
+        if not text or '"kappa"' not in text:
+            continue
+        try:
+            meta = json.loads(text)["kappa"]
+            if meta.get("app_id") != app_id:
+                continue
+            batch = int(meta["batch"])
+            offsets = {int(p): int(o) for p, o in meta["end_offsets"].items()}
+            watermark = int(meta.get("watermark_ms") or 0)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if upto is None or batch <= upto:
+            found[batch] = BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark)
+    return [found[b] for b in sorted(found)]
