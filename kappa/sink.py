@@ -1,7 +1,8 @@
 """Idempotent Delta commits keyed by (app id, batch id).
 
 * appends use the DataFrameWriter options ``txnAppId``/``txnVersion``;
-* MERGE (upserts, KTable deletes, window finality) uses the documented SQL confs
+* MERGE (upserts, KTable deletes, window finality - ``WHEN NOT MATCHED BY SOURCE`` flags stored windows the
+  watermark passed, in the same commit) uses the documented SQL confs
   ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (idempotent DML, Delta >= 2.3), set on the
   micro-batch's own session (one per streaming query, so concurrent queries never see each other's values).
 
@@ -13,13 +14,13 @@ in exactly one transaction: a batch either landed completely or not at all.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
 
 from kappa.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["DeltaSink", "QUARANTINE_SCHEMA", "ensure_table", "last_version", "table_columns", "txn_version"]
@@ -115,6 +116,9 @@ class DeltaSink:
     view: ViewDefinition
     path: str
     app_id: str
+    _event_max: Any = field(default=None, init=False, repr=False)
+    _event_max_known: bool = field(default=False, init=False, repr=False)
+    _batch_max: Any = field(default=None, init=False, repr=False)
 
     def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None) -> None:
         """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
@@ -144,38 +148,44 @@ class DeltaSink:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.view.keys)
 
     def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
-        session = batch.sparkSession
-        source = batch
-        if self.view.finality is not None:
-            source = self._with_finality(batch, self.view.finality)
-        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
-            (self._table(session).alias("t").merge(source.alias("s"), self._cond())
-             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-
-    def _with_finality(self, batch: "DataFrame", fin: Finality) -> "DataFrame":
-        """Batch rows plus already-stored rows that become final now, all with the flag computed.
-
-        watermark = max(event_max_column over table and batch) - delay; a window is final when its end is at or
-        before the watermark (Spark evicts its state and drops later rows for it at that same point).
-        """
         from pyspark.sql import functions as F
 
         session = batch.sparkSession
-        table = self._table(session).toDF()
-        stored_max = table.agg(F.max(fin.event_max_column)).collect()[0][0]
+        source, watermark = batch, None
+        fin = self.view.finality
+        if fin is not None:
+            watermark = self._watermark(batch, fin)
+            flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
+            source = batch.withColumn(fin.flag_column, flag)
+        merge = (self._table(session).alias("t").merge(source.alias("s"), self._cond())
+                 .whenMatchedUpdateAll().whenNotMatchedInsertAll())
+        if fin is not None and watermark is not None:
+            # stored windows the watermark passed become final in the same commit
+            merge = merge.whenNotMatchedBySourceUpdate(
+                condition=~F.col(f"t.`{fin.flag_column}`") & (F.col(f"t.`{fin.window_end_column}`") <= watermark),
+                set={fin.flag_column: F.lit(True)})
+        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
+            merge.execute()
+        if fin is not None:
+            self._event_max = self._batch_max
+
+    def _watermark(self, batch: "DataFrame", fin: Finality) -> "Column | None":
+        """Finality watermark after this batch: max(event_max_column over table and batch) - delay.
+
+        A window is final when its end is at or before it (Spark evicts its state and drops later rows for it at
+        that same point). The table's maximum is read once per driver, then carried forward in memory.
+        """
+        from pyspark.sql import functions as F
+
+        if not self._event_max_known:
+            self._event_max = self._table(batch.sparkSession).toDF().agg(F.max(fin.event_max_column)).collect()[0][0]
+            self._event_max_known = True
         batch_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
-        candidates = [t for t in (stored_max, batch_max) if t is not None]
-        if not candidates:
-            return batch.withColumn(fin.flag_column, F.lit(False))
-        watermark = F.lit(max(candidates)) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
-        batch = batch.withColumn(fin.flag_column, F.col(fin.window_end_column) <= watermark)
-        newly_final = (
-            table.where(~F.col(fin.flag_column) & (F.col(fin.window_end_column) <= watermark))
-            .join(batch.select(*self.view.keys), list(self.view.keys), "left_anti")
-            .withColumn(fin.flag_column, F.lit(True))
-            .select(*batch.columns)
-        )
-        return batch.unionByName(newly_final)
+        candidates = [t for t in (self._event_max, batch_max) if t is not None]
+        self._batch_max = max(candidates) if candidates else None
+        if self._batch_max is None:
+            return None
+        return F.lit(self._batch_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
 
     def _upsert_delete(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         from pyspark.sql import Window
