@@ -131,6 +131,10 @@ def _fault(phase: str, batch_id: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+#: How long a stopping driver waits for a running micro-batch to finish (LocalRunner kills after 60 s; the chart's
+#: terminationGracePeriodSeconds is 120).
+DRAIN_SECONDS = float(os.environ.get("KAPPA_STOP_DRAIN_SECONDS", "45"))
+
 #: Message of the progress-reporting NullPointerException of Spark 4.1's Kafka source (SPARK-55271).
 _SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)" because the return value of ' \
     '"scala.Option.get()" is null'
@@ -610,10 +614,18 @@ class ViewJob:
         finally:
             self.stop()
 
-    def stop(self) -> None:
+    def stop(self, *, drain_seconds: float = DRAIN_SECONDS) -> None:
+        """Stop the queries (each between two micro-batches when possible), the metrics server and Spark.
+
+        A query is stopped once its current micro-batch finished (up to ``drain_seconds``): interrupting a batch
+        is safe - the checkpoint and the idempotent Delta commit make the re-run exact - but wastes its work.
+        """
         self._stop.set()
+        deadline = time.monotonic() + drain_seconds
         for query in self.queries:
             try:
+                while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 query.stop()
             except Exception:  # already stopped or the JVM is gone
                 pass

@@ -6,6 +6,7 @@ asked to resolve packages from a repository at run time (no ``spark.jars.package
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -82,11 +83,18 @@ def build_spark(
     )
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
+    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
+    java_options = ["-Xss8m"]
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse_dir}")
+        java_options.append(f"-Dderby.system.home={warehouse_dir}")
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("KAPPA_SPARK_LOG_LEVEL", "WARN"))
+    # py4j logs each gateway connection it closes at INFO, also while the interpreter shuts down (when a
+    # configured handler's stream may be closed already): keep it to warnings
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     return spark
