@@ -81,7 +81,8 @@ def _platform() -> tuple[Any, Any]:
 @dag(
     dag_id=DAG_ID,
     doc_md=__doc__,
-    schedule=None,
+    schedule=None,  # triggered by operators only
+    is_paused_upon_creation=False,  # so a trigger from the UI runs at once (nothing is scheduled)
     catchup=False,
     max_active_runs=1,
     tags=["kappa", "replay"],

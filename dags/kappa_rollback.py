@@ -35,7 +35,8 @@ VIEWS: list[str] = sorted((yaml.safe_load(PLATFORM_FILE.read_text(encoding="utf-
 @dag(
     dag_id=DAG_ID,
     doc_md=__doc__,
-    schedule=None,
+    schedule=None,  # triggered by operators only
+    is_paused_upon_creation=False,  # so a trigger from the UI runs at once (nothing is scheduled)
     catchup=False,
     max_active_runs=1,
     tags=["kappa", "replay"],

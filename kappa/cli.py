@@ -318,7 +318,8 @@ def replay_cmd(
                           auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag)
     runner = replay.runner_from_env(settings)
-    pre = replay.preflight(req, settings, runner)
+    # rerunning the command follows a replay that is already under way (it never starts a second driver)
+    pre = replay.preflight(req, settings, runner, resume=True)
     console.print(pre.summary(), highlight=False)
     rec = replay.launch(req, settings, runner, pre)
     console.print(f"{req.ref}: {rec.state} (app id {rec.app_id})", highlight=False)

@@ -46,6 +46,7 @@ def test_dagbag_imports_without_errors_and_without_network(airflow_home, monkeyp
         assert Path(dag.fileloc).stem == dag_id
         assert dag.doc_md and dag_id in dag.doc_md
         assert isinstance(dag.timetable, NullTimetable), f"{dag_id} must only run when triggered (schedule=None)"
+        assert dag.is_paused_upon_creation is False, f"{dag_id}: a trigger from the UI must run without unpausing"
 
 
 def test_dag_files_import_nothing_heavy_at_parse_time(airflow_home):

@@ -571,3 +571,35 @@ def test_session_oracle_follows_spark_micro_batches():
     assert got == {("u", 100_000): (140_000, 3, 2, 110_000), ("v", 115_000): (170_000, 2, 1, 140_000)}
     # without micro-batches (one batch, final watermark) the late event would count and w would not be emitted
     assert oracle.expected_sessions(events) == {("u", 100_000): (140_000, 4, 2), ("v", 115_000): (170_000, 2, 1)}
+
+
+def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_path, monkeypatch):
+    """On a loaded machine the serving version itself lags more than max_lag: the new one has caught up when it
+    lags no more than that. The lags are injected (the real checkpoint sampling runs in the end-to-end test)."""
+    from datetime import UTC, datetime
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    registry = Registry(settings.lake_uri)
+    for version in (1, 2):
+        registry.register(VIEW, version, code_module=f"jobs.campaign_window_counts.v{version}", table_path=f"/t{version}",
+                          app_id=f"kappa:t{version}", starting="earliest", triggered_by="test")
+    for state in ("caught_up", "verified", "serving"):
+        registry.set_state(VIEW, 1, state, by="test")
+    lags = {1: 3_000, 2: 5_000}
+
+    def sample(view: str, version: int, _settings: Settings, **_kw: Any) -> replay.Progress:
+        lag = lags[version]
+        return replay.Progress(view=view, version=version, topic="t", start_offsets={0: 0},
+                               processed_offsets={0: 100_000}, target_offsets={0: 100_000 + lag}, batch_id=7,
+                               done=100_000, total=100_000 + lag, ratio=100_000 / (100_000 + lag), lag=lag, rate=None,
+                               eta_seconds=None, sampled_at=datetime.now(UTC))
+
+    monkeypatch.setattr(replay, "progress", sample)
+    runner = FakeRunner(running={1, 2})
+    assert not replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    assert registry.get(VIEW, 2).state == "building"
+    lags[1] = 8_000  # the serving version now lags more than the replay
+    assert replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    assert registry.get(VIEW, 2).state == "caught_up"
+    lags[2] = 1_000  # and max_lag alone still suffices
+    assert replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
