@@ -334,32 +334,36 @@ class ViewJob:
         self._lag_thread.start()
 
     def _start_queries(self) -> None:
-        self.queries = []
+        self._starters: list[Callable[[], StreamingQuery]] = []
         if self.view.stateful:
-            main = self._writer(self._output.writeStream.outputMode(self.view.output_mode), "main")
-            self.queries.append(main.foreachBatch(self._stateful_batch).start())
-            quarantine = self._writer(self._invalid.writeStream, "quarantine")
-            self.queries.append(quarantine.foreachBatch(self._quarantine_batch).start())
+            self._starters.append(lambda: self._writer(
+                self._output.writeStream.outputMode(self.view.output_mode), "main")
+                .foreachBatch(self._stateful_batch).start())
+            self._starters.append(lambda: self._writer(self._invalid.writeStream, "quarantine")
+                                  .foreachBatch(self._quarantine_batch).start())
         else:
-            main = self._writer(self._decoded.writeStream, "main")
-            self.queries.append(main.foreachBatch(self._stateless_batch).start())
+            self._starters.append(lambda: self._writer(self._decoded.writeStream, "main")
+                                  .foreachBatch(self._stateless_batch).start())
+        self.queries = [start() for start in self._starters]
 
     def _recover(self) -> bool:
-        """Restart the queries after a known, harmless Spark failure; False if the failure is real.
+        """Restart the queries that died of a known, harmless Spark failure; False if a failure is real.
 
         Spark 4.1's Kafka source throws a NullPointerException while *reporting progress* of the first batch
         after a restart when that batch is re-run from the offset log (SPARK-55271). The batch and its
-        checkpoint commit are complete by then, so starting the query again on the same checkpoint is safe.
+        checkpoint commit are complete by then, so starting that query again on the same checkpoint is safe.
+        Only the failed query is restarted: the others keep running their micro-batches undisturbed (stopping
+        them would interrupt a batch, which then re-runs from the offset log and hits the same failure).
         """
-        failure = self.failure() or ""
-        if _SPARK_55271 not in failure or self._recoveries >= 5:
+        failed = [i for i, q in enumerate(self.queries) if q.exception() is not None]
+        messages = [str(self.queries[i].exception()) for i in failed]
+        if not failed or any(_SPARK_55271 not in m for m in messages) or self._recoveries >= 10:
             return False
         self._recoveries += 1
-        log.warning("%s: restarting queries after SPARK-55271 (progress-reporting NPE)", self.view.ref)
-        for query in self.queries:
-            if query.isActive:
-                query.stop()
-        self._start_queries()
+        for i in failed:
+            log.warning("%s: restarting %s after SPARK-55271 (progress-reporting NPE)", self.view.ref,
+                        self.queries[i].name)
+            self.queries[i] = self._starters[i]()
         return True
 
     def _writer(self, writer: Any, name: str) -> Any:
