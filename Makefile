@@ -27,7 +27,7 @@ test: setup ## the test suite (real Kafka, Spark, Delta, Airflow; offline Helm c
 	@$(PYTEST) -m "not slow and not bench" tests
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs)
-	@$(PYTEST) -m slow tests
+	@$(PYTEST) -m slow -rP tests
 
 test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, schemas, policies)
 	@bash infra/verify-offline.sh && $(PYTEST) -m deploy tests

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from kappa.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["DeltaSink", "QUARANTINE_SCHEMA", "ensure_table", "last_version", "table_columns", "txn_version"]
@@ -118,7 +118,6 @@ class DeltaSink:
     app_id: str
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
-    _batch_max: Any = field(default=None, init=False, repr=False)
 
     def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None) -> None:
         """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
@@ -151,10 +150,12 @@ class DeltaSink:
         from pyspark.sql import functions as F
 
         session = batch.sparkSession
-        source, watermark = batch, None
+        source, watermark, event_max = batch, None, None
         fin = self.view.finality
         if fin is not None:
-            watermark = self._watermark(batch, fin)
+            event_max = self._event_max_after(batch, fin)
+            if event_max is not None:
+                watermark = F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
             flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
             source = batch.withColumn(fin.flag_column, flag)
         merge = (self._table(session).alias("t").merge(source.alias("s"), self._cond())
@@ -167,13 +168,13 @@ class DeltaSink:
         with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
             merge.execute()
         if fin is not None:
-            self._event_max = self._batch_max
+            self._event_max = event_max  # only once the commit went through
 
-    def _watermark(self, batch: "DataFrame", fin: Finality) -> "Column | None":
-        """Finality watermark after this batch: max(event_max_column over table and batch) - delay.
+    def _event_max_after(self, batch: "DataFrame", fin: Finality) -> Any:
+        """max(event_max_column) over the table and this batch; the finality watermark is that minus the delay.
 
-        A window is final when its end is at or before it (Spark evicts its state and drops later rows for it at
-        that same point). The table's maximum is read once per driver, then carried forward in memory.
+        A window is final when its end is at or before the watermark (Spark evicts its state and drops later rows
+        for it at that same point). The table's maximum is read once per driver, then carried forward in memory.
         """
         from pyspark.sql import functions as F
 
@@ -182,10 +183,7 @@ class DeltaSink:
             self._event_max_known = True
         batch_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
         candidates = [t for t in (self._event_max, batch_max) if t is not None]
-        self._batch_max = max(candidates) if candidates else None
-        if self._batch_max is None:
-            return None
-        return F.lit(self._batch_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
+        return max(candidates) if candidates else None
 
     def _upsert_delete(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         from pyspark.sql import Window
