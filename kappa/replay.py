@@ -80,6 +80,7 @@ __all__ = [
     "promote",
     "retire_expired",
     "rollback",
+    "run_app_id",
     "runner_from_env",
     "spark_catalog",
     "stream_topic",
@@ -493,7 +494,7 @@ def _table_run_id(table: str) -> str | None:
     return DeltaTable(table).metadata().configuration.get("kappa.runId") or None
 
 
-def _app_id(settings: Settings, view: str, version: int) -> str | None:
+def run_app_id(settings: Settings, view: str, version: int) -> str | None:
     """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
     run = _table_run_id(_paths(settings, view, version).table) or _run_info(settings, view, version).get("run_id")
     return f"kappa:{view}@v{version}:{run}" if run else None
@@ -803,7 +804,7 @@ def adopt_serving(view: str, settings: Settings, *, by: str, exclude: int | None
     start_offsets = info.get("start_offsets")
     rec = registry.register(
         view, default, code_module=_module(view, default), table_path=paths.table,
-        app_id=_app_id(settings, view, default) or f"kappa:{view}@v{default}:pending", starting=str(starting),
+        app_id=run_app_id(settings, view, default) or f"kappa:{view}@v{default}:pending", starting=str(starting),
         triggered_by=by, start_offsets=_spark_offsets(topic, {int(p): int(o) for p, o in start_offsets.items()})
         if start_offsets else None)
     note = "adopted: served as default_version before the registry tracked it (not re-verified)"
@@ -996,7 +997,7 @@ def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: i
                       sampled_at=now)
     if record and rec is not None and rec.state in {"building", "caught_up"}:
         fields: dict[str, Any] = {"end_offsets": _spark_offsets(topic, processed)}
-        app_id = _app_id(settings, view, version)
+        app_id = run_app_id(settings, view, version)
         if app_id and app_id != rec.app_id:
             fields["app_id"] = app_id
         if _offsets_from_json(rec.end_offsets) != processed or "app_id" in fields:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kappa import lineage, oracle
+from kappa import lineage, oracle, replay
 from kappa.config import Settings
 from kappa.job import ViewPaths
 from kappa.oracle import OracleInput
@@ -39,9 +39,10 @@ def _sessions(settings: Settings, events: list[Any]) -> dict[tuple, tuple]:
     batch is planned), so a bounded run may end with sessions still open - they are not in the table yet."""
     from deltalake import DeltaTable
 
-    table = DeltaTable(ViewPaths(settings.lake_uri, "user_sessions", 1).table)
-    app_id = f"kappa:user_sessions@v1:{table.metadata().configuration['kappa.runId']}"
-    batches = lineage.batches_from_history(table.history(), app_id)
+    app_id = replay.run_app_id(settings, "user_sessions", 1)
+    assert app_id, "user_sessions has no run"
+    history = DeltaTable(ViewPaths(settings.lake_uri, "user_sessions", 1).table).history()
+    batches = lineage.batches_from_history(history, app_id)
     assert [b.batch_id for b in batches] == list(range(len(batches))), "a user_sessions commit lacks its lineage"
     assert batches, "user_sessions committed no batch"
     ends: dict[int, int] = {}
