@@ -186,7 +186,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             job.stop()
             if failure:
                 raise RuntimeError(f"replay failed: {failure}")
-            result["replay"] = {"seconds": elapsed, "events_per_s": events / elapsed}
+            result["replay"] = {"seconds": elapsed, "events_per_s": events / elapsed,
+                                "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total)}
             result["replay"]["ratio_to_raw"] = result["replay"]["events_per_s"] / result["raw_ceiling"]["events_per_s"]
             result["replay"]["ratio_to_live_rate"] = result["replay"]["events_per_s"] / live_rate
             print(f"(b) replay: {result['replay']['events_per_s']:,.0f} events/s "
@@ -202,11 +203,13 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             achieved = sent.delivered / (time.monotonic() - t0)
             time.sleep(10)
             hist = next(iter(job.metrics.latency.collect())).samples
+            live_times = job.handler.times
             job.stop()
             buckets = [(float(s.labels["le"]), int(s.value)) for s in hist if s.name.endswith("_bucket")]
             result["live"] = {"target_rate": live_rate, "achieved_rate": achieved,
                               "p50_s": _quantile(buckets, 0.5), "p99_s": _quantile(buckets, 0.99),
-                              "rows_observed": buckets[-1][1] if buckets else 0}
+                              "rows_observed": buckets[-1][1] if buckets else 0, "batches": live_times.batches,
+                              "phases_mean_s": {k: v / max(1, live_times.batches) for k, v in live_times.total.items()}}
             print(f"(c) live at {achieved:,.0f} events/s: p50 {_secs(result['live']['p50_s'])}, "
                   f"p99 {_secs(result['live']['p99_s'])}")
         result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
@@ -264,6 +267,10 @@ def _report(result: dict[str, Any], out: Path) -> None:
     table.add_row("    ratio to live rate (goal >= 30)", f"{result['replay']['ratio_to_live_rate']:.1f}")
     table.add_row("(c) live rate achieved", f"{result['live']['achieved_rate']:,.0f} events/s")
     table.add_row("    latency p50 / p99", f"{_secs(result['live']['p50_s'])} / {_secs(result['live']['p99_s'])}")
+    for label, phases in (("(b) replay, total s per phase", result["replay"].get("phases_s")),
+                          ("(c) live, mean s per batch", result["live"].get("phases_mean_s"))):
+        if phases:
+            table.add_row(label, ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     for name, mb in result["peak_rss_mb"].items():
         table.add_row(f"(d) peak RSS {name}", f"{mb:,.0f} MiB")
     Console().print(table)

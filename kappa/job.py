@@ -8,7 +8,9 @@ operator state, plus ``run.json`` holding the run id that makes the Delta appId)
 * a batch re-run after a crash (Delta committed, checkpoint not) is skipped by Delta;
 * a new version (or a deliberately new run) has a new appId, so a replay is never silently skipped.
 
-Bad records go to the shared ``<lake>/quarantine`` Delta table exactly once, keyed the same way.
+Bad records go to the shared ``<lake>/quarantine`` Delta table exactly once, keyed the same way, from the same
+micro-batch: every view version runs *one* streaming query that reads and decodes its topic once per batch
+(:mod:`kappa.plan`); :mod:`kappa.batch` commits each batch.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from kappa.batch import BatchHandler
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
-from kappa.metrics import LATENCY_BUCKETS, ViewMetrics
-from kappa.parsing import CAMPAIGNS, RecordFormat, decode, invalid_rows, valid_rows
-from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, ensure_table, last_version, table_columns
+from kappa.lookups import LookupCache
+from kappa.metrics import ViewMetrics
+from kappa.parsing import decode
+from kappa.plan import stateful_plan
+from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, ensure_table, last_version, table_columns
 from kappa.view import ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,28 +42,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kappa.config import Settings
 
-__all__ = ["ViewJob", "ViewPaths", "Lookup", "LOOKUPS", "RunMismatch", "starting_options"]
+__all__ = ["ViewJob", "ViewPaths", "RunMismatch", "starting_options"]
 
 log = logging.getLogger("kappa.job")
 
 
 class RunMismatch(RuntimeError):
     """The Delta table was written by another run of this version than the checkpoint's."""
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """A static input re-read from a compacted topic at each micro-batch: latest valid value per key."""
-
-    topic: str
-    format: RecordFormat
-    columns: tuple[str, ...]
-
-
-#: Lookups a view may declare by name.
-LOOKUPS: dict[str, Lookup] = {
-    "campaigns": Lookup(topic="campaigns", format=CAMPAIGNS, columns=("ad_id", "campaign_id")),
-}
 
 
 @dataclass(frozen=True)
@@ -119,18 +109,6 @@ def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
     raise ValueError(f"starting position {value!r}: use earliest, latest, ts:<epoch ms> or JSON offsets")
 
 
-def _fault(phase: str, batch_id: int) -> None:
-    """Fault injection for the crash tests only: SIGKILL the whole driver (Python + JVM) at a named phase.
-
-    ``KAPPA_FAULT=<phase>@<batch id>`` (phases: before_write, between_commits, after_commit). A real crash
-    cannot be timed to the instant between the Delta commit and the checkpoint commit; this can.
-    """
-    spec = os.environ.get("KAPPA_FAULT")
-    if spec and spec == f"{phase}@{batch_id}":
-        log.warning("fault injection: killing driver at %s of batch %s", phase, batch_id)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
 #: How long a stopping driver waits for a running micro-batch to finish (LocalRunner kills after 60 s; the chart's
 #: terminationGracePeriodSeconds is 120).
 DRAIN_SECONDS = float(os.environ.get("KAPPA_STOP_DRAIN_SECONDS", "45"))
@@ -138,6 +116,11 @@ DRAIN_SECONDS = float(os.environ.get("KAPPA_STOP_DRAIN_SECONDS", "45"))
 #: Message of the progress-reporting NullPointerException of Spark 4.1's Kafka source (SPARK-55271).
 _SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)" because the return value of ' \
     '"scala.Option.get()" is null'
+
+
+#: Spark's phases of a micro-batch (progress ``durationMs`` keys) reported beside ours.
+SPARK_PHASES = {"offsets": ("latestOffset",), "plan": ("queryPlanning", "getBatch"),
+                "commit": ("walCommit", "commitOffsets")}
 
 
 def _offsets_json(text: str | None) -> dict | None:
@@ -162,6 +145,8 @@ class ViewJob:
         end_timestamp_ms: only records with a Kafka timestamp before this are processed (bounded backfill).
         max_offsets_per_trigger: bound micro-batch size (replays).
         metrics_port: serve Prometheus metrics on this port (0 = any free port, None = no server).
+        lag_poll_seconds: how often the log end offsets are asked for (lag, progress metrics).
+        lookups: a lookup cache shared with other views of the same Spark application (the view host).
     """
 
     def __init__(
@@ -177,6 +162,7 @@ class ViewJob:
         max_offsets_per_trigger: int | None = None,
         metrics_port: int | None = None,
         lag_poll_seconds: float = 3.0,
+        lookups: LookupCache | None = None,
     ) -> None:
         self.view = view
         self.settings = settings
@@ -202,6 +188,8 @@ class ViewJob:
         self.processed_offsets: dict[int, int] = {}
         self.bound_port: int | None = None
         self._recoveries = 0
+        self._lookup_cache: LookupCache | None = lookups
+        self._own_lookups = lookups is None
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -226,21 +214,6 @@ class ViewJob:
             reader = reader.option("maxOffsetsPerTrigger", str(self.max_offsets_per_trigger))
         return reader.load()
 
-    def _lookup(self, lookup: Lookup) -> "DataFrame":
-        """Latest valid value per key of a compacted topic; re-evaluated by Spark at every micro-batch."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        raw = (self.spark.read.format("kafka").options(**self._kafka_options())
-               .option("subscribe", self.settings.topic(lookup.topic)).option("startingOffsets", "earliest")
-               .option("endingOffsets", "latest").option("failOnDataLoss", "false").load())
-        decoded = valid_rows(decode(raw, lookup.format))
-        key = lookup.columns[0]
-        latest = (decoded.withColumn("_rn", F.row_number().over(
-            Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
-            .where("_rn = 1"))
-        return latest.where(~F.col("is_tombstone")).select(*lookup.columns)
-
     def _decoded_stream(self) -> "DataFrame":
         from pyspark.sql import functions as F
 
@@ -249,8 +222,11 @@ class ViewJob:
             decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
         return decoded
 
-    def _lookups(self) -> dict[str, "DataFrame"]:
-        return {name: self._lookup(LOOKUPS[name]) for name in self.view.lookups}
+    @property
+    def lookups(self) -> LookupCache:
+        if self._lookup_cache is None:
+            self._lookup_cache = LookupCache(self.spark, self.settings)
+        return self._lookup_cache
 
     # ---------------------------------------------------------------------------------------------------
     def _prepare_run(self) -> None:
@@ -306,125 +282,80 @@ class ViewJob:
 
     def _start(self) -> None:
         self._prepare_run()
-        decoded = self._decoded_stream()
-        lookups = self._lookups()
-        valid = valid_rows(decoded)
-        invalid = invalid_rows(decoded)
+        self._refuse_old_layout()
         view = self.view
-        # stateful views run the transform in the streaming plan; stateless ones apply it to each batch
-        # (the streaming plan here only gives the output schema)
-        output = view.transform(valid, **lookups)
-        ensure_table(self.spark, self.paths.table, table_columns(view, output.schema),
+        lookups = self.lookups.frames(list(view.lookups))
+        decoded = self._decoded_stream()
+        if view.stateful:
+            # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
+            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions)
+            output_schema = stream.schema["out"].dataType
+        else:
+            # stateless: the streaming plan only gives the output schema; the transform runs on each batch
+            from kappa.parsing import valid_rows
+
+            stream = decoded
+            output_schema = view.transform(valid_rows(decoded), **lookups).schema
+        ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
                      partition_by=view.partition_by,
                      properties={"kappa.runId": self.run_id or "", "kappa.view": view.name,
                                  "kappa.version": str(view.version), "delta.appendOnly":
                                  "true" if view.write == "append" else "false"})
         ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
         self.sink = DeltaSink(view, self.paths.table, self.app_id or "")
-        self._quarantine_app = f"{self.app_id}/quarantine"
+        self.handler = BatchHandler(view=view, sink=self.sink,
+                                    quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
+                                    metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
+                                    output_columns=list(output_schema.fieldNames()))
 
         if self.metrics_port is not None:
             self.bound_port = self.metrics.serve(self.metrics_port)
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
-
-        self._output, self._decoded, self._invalid = output, decoded, invalid
-        self._start_queries()
+        self._stream = stream
+        self.queries = [self._start_query()]
         self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
         self._lag_thread.start()
 
-    def _start_queries(self) -> None:
-        self._starters: list[Callable[[], StreamingQuery]] = []
+    def _refuse_old_layout(self) -> None:
+        """A checkpoint with a separate quarantine query (older layout) cannot be resumed by one query."""
+        if self.paths.is_local and self.paths.local("quarantine").is_dir():
+            raise RunMismatch(
+                f"{self.view.ref}: checkpoint {self.paths.checkpoint} was written by an older kappa that ran a "
+                "second query for the quarantine; replay this view into a new version (or remove the version's "
+                "table and checkpoint to rebuild it)")
+
+    def _start_query(self) -> "StreamingQuery":
+        writer = self._stream.writeStream.queryName(f"{self.view.ref}:main").option(
+            "checkpointLocation", f"{self.paths.checkpoint}/main")
         if self.view.stateful:
-            self._starters.append(lambda: self._writer(
-                self._output.writeStream.outputMode(self.view.output_mode), "main")
-                .foreachBatch(self._stateful_batch).start())
-            self._starters.append(lambda: self._writer(self._invalid.writeStream, "quarantine")
-                                  .foreachBatch(self._quarantine_batch).start())
+            writer = writer.outputMode(self.view.output_mode)
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
         else:
-            self._starters.append(lambda: self._writer(self._decoded.writeStream, "main")
-                                  .foreachBatch(self._stateless_batch).start())
-        self.queries = [start() for start in self._starters]
+            writer = writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
+        return writer.foreachBatch(self.handler).start()
 
     def _recover(self) -> bool:
-        """Restart the queries that died of a known, harmless Spark failure; False if a failure is real.
+        """Restart the query if it died of a known, harmless Spark failure; False if the failure is real.
 
         Spark 4.1's Kafka source throws a NullPointerException while *reporting progress* of the first batch
         after a restart when that batch is re-run from the offset log (SPARK-55271). The batch and its
-        checkpoint commit are complete by then, so starting that query again on the same checkpoint is safe.
-        Only the failed query is restarted: the others keep running their micro-batches undisturbed (stopping
-        them would interrupt a batch, which then re-runs from the offset log and hits the same failure).
+        checkpoint commit are complete by then, so starting the query again on the same checkpoint is safe.
         """
-        failed = [i for i, q in enumerate(self.queries) if q.exception() is not None]
-        messages = [str(self.queries[i].exception()) for i in failed]
-        if not failed or any(_SPARK_55271 not in m for m in messages) or self._recoveries >= 10:
+        query = self.queries[0] if self.queries else None
+        message = str(query.exception()) if query is not None and query.exception() is not None else ""
+        if not message or _SPARK_55271 not in message or self._recoveries >= 10:
             return False
         self._recoveries += 1
-        for i in failed:
-            log.warning("%s: restarting %s after SPARK-55271 (progress-reporting NPE)", self.view.ref,
-                        self.queries[i].name)
-            self.queries[i] = self._starters[i]()
+        log.warning("%s: restarting its query after SPARK-55271 (progress-reporting NPE)", self.view.ref)
+        self.queries[0] = self._start_query()
         return True
 
-    def _writer(self, writer: Any, name: str) -> Any:
-        writer = writer.queryName(f"{self.view.ref}:{name}").option(
-            "checkpointLocation", f"{self.paths.checkpoint}/{name}")
-        if self.available_now:
-            return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
-
-    # foreachBatch bodies -------------------------------------------------------------------------------
-    def _stateless_batch(self, batch: "DataFrame", batch_id: int) -> None:
-        batch.persist()
-        try:
-            valid = valid_rows(batch)
-            output = self.view.transform(valid, **self._lookups())
-            self._commit(output, batch_id, quarantine=invalid_rows(batch))
-        except Exception:
-            self.metrics.g(self.metrics.batches_failed).inc()
-            raise
-        finally:
-            batch.unpersist()
-
-    def _stateful_batch(self, batch: "DataFrame", batch_id: int) -> None:
-        batch.persist()
-        try:
-            self._commit(batch, batch_id, quarantine=None)
-        except Exception:
-            self.metrics.g(self.metrics.batches_failed).inc()
-            raise
-        finally:
-            batch.unpersist()
-
-    def _quarantine_batch(self, batch: "DataFrame", batch_id: int) -> None:
-        try:
-            self._write_quarantine(batch, batch_id)
-        except Exception:
-            self.metrics.g(self.metrics.batches_failed).inc()
-            raise
-
-    def _write_quarantine(self, bad: "DataFrame", batch_id: int) -> int:
-        from pyspark.sql import functions as F
-
-        rows = bad.select(
-            F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
-            "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
-            F.col("_error").alias("error"), F.lit(batch_id).cast("bigint").alias("batch_id"),
-            F.current_timestamp().alias("quarantined_at"))
-        rows.persist()
-        try:
-            count = rows.count()
-            if count:
-                (rows.write.format("delta").mode("append").option("txnAppId", self._quarantine_app)
-                 .option("txnVersion", batch_id).save(self.paths.quarantine))
-                self.metrics.g(self.metrics.quarantined).inc(count)
-            return count
-        finally:
-            rows.unpersist()
-
     def _lineage(self, spark: "SparkSession", batch_id: int) -> str | None:
-        """The batch's log range and watermark from the main query's offset log (written before the batch
-        runs), as the Delta commit's ``userMetadata`` (:mod:`kappa.lineage`); None if unreadable."""
+        """The batch's log range and watermark from the query's offset log (written before the batch runs), and
+        the offsets of the lookups it joined, as the Delta commit's ``userMetadata`` (:mod:`kappa.lineage`)."""
         uri = f"{self.paths.checkpoint}/main/offsets/{batch_id}"
         try:
             jvm = spark.sparkContext._jvm
@@ -442,35 +373,8 @@ class ViewJob:
         topic = self.settings.topic(self.view.stream_topic)
         offsets, watermark = parse_offset_log(text, topic)
         return batch_metadata(app_id=self.app_id or "", batch_id=batch_id, topic=topic, end_offsets=offsets,
-                              watermark_ms=watermark)
-
-    def _commit(self, output: "DataFrame", batch_id: int, *, quarantine: "DataFrame | None") -> None:
-        lineage = self._lineage(output.sparkSession, batch_id)
-        _fault("before_write", batch_id)
-        self.sink.write(output, batch_id, user_metadata=lineage)
-        _fault("between_commits", batch_id)
-        if quarantine is not None:
-            self._write_quarantine(quarantine, batch_id)
-        _fault("after_commit", batch_id)
-        committed_at = time.time()
-        m = self.metrics
-        m.g(m.batches).inc()
-        m.g(m.last_batch_id).set(batch_id)
-        m.g(m.last_delta_version).set(last_version(output.sparkSession, self.paths.table))
-        self._observe_output(output, committed_at)
-
-    def _observe_output(self, output: "DataFrame", committed_at: float) -> None:
-        from pyspark.sql import functions as F
-
-        col = self.view.latency_column
-        lat = (F.lit(committed_at) - F.unix_micros(F.col(col)) / F.lit(1e6)) if col else F.lit(0.0)
-        bucket = sum((F.when(lat > F.lit(b), 1).otherwise(0) for b in LATENCY_BUCKETS), F.lit(0))
-        rows = output.select(lat.alias("lat"), bucket.alias("b")).groupBy("b").agg(
-            F.count("*").alias("n"), F.sum("lat").alias("s")).collect()
-        total = sum(r["n"] for r in rows)
-        self.metrics.g(self.metrics.rows_written).inc(total)
-        if col and total:
-            self.metrics.latency.add(((r["b"], r["n"]) for r in rows), sum(r["s"] or 0.0 for r in rows))
+                              watermark_ms=watermark,
+                              lookups={name: self.lookups.offsets(name) for name in self.view.lookups})
 
     # progress, lag -------------------------------------------------------------------------------------
     def _install_listener(self) -> None:
@@ -506,9 +410,16 @@ class ViewJob:
         m.g(m.input_rate).set(progress.inputRowsPerSecond or 0.0)
         m.g(m.processed_rate).set(progress.processedRowsPerSecond or 0.0)
         m.g(m.input_rows).inc(progress.numInputRows or 0)
-        duration = (progress.durationMs or {}).get("triggerExecution")
+        durations = progress.durationMs or {}
+        duration = durations.get("triggerExecution")
         if duration is not None and progress.numInputRows:
             m.batch_duration.labels(**m.labels).observe(duration / 1000.0)
+        # Spark's own phases of the batch, beside ours (kappa.batch): planning, offsets, offset/commit logs
+        for phase, keys in SPARK_PHASES.items():
+            seconds = sum(float(durations.get(k) or 0) for k in keys) / 1000.0
+            m.g(m.phase_seconds, phase=phase).set(seconds)
+            if getattr(self, "handler", None) is not None:
+                self.handler.times.add(phase, seconds)
         watermark = (progress.eventTime or {}).get("watermark")
         if watermark and not watermark.startswith("1970-01-01"):
             from datetime import datetime
@@ -554,6 +465,12 @@ class ViewJob:
                 start = (self.start_offsets or {}).get(partition, low)
                 total_span += max(0, high - start)
                 done += max(0, processed - start)
+            try:  # off the batch path: delta-rs reads the table's log, no Spark job
+                from deltalake import DeltaTable as _RsTable
+
+                m.g(m.last_delta_version).set(_RsTable(self.paths.table.removeprefix("file:")).version())
+            except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
+                pass
             if self.processed_offsets:
                 m.g(m.progress).set(1.0 if total_span == 0 else min(1.0, done / total_span))
                 rate = m.g(m.processed_rate)._value.get()
@@ -640,6 +557,9 @@ class ViewJob:
                 pass
             self._listener = None
         self.metrics.close()
+        if self._lookup_cache is not None and self._own_lookups:
+            self._lookup_cache.close()
+            self._lookup_cache = None
         if self._lock is not None:
             self._lock.release()
         if self._own_spark and self._spark is not None:

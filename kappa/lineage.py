@@ -7,7 +7,11 @@ Spark's checkpoint records every micro-batch's end offsets and the event-time wa
 commit that applies it, as the commit's ``userMetadata``::
 
     {"kappa": {"app_id": "kappa:<view>@v<N>:<run>", "batch": 7, "topic": "ad-events",
-               "end_offsets": {"0": 1200, "1": 1180}, "watermark_ms": 1700000123000}}
+               "end_offsets": {"0": 1200, "1": 1180}, "watermark_ms": 1700000123000,
+               "lookups": {"campaigns": {"0": 1000}}}}
+
+``lookups`` holds the end offsets each lookup topic had when the cached lookup the batch joined against was read
+(:mod:`kappa.lookups`); absent for views without lookups.
 
 The boundary and the data it describes land in one atomic commit, and they stay as long as the table's history
 does (``delta.logRetentionDuration``, 30 days by default) - also the answer to "which offsets does Delta version
@@ -47,12 +51,16 @@ def parse_offset_log(text: str, topic: str) -> tuple[dict[int, int], int]:
 
 
 def batch_metadata(*, app_id: str, batch_id: int, topic: str, end_offsets: Mapping[int, int],
-                   watermark_ms: int) -> str:
+                   watermark_ms: int, lookups: Mapping[str, Mapping[int, int]] | None = None) -> str:
     """The ``userMetadata`` of the Delta commit applying ``batch_id`` (compact JSON)."""
-    return json.dumps({"kappa": {
+    meta: dict[str, Any] = {
         "app_id": app_id, "batch": int(batch_id), "topic": topic,
         "end_offsets": {str(p): int(o) for p, o in sorted(end_offsets.items())}, "watermark_ms": int(watermark_ms),
-    }}, separators=(",", ":"), sort_keys=True)
+    }
+    if lookups:
+        meta["lookups"] = {name: {str(p): int(o) for p, o in sorted(offsets.items())}
+                           for name, offsets in sorted(lookups.items())}
+    return json.dumps({"kappa": meta}, separators=(",", ":"), sort_keys=True)
 
 
 def batches_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,

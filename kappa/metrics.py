@@ -87,6 +87,10 @@ class ViewMetrics:
         self.log_end = gauge("kappa_partition_log_end_offset", "Log end offset.", ("topic", "partition"))
         self.processed_offset = gauge("kappa_partition_processed_offset", "Next offset to process.",
                                       ("topic", "partition"))
+        self.phase_seconds = gauge("kappa_batch_phase_seconds",
+                                   "Seconds the last micro-batch spent in a phase (compute = read + decode + "
+                                   "transform, write, quarantine, bookkeeping; Spark's own: plan, offsets, commit).",
+                                   ("phase",))
         self.progress = gauge("kappa_replay_progress_ratio",
                               "Share of the records between the start position and the log end processed.")
         self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate).")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "QUARANTINE_SCHEMA", "ensure_table", "last_version", "table_columns", "txn_version"]
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "ensure_table", "last_version", "table_columns",
+           "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -111,7 +112,13 @@ def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_me
 
 @dataclass
 class DeltaSink:
-    """Writes one view version's micro-batches into its Delta table, exactly once per batch id."""
+    """Writes one view version's micro-batches into its Delta table, exactly once per batch id.
+
+    Every batch id gets exactly one commit, also when it has nothing to write (an empty commit carries the
+    batch's ``(appId, txnVersion)`` and lineage, so the table says which slice of the log it holds), and a batch
+    that changes nothing rewrites nothing: no MERGE runs for an empty batch, and the MERGE visits stored rows
+    for finality only when the event-time maximum moved.
+    """
 
     view: ViewDefinition
     path: str
@@ -119,24 +126,39 @@ class DeltaSink:
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
 
-    def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None) -> None:
+    def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None,
+              rows: int | None = None, batch_event_max: Any = None) -> str:
         """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
 
-        ``user_metadata`` becomes the commit's ``userMetadata`` (the job records the batch's log range there,
-        see :mod:`kappa.lineage`). Empty batches commit too, so every batch id has its commit.
+        Args:
+            batch: the output rows of the micro-batch (persisted by the caller).
+            batch_id: the micro-batch id (the Delta txnVersion).
+            user_metadata: the commit's ``userMetadata`` (the batch's log range, see :mod:`kappa.lineage`).
+            rows: number of rows in ``batch`` when the caller counted them (``None``: not known).
+            batch_event_max: max of the finality's event-time column over ``batch`` (windowed views).
+
+        Returns what the commit did: ``append``, ``merge`` or ``empty`` (a commit without data files).
         """
         if self.view.write == "append":
-            writer = (batch.write.format("delta").mode("append")
-                      .option("txnAppId", self.app_id).option("txnVersion", batch_id))
-            if user_metadata:
-                writer = writer.option("userMetadata", user_metadata)
-            writer.save(self.path)
-        elif self.view.write == "merge":
-            self._merge(batch, batch_id, user_metadata)
-        elif self.view.write == "upsert_delete":
+            self._append(batch, batch_id, user_metadata)
+            return "append" if rows != 0 else "empty"
+        if self.view.write == "merge":
+            return self._merge(batch, batch_id, user_metadata, rows, batch_event_max)
+        if self.view.write == "upsert_delete":
+            if rows == 0:
+                self._append(batch, batch_id, user_metadata)
+                return "empty"
             self._upsert_delete(batch, batch_id, user_metadata)
-        else:  # pragma: no cover - guarded by the Literal type
-            raise ValueError(f"unknown write mode {self.view.write!r}")
+            return "merge"
+        raise ValueError(f"unknown write mode {self.view.write!r}")  # pragma: no cover - Literal type
+
+    def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+        columns = table_columns(self.view, batch.schema).fieldNames()
+        writer = (batch.select(*columns).write.format("delta").mode("append")
+                  .option("txnAppId", self.app_id).option("txnVersion", batch_id))
+        if user_metadata:
+            writer = writer.option("userMetadata", user_metadata)
+        writer.save(self.path)
 
     def _table(self, session: "SparkSession"):
         from delta.tables import DeltaTable
@@ -146,22 +168,33 @@ class DeltaSink:
     def _cond(self) -> str:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.view.keys)
 
-    def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+    def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None, rows: int | None,
+               batch_event_max: Any) -> str:
         from pyspark.sql import functions as F
 
         session = batch.sparkSession
-        source, watermark, event_max = batch, None, None
         fin = self.view.finality
+        if rows == 0:  # nothing to upsert, and finality only moves with new rows: an empty commit
+            if fin is not None:
+                batch = batch.withColumn(fin.flag_column, F.lit(False))
+            self._append(batch, batch_id, user_metadata)
+            return "empty"
+        source, watermark, event_max, moved = batch, None, None, False
         if fin is not None:
-            event_max = self._event_max_after(batch, fin)
+            previous_max = self._known_event_max(session, fin)
+            if rows is None:
+                batch_event_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
+            event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
+            moved = event_max is not None and event_max != previous_max
             if event_max is not None:
                 watermark = F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
             flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
             source = batch.withColumn(fin.flag_column, flag)
         merge = (self._table(session).alias("t").merge(source.alias("s"), self._cond())
                  .whenMatchedUpdateAll().whenNotMatchedInsertAll())
-        if fin is not None and watermark is not None:
-            # stored windows the watermark passed become final in the same commit
+        if moved:
+            # stored windows the advanced watermark passed become final in the same commit (only then: the
+            # clause makes the MERGE visit every stored row)
             merge = merge.whenNotMatchedBySourceUpdate(
                 condition=~F.col(f"t.`{fin.flag_column}`") & (F.col(f"t.`{fin.window_end_column}`") <= watermark),
                 set={fin.flag_column: F.lit(True)})
@@ -169,21 +202,20 @@ class DeltaSink:
             merge.execute()
         if fin is not None:
             self._event_max = event_max  # only once the commit went through
+        return "merge"
 
-    def _event_max_after(self, batch: "DataFrame", fin: Finality) -> Any:
-        """max(event_max_column) over the table and this batch; the finality watermark is that minus the delay.
+    def _known_event_max(self, session: "SparkSession", fin: Finality) -> Any:
+        """max(event_max_column) of the table: read once per driver, then carried forward in memory.
 
-        A window is final when its end is at or before the watermark (Spark evicts its state and drops later rows
-        for it at that same point). The table's maximum is read once per driver, then carried forward in memory.
+        A window is final when its end is at or before that maximum minus the delay (Spark evicts its state and
+        drops later rows for it at that same point).
         """
         from pyspark.sql import functions as F
 
         if not self._event_max_known:
-            self._event_max = self._table(batch.sparkSession).toDF().agg(F.max(fin.event_max_column)).collect()[0][0]
+            self._event_max = self._table(session).toDF().agg(F.max(fin.event_max_column)).collect()[0][0]
             self._event_max_known = True
-        batch_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
-        candidates = [t for t in (self._event_max, batch_max) if t is not None]
-        return max(candidates) if candidates else None
+        return self._event_max
 
     def _upsert_delete(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         from pyspark.sql import Window
@@ -204,3 +236,25 @@ class DeltaSink:
              .whenMatchedUpdate(condition="NOT s.is_tombstone", set=columns)
              .whenNotMatchedInsert(condition="NOT s.is_tombstone", values=columns)
              .execute())
+
+
+@dataclass
+class QuarantineSink:
+    """Appends a micro-batch's bad records to the shared quarantine table, exactly once per (view run, batch).
+
+    ``rows`` are records with the columns of :data:`kappa.plan.SIDE_COLUMNS`; the commit's appId is the view
+    run's appId plus ``/quarantine`` and its txnVersion the micro-batch id of the view's query.
+    """
+
+    view: ViewDefinition
+    path: str
+    app_id: str
+
+    def write(self, rows: "DataFrame", batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        (rows.select(F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
+                     "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value", "error",
+                     F.lit(batch_id).cast("bigint").alias("batch_id"), F.current_timestamp().alias("quarantined_at"))
+         .write.format("delta").mode("append").option("txnAppId", self.app_id).option("txnVersion", batch_id)
+         .save(self.path))

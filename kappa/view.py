@@ -2,8 +2,9 @@
 
 A view version lives in ``jobs/<view>/v<N>.py`` and exposes ``VIEW = ViewDefinition(...)``. The transform is
 a pure function from input DataFrames to the output DataFrame; it never reads Kafka or writes Delta itself.
-The same plumbing (``kappa.job``) runs every view: read Kafka -> decode/quarantine -> transform -> idempotent
-Delta write keyed by ``(app_id, batch_id)``.
+The same plumbing runs every view: one streaming query (``kappa.job``, plan in ``kappa.plan``) reads Kafka ->
+decode/quarantine -> transform -> idempotent Delta write keyed by ``(app_id, batch_id)`` (``kappa.batch``,
+``kappa.sink``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class ViewDefinition:
         stream_topic: the Kafka topic read as a stream.
         stream_format: how records of ``stream_topic`` are decoded and validated.
         transform: pure function ``(stream, lookups) -> DataFrame``; ``stream`` has only valid records.
-        lookups: static inputs re-read from the log at every micro-batch (name -> topic); the transform
-            receives them decoded as the latest value per key (tombstones removed).
+        lookups: static inputs read from compacted topics (name -> topic); the transform receives them decoded
+            as the latest value per key (tombstones removed), cached and re-read only when the topic moved
+            (:mod:`kappa.lookups`).
         output_mode: Spark output mode of the transform (``append`` for stateless or closed windows,
             ``update`` for windows that change until final).
         write: how a batch lands in Delta: ``append`` (idempotent append), ``merge`` (upsert by ``keys``),
@@ -58,8 +60,9 @@ class ViewDefinition:
         finality: windowed views mark rows final once the watermark passes them.
         latency_column: event-time column of the output used for the end-to-end latency histogram.
         partition_by: Delta partition columns.
-        stateful: the transform keeps state in the checkpoint (watermarked windows, sessions); bad records are
-            then quarantined by a second query of the same driver, since a stateful plan has no side output.
+        stateful: the transform keeps state in the checkpoint (watermarked windows, sessions), so it runs inside
+            the streaming plan; the bad records of the same micro-batch travel beside its output
+            (:mod:`kappa.plan`), still one query and one read of the topic.
     """
 
     name: str

@@ -1,0 +1,205 @@
+"""What happens to one micro-batch of a view version, phase by phase (the body of ``foreachBatch``).
+
+.. code-block:: text
+
+    compute      read + decode + transform: the micro-batch is materialized once (persist) and counted, with its
+                 statistics (rows, bad records, event-time maximum, event times for the latency histogram) from
+                 one aggregation over it
+    write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata)
+    quarantine   one idempotent append of the batch's bad records (only when there are any)
+    bookkeeping  metrics, latency histogram, lookup refresh
+
+Spark's own phases (offsets, planning, offset-log write, commit-log write) come from the query's progress
+report; :class:`PhaseTimes` keeps the last batch's durations of both for the metrics and the benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kappa.metrics import LATENCY_BUCKETS
+from kappa.plan import KIND, OUT, SIDE, split_batch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
+
+    from kappa.lookups import LookupCache
+    from kappa.metrics import ViewMetrics
+    from kappa.sink import DeltaSink, QuarantineSink
+    from kappa.view import ViewDefinition
+
+__all__ = ["BatchHandler", "BatchStats", "PhaseTimes", "fault"]
+
+log = logging.getLogger("kappa.batch")
+
+#: Our phases of a micro-batch, in order.
+PHASES = ("compute", "write", "quarantine", "bookkeeping")
+
+
+def fault(phase: str, batch_id: int) -> None:
+    """Fault injection for the crash tests only: SIGKILL the whole driver (Python + JVM) at a named phase.
+
+    ``KAPPA_FAULT=<phase>@<batch id>`` (phases: before_write, between_commits, after_commit). A real crash
+    cannot be timed to the instant between the Delta commit and the checkpoint commit; this can.
+    """
+    spec = os.environ.get("KAPPA_FAULT")
+    if spec and spec == f"{phase}@{batch_id}":
+        log.warning("fault injection: killing driver at %s of batch %s", phase, batch_id)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+@dataclass
+class PhaseTimes:
+    """Durations (seconds) of the phases of the last micro-batch, and their totals since start."""
+
+    last: dict[str, float] = field(default_factory=dict)
+    total: dict[str, float] = field(default_factory=dict)
+    batches: int = 0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - started)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.last[name] = seconds
+        self.total[name] = self.total.get(name, 0.0) + seconds
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One aggregation over a micro-batch: what it holds, without a second pass.
+
+    ``event_groups`` are (event-time bucket start in ms or -1, rows, sum of event times in ms): 100 ms buckets for
+    events of the last two minutes, 1 s for the last hour, one group for older ones - enough for the latency
+    histogram (its sum is exact) at a bounded number of groups.
+    """
+
+    rows: int
+    bad: int
+    event_max: Any
+    event_groups: tuple[tuple[int, int, int], ...]
+
+
+def batch_stats(out: "DataFrame", side: "DataFrame", *, latency_column: str | None,
+                event_max_column: str | None) -> BatchStats:
+    from pyspark.sql import functions as F
+
+    now_ms = int(time.time() * 1000)
+    ms = F.unix_millis(F.col(latency_column)) if latency_column else F.lit(None).cast("bigint")
+    bucket = (F.when(ms >= F.lit(now_ms - 120_000), F.floor(ms / 100) * 100)
+              .when(ms >= F.lit(now_ms - 3_600_000), F.floor(ms / 1000) * 1000).otherwise(F.lit(-1)))
+    emax = F.col(event_max_column) if event_max_column else F.lit(None).cast("timestamp")
+    tagged = out.select(F.lit(OUT).alias(KIND), ms.alias("ms"), bucket.cast("bigint").alias("bucket"),
+                        emax.alias("emax")).unionByName(
+        side.select(F.lit(SIDE).alias(KIND), F.lit(None).cast("bigint").alias("ms"),
+                    F.lit(None).cast("bigint").alias("bucket"), F.lit(None).cast("timestamp").alias("emax")))
+    groups = tagged.groupBy(KIND, "bucket").agg(F.count(F.lit(1)).alias("n"), F.sum("ms").alias("s"),
+                                                 F.max("emax").alias("emax")).collect()
+    rows = sum(g["n"] for g in groups if g[KIND] == OUT)
+    bad = sum(g["n"] for g in groups if g[KIND] == SIDE)
+    maxima = [g["emax"] for g in groups if g["emax"] is not None]
+    events = tuple((int(g["bucket"]), int(g["n"]), int(g["s"])) for g in groups
+                   if g[KIND] == OUT and g["bucket"] is not None and g["s"] is not None)
+    return BatchStats(rows=rows, bad=bad, event_max=max(maxima) if maxima else None, event_groups=events)
+
+
+def latency_buckets(groups: tuple[tuple[int, int, int], ...], committed_at: float) -> tuple[list[tuple[int, int]], float]:
+    """(bucket index, count) pairs of :data:`LATENCY_BUCKETS` and the exact latency sum, from event-time groups."""
+    counts: dict[int, int] = {}
+    total = 0.0
+    for start_ms, n, sum_ms in groups:
+        total += n * committed_at - sum_ms / 1000.0
+        mean = committed_at - (sum_ms / n) / 1000.0 if start_ms < 0 else committed_at - start_ms / 1000.0
+        index = sum(1 for b in LATENCY_BUCKETS if mean > b)
+        counts[index] = counts.get(index, 0) + n
+    return sorted(counts.items()), total
+
+
+@dataclass
+class BatchHandler:
+    """The ``foreachBatch`` body of one view version's query.
+
+    Args:
+        view: the view version.
+        sink: its Delta sink.
+        quarantine: the quarantine sink.
+        metrics: its Prometheus metrics.
+        lookups: the lookup cache (refreshed after each batch).
+        lineage: ``batch id -> userMetadata`` (the batch's offsets and watermark, see :mod:`kappa.lineage`).
+        delta_version: ``() -> last Delta version of the view table`` (for the metric).
+    """
+
+    view: "ViewDefinition"
+    sink: "DeltaSink"
+    quarantine: "QuarantineSink"
+    metrics: "ViewMetrics"
+    lookups: "LookupCache"
+    lineage: Callable[[Any, int], str | None]
+    output_columns: list[str] = field(default_factory=list)
+    times: PhaseTimes = field(default_factory=PhaseTimes)
+    last_write: str = ""
+
+    def __call__(self, batch: "DataFrame", batch_id: int) -> None:
+        try:
+            self._handle(batch, batch_id)
+        except Exception:
+            self.metrics.g(self.metrics.batches_failed).inc()
+            raise
+
+    def _frames(self, batch: "DataFrame") -> "tuple[DataFrame, DataFrame]":
+        """(output rows, bad records) of the persisted micro-batch."""
+        if self.view.stateful:
+            return split_batch(batch, self.output_columns)
+        from kappa.parsing import invalid_rows, valid_rows
+        from pyspark.sql import functions as F
+
+        output = self.view.transform(valid_rows(batch), **self.lookups.frames(list(self.view.lookups)))
+        side = invalid_rows(batch).select("topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
+                                          F.col("_error").alias("error"))
+        return output, side
+
+    def _handle(self, batch: "DataFrame", batch_id: int) -> None:
+        m, times, view = self.metrics, self.times, self.view
+        batch.persist()
+        try:
+            with times.phase("compute"):
+                output, side = self._frames(batch)
+                fin = view.finality
+                stats = batch_stats(output, side, latency_column=view.latency_column,
+                                    event_max_column=fin.event_max_column if fin else None)
+            with times.phase("write"):
+                lineage = self.lineage(batch.sparkSession, batch_id)
+                fault("before_write", batch_id)
+                self.last_write = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
+                                                  batch_event_max=stats.event_max)
+                fault("between_commits", batch_id)
+            with times.phase("quarantine"):
+                if stats.bad:
+                    self.quarantine.write(side, batch_id)
+                    m.g(m.quarantined).inc(stats.bad)
+                fault("after_commit", batch_id)
+            committed_at = time.time()
+            with times.phase("bookkeeping"):
+                m.g(m.batches).inc()
+                m.g(m.last_batch_id).set(batch_id)
+                m.g(m.rows_written).inc(stats.rows)
+                if view.latency_column and stats.event_groups:
+                    m.latency.add(*latency_buckets(stats.event_groups, committed_at))
+                refreshed = self.lookups.refresh(list(view.lookups))
+                if refreshed:
+                    log.info("%s: lookups %s changed; the next batch joins the new values", view.ref, refreshed)
+            times.batches += 1
+            for phase in PHASES:
+                m.g(m.phase_seconds, phase=phase).set(times.last.get(phase, 0.0))
+        finally:
+            batch.unpersist()
