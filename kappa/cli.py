@@ -27,7 +27,9 @@ app = typer.Typer(help="Kappa platform: Kafka log -> Spark views on Delta.", no_
 view_app = typer.Typer(help="Run and manage view-version drivers.", no_args_is_help=True)
 broker_app = typer.Typer(help="The local KRaft broker.", no_args_is_help=True)
 topics_app = typer.Typer(help="Topics declared in kappa/platform.yaml.", no_args_is_help=True)
+host_app = typer.Typer(help="The view host: many view versions in one Spark application.", no_args_is_help=True)
 app.add_typer(view_app, name="view")
+app.add_typer(host_app, name="host")
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 
@@ -127,6 +129,27 @@ def view_stop(view: str, version: Optional[int] = typer.Option(None)) -> None:
     definition = _load_view(view, version)
     status = LocalRunner(_settings()).stop(view, definition.version)
     console.print(f"{status.ref}: {status.state} ({status.detail})", highlight=False)
+
+
+@host_app.command("run")
+def host_run(
+    view: list[str] = typer.Option([], "--view", help="Always run this view: name or name@vN (repeatable)."),
+    starting: str = typer.Option("earliest", help="Start position of new checkpoints of the --view versions."),
+    driver_memory: str = typer.Option("2g", help="Heap of the host's Spark driver JVM."),
+) -> None:
+    """Run the view host in the foreground: the --view versions plus those asked for under
+    $KAPPA_HOME/run/host/desired (by the local runner), each its own query in one Spark application."""
+    from kappa.host import ViewHost
+    from kappa.runners.base import JobSpec
+
+    static = []
+    for item in view:
+        name, _, version = item.partition("@v")
+        definition = _load_view(name, int(version) if version.isdigit() else None)
+        static.append(JobSpec(definition.name, definition.version, starting=starting, metrics_port=0))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    ViewHost(_settings(), driver_memory=driver_memory, static=static).run()
 
 
 # -------------------------------------------------------------------------------------------- broker

@@ -103,6 +103,12 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__API__PORT": str(AIRFLOW_PORT),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        # an idle Airflow on a 2-core machine: a few executor slots instead of 32 idle LocalExecutor workers,
+        # one DAG parsing process, a scheduler that sleeps between empty loops
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "5",
     }
 
 
@@ -136,7 +142,7 @@ def up(settings: Settings, *, rate: float = 200.0, airflow: bool = True, echo=pr
         publish_campaigns(settings, campaign_records(universe(seed=0)))
         echo("campaigns  published 1000 ad -> campaign mappings (100 campaigns)")
 
-    runner = LocalRunner(settings)
+    runner = LocalRunner(settings, mode="host")  # every live view in one Spark application (kappa.host)
     for name, spec in catalog.views.items():
         port = VIEW_METRICS_PORTS.get(name, 9410)
         status = runner.start(JobSpec(name, spec.default_version, starting="earliest", metrics_port=port))
@@ -161,12 +167,17 @@ def down(settings: Settings, *, echo=print) -> None:
     for name in ("producer", "airflow"):
         if Daemon(name, settings).stop():
             echo(f"stopped {name}")
-    runner = LocalRunner(settings)
+    from kappa.host import stop_host
+
+    runner = LocalRunner(settings, mode="own")
     run_dir = Path(settings.home) / "run"
     for state in sorted(run_dir.glob("*@v*.json")):
         view, version = state.stem.split("@v")
-        status = runner.stop(view, int(version))
-        echo(f"stopped {status.ref}")
+        if runner.status(view, int(version)).state == "running":
+            status = runner.stop(view, int(version))
+            echo(f"stopped {status.ref}")
+    if stop_host(settings):  # it drains and stops every view version it runs; they restart with the next `up`
+        echo("stopped view host")
     if settings.local_broker:
         from kappa.broker import LocalBroker
 
@@ -184,9 +195,15 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
 
         broker = LocalBroker.from_settings(settings)
         rows.append(("kafka", "running" if broker.is_running() else "stopped", broker.bootstrap))
+    from kappa.host import host_dir, host_pid
+
     runner = LocalRunner(settings)
-    for state in sorted((Path(settings.home) / "run").glob("*@v*.json")):
-        view, version = state.stem.split("@v")
+    run = Path(settings.home) / "run"
+    pid = host_pid(settings)
+    rows.append(("view host", "running" if pid else "stopped", f"pid {pid}, one JVM" if pid else ""))
+    refs = {p.stem for p in run.glob("*@v*.json")} | {p.stem for p in (host_dir(settings) / "desired").glob("*.json")}
+    for ref in sorted(refs):
+        view, version = ref.split("@v")
         st = runner.status(view, int(version))
         rows.append((st.ref, st.state, st.metrics_url or st.detail))
     producer = Daemon("producer", settings)

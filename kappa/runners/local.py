@@ -1,6 +1,11 @@
-"""Runs view-version drivers as local processes (``kappa view run``), one process group each.
+"""Runs view versions locally: in the view host (one JVM for many views, :mod:`kappa.host`) or each in its
+own driver process (``kappa view run``, one process group each).
 
-State lives under ``$KAPPA_HOME/run`` (``<view>@v<N>.json``: pid, spec, metrics URL, exit file) and logs under
+Which one: ``mode="host"`` always uses the host (starting it when needed; ``make run`` does this), ``"own"``
+always starts a driver process, ``"auto"`` (the default, ``KAPPA_LOCAL_DRIVER``) joins the host when one runs
+and starts a driver process otherwise - so a replay triggered while ``make run`` is up joins the running host.
+
+State of driver processes lives under ``$KAPPA_HOME/run`` (``<view>@v<N>.json``: pid, spec, metrics URL, exit file) and logs under
 ``$KAPPA_HOME/logs``. Starting a job that already runs is a no-op; the driver itself also refuses a second copy
 through its checkpoint lock, so even two runners cannot start two drivers.
 """
@@ -19,7 +24,7 @@ from pathlib import Path
 from kappa.config import Settings
 from kappa.runners.base import JobSpec, JobStatus
 
-__all__ = ["LocalRunner", "pid_alive"]
+__all__ = ["LocalRunner", "MODES", "pid_alive"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -37,11 +42,73 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+MODES = ("auto", "host", "own")
+
+
 class LocalRunner:
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, mode: str | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.run_dir = Path(self.settings.home) / "run"
         self.log_dir = Path(self.settings.home) / "logs"
+        self.mode = mode or os.environ.get("KAPPA_LOCAL_DRIVER", "auto")
+        if self.mode not in MODES:
+            raise ValueError(f"KAPPA_LOCAL_DRIVER={self.mode!r}: use one of {', '.join(MODES)}")
+
+    # the view host -------------------------------------------------------------------------------------
+    def _hosted(self, ref: str) -> bool:
+        """Whether ``ref`` is (to be) run by the host: a desired file exists for it."""
+        from kappa.host import host_dir
+
+        return (host_dir(self.settings) / "desired" / f"{ref}.json").exists()
+
+    def _use_host(self) -> bool:
+        from kappa.host import host_pid
+
+        return self.mode == "host" or (self.mode == "auto" and host_pid(self.settings) is not None)
+
+    def _host_start(self, spec: JobSpec, timeout: float = 300.0) -> JobStatus:
+        from kappa import host
+
+        host.start_host(self.settings)
+        asked = time.time()
+        host.desire(self.settings, spec)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # the host picks it up within a poll; starting takes a while
+            st = host.hosted_status(self.settings, spec.ref)
+            if st and st.get("updated", 0) >= asked and st.get("state") in ("running", "failed", "finished"):
+                return self._hosted_status(spec.ref)
+            if host.host_pid(self.settings) is None:
+                break
+            time.sleep(0.5)
+        return self._hosted_status(spec.ref)
+
+    def _hosted_status(self, ref: str) -> JobStatus:
+        from kappa import host
+
+        st = host.hosted_status(self.settings, ref) or {}
+        alive = host.host_pid(self.settings) is not None
+        state = st.get("state") or "stopped"
+        if state == "running" and not alive:
+            return JobStatus(ref, "stopped", f"the view host is not running (last: {st.get('detail', '')})")
+        if state == "running" or (alive and self._hosted(ref) and not st):
+            return JobStatus(ref, "running", st.get("detail") or "starting in the view host", st.get("metrics_url"))
+        if state not in ("stopped", "failed", "finished"):
+            state = "stopped"
+        return JobStatus(ref, state, st.get("detail", ""), None)
+
+    def _host_stop(self, ref: str, timeout: float = 120.0) -> JobStatus:
+        from kappa import host
+
+        asked = time.time()
+        host.undesire(self.settings, ref)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and host.host_pid(self.settings) is not None:
+            st = host.hosted_status(self.settings, ref) or {}
+            if st.get("state") != "running" or st.get("updated", 0) >= asked:
+                break
+            time.sleep(0.5)
+        status = self._hosted_status(ref)
+        return JobStatus(ref, "stopped", status.detail or "stopped by request")
 
     def _state_file(self, view: str, version: int) -> Path:
         return self.run_dir / f"{view}@v{version}.json"
@@ -57,6 +124,8 @@ class LocalRunner:
         current = self.status(spec.view, spec.version)
         if current.state == "running":
             return current
+        if self._use_host():
+            return self._host_start(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         exit_file = self.run_dir / f"{spec.ref}.exit"
@@ -79,6 +148,8 @@ class LocalRunner:
     def stop(self, view: str, version: int, *, timeout: float = 60.0) -> JobStatus:
         state = self._read(view, version)
         ref = f"{view}@v{version}"
+        if self._hosted(ref):
+            return self._host_stop(ref)
         if not state or not pid_alive(state["pid"]):
             return self.status(view, version)
         pid = state["pid"]
@@ -103,6 +174,8 @@ class LocalRunner:
 
     def status(self, view: str, version: int) -> JobStatus:
         ref = f"{view}@v{version}"
+        if self._hosted(ref):
+            return self._hosted_status(ref)
         state = self._read(view, version)
         if not state:
             return JobStatus(ref, "stopped", "never started here")
