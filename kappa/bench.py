@@ -10,7 +10,9 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (b) replay throughput of ``campaign_window_counts`` from earliest (events/s, no micro-batch bound, as ``kappa
     replay`` runs by default) and its ratio to (a);
 (c) live end-to-end latency p50/p99 (event time -> committed in Delta) at a steady produce rate, default trigger;
-(d) peak RSS of the broker and of the Spark driver JVM.
+(d) peak RSS of the broker and of the Spark driver JVM;
+(e) the peer: the same windowed count with Quix Streams + delta-rs (:mod:`kappa.peer`), checked against the
+    oracle, and our replay's throughput as a ratio to it.
 
 Writes ``<out>/bench.json`` and ``<out>/bench.png`` and prints a table.
 """
@@ -110,6 +112,39 @@ def spark_ceiling(spark: Any, settings: Any, topic: str, expected: int) -> dict[
     return out
 
 
+def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: float) -> dict[str, Any]:
+    """(e) The same windowed count with the pip-installable alternative (Quix Streams + delta-rs, :mod:`kappa.peer`)
+    over the same topic, checked against the plain-Python oracle; our replay's throughput as a ratio to it.
+
+    The peer's window grace covers the whole replayed event-time span: Quix reads the partitions of a backlog
+    unevenly and, with the view's 30 s grace, drops 15-22 % of the views as late, so its counts would be wrong.
+    """
+    from deltalake import DeltaTable
+
+    from kappa import oracle
+    from kappa.peer import run_peer
+
+    span_ms = int(events / 1000.0 * 1000) + 120_000  # kappa.generator.events: 1,000 events per synthetic second
+    table = str(home / f"peer-{uuid.uuid4().hex[:6]}")
+    out = run_peer(settings, topic, settings.topic("campaigns"), table, expected_events=events, timeout=3600,
+                   grace_ms=span_ms)
+    scanned = DeltaTable(table).scan().read_all()
+    columns = {name: scanned.column(i).to_pylist() for i, name in enumerate(scanned.column_names)}
+    data = list(zip(columns["campaign_id"], columns["window_start"], columns["view_count"]))
+    actual = {(campaign, int(start.timestamp() * 1000)): count for campaign, start, count in data}
+    validated = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
+    mapping = oracle.expected_campaign_catalog(oracle.validate_records(
+        oracle.read_log(settings, settings.topic("campaigns")), "campaign", key_field=None, tombstones=True))
+    expected = {k: n for k, (n, _final) in oracle.expected_window_counts(validated, mapping).items()}
+    wrong = sum(1 for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+    out.update({"grace_ms": span_ms, "windows_expected": len(expected), "windows_wrong": wrong,
+                "equals_oracle": wrong == 0 and len(data) == len(expected),
+                "replay_ratio": replay_rate / out["events_per_s"] if out.get("events_per_s") else None})
+    print(f"(e) peer {out['impl']}: {out['events_per_s']:,.0f} events/s, equals oracle: {out['equals_oracle']} "
+          f"({wrong} windows differ); our replay = {out['replay_ratio']:.2f}x the peer")
+    return out
+
+
 def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
     """histogram_quantile over cumulative (upper bound, count) buckets, like Prometheus."""
     total = buckets[-1][1] if buckets else 0
@@ -193,6 +228,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             print(f"(b) replay: {result['replay']['events_per_s']:,.0f} events/s "
                   f"({result['replay']['ratio_to_raw']:.2f}x raw, {result['replay']['ratio_to_live_rate']:.1f}x live rate)")
 
+            result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
+
             live_view = dataclasses.replace(view, stream_topic=live_topic, version=99)
             job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=0.0)
             job.start()
@@ -265,6 +302,11 @@ def _report(result: dict[str, Any], out: Path) -> None:
     table.add_row("(b) replay campaign_window_counts", f"{result['replay']['events_per_s']:,.0f} events/s")
     table.add_row("    ratio to (a) (goal >= 0.5)", f"{result['replay']['ratio_to_raw']:.2f}")
     table.add_row("    ratio to live rate (goal >= 30)", f"{result['replay']['ratio_to_live_rate']:.1f}")
+    peer = result.get("peer") or {}
+    if peer:
+        table.add_row(f"(e) peer: {peer['impl']}", f"{peer['events_per_s']:,.0f} events/s, equals oracle: "
+                      f"{peer['equals_oracle']}")
+        table.add_row("    our replay / peer (goal >= 2)", f"{peer['replay_ratio']:.2f}")
     table.add_row("(c) live rate achieved", f"{result['live']['achieved_rate']:,.0f} events/s")
     table.add_row("    latency p50 / p99", f"{_secs(result['live']['p50_s'])} / {_secs(result['live']['p99_s'])}")
     for label, phases in (("(b) replay, total s per phase", result["replay"].get("phases_s")),
