@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kappa.metrics import LATENCY_BUCKETS
-from kappa.plan import KIND, OUT, SIDE, split_batch
+from kappa.plan import KIND, OUT, SIDE, SIDE_COLUMNS, split_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -147,7 +147,6 @@ class BatchHandler:
     lineage: Callable[[Any, int], str | None]
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
-    last_write: str = ""
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -161,11 +160,9 @@ class BatchHandler:
         if self.view.stateful:
             return split_batch(batch, self.output_columns)
         from kappa.parsing import invalid_rows, valid_rows
-        from pyspark.sql import functions as F
 
         output = self.view.transform(valid_rows(batch), **self.lookups.frames(list(self.view.lookups)))
-        side = invalid_rows(batch).select("topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value",
-                                          F.col("_error").alias("error"))
+        side = invalid_rows(batch).withColumnRenamed("_error", "error").select(*SIDE_COLUMNS)
         return output, side
 
     def _handle(self, batch: "DataFrame", batch_id: int) -> None:
@@ -180,8 +177,8 @@ class BatchHandler:
             with times.phase("write"):
                 lineage = self.lineage(batch.sparkSession, batch_id)
                 fault("before_write", batch_id)
-                self.last_write = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
-                                                  batch_event_max=stats.event_max)
+                self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
+                                batch_event_max=stats.event_max)
                 fault("between_commits", batch_id)
             with times.phase("quarantine"):
                 if stats.bad:
@@ -195,7 +192,7 @@ class BatchHandler:
                 m.g(m.rows_written).inc(stats.rows)
                 if view.latency_column and stats.event_groups:
                     m.latency.add(*latency_buckets(stats.event_groups, committed_at))
-                refreshed = self.lookups.refresh(list(view.lookups))
+                refreshed = self.lookups.refresh(list(view.lookups)) if view.lookups else []
                 if refreshed:
                     log.info("%s: lookups %s changed; the next batch joins the new values", view.ref, refreshed)
             times.batches += 1

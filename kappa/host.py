@@ -13,7 +13,7 @@ and remove view versions while it runs:
 
 .. code-block:: text
 
-    <home>/run/host/host.pid              the host process
+    <home>/run/host/host.json             the host process (pid, start time); host.lock: one host per home
     <home>/run/host/desired/<ref>.json    a JobSpec the host must run (written by LocalRunner.start)
     <home>/run/host/status/<ref>.json     what the host did with it: running | finished | failed | stopped
 
@@ -154,7 +154,7 @@ class ViewHost:
         for ref, job in list(self.jobs.items()):
             failure = job.failure()
             if failure:
-                if job._recover():  # noqa: SLF001 - the host owns its jobs' recovery
+                if job.recover():
                     continue
                 log.error("%s failed: %s", ref, failure)
                 self._stop_job(ref, "failed", failure)
@@ -233,10 +233,9 @@ def start_host(settings: "Settings", *, timeout: float = 60.0) -> int:
     log_file = Path(settings.home) / "logs" / "view-host.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     (host_dir(settings) / "host.json").unlink(missing_ok=True)
-    env = {**os.environ, "KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri,
-           "KAPPA_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1"}
-    if not settings.local_broker:
-        env["KAPPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    from kappa.runners.local import child_env
+
+    env = {**os.environ, **child_env(settings)}
     with open(log_file, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kappa.cli", "host", "run"], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -254,17 +253,10 @@ def start_host(settings: "Settings", *, timeout: float = 60.0) -> int:
 
 def stop_host(settings: "Settings", *, timeout: float = 120.0) -> bool:
     """Stop the view host (it drains and stops every view version it runs); False if none ran."""
-    from kappa.runners.local import pid_alive
+    from kappa.runners.local import terminate_group
 
     pid = host_pid(settings)
     if pid is None:
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    try:  # whatever is left of the group (the JVM)
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    terminate_group(pid, timeout)
     return True

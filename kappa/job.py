@@ -337,7 +337,7 @@ class ViewJob:
             writer = writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
         return writer.foreachBatch(self.handler).start()
 
-    def _recover(self) -> bool:
+    def recover(self) -> bool:
         """Restart the query if it died of a known, harmless Spark failure; False if the failure is real.
 
         Spark 4.1's Kafka source throws a NullPointerException while *reporting progress* of the first batch
@@ -495,7 +495,7 @@ class ViewJob:
                         return False
                 except Exception:  # the query failed: recover if harmless, else report via failure()
                     break
-            if self.failure() and self._recover():
+            if self.failure() and self.recover():
                 continue
             return True
 
@@ -521,7 +521,7 @@ class ViewJob:
         try:
             while not self._stop.is_set():
                 if self.failure():
-                    if self._recover():
+                    if self.recover():
                         continue
                     break
                 if all(not q.isActive for q in self.queries):

@@ -76,10 +76,10 @@ class LookupCache:
         """End offsets of the lookup topic when it was last read."""
         return dict(self._offsets.get(name, {}))
 
-    def refresh(self, names: "tuple[str, ...] | list[str]" = ()) -> list[str]:
-        """Re-read the lookups whose topic moved since they were read; returns the names refreshed."""
+    def refresh(self, names: "tuple[str, ...] | list[str]") -> list[str]:
+        """Re-read those of ``names`` whose topic moved since they were read; returns the names refreshed."""
         refreshed = []
-        for name in names or list(self._frames):
+        for name in names:
             with self._lock:
                 if name not in self._frames:
                     continue

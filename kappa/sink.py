@@ -253,8 +253,9 @@ class QuarantineSink:
     def write(self, rows: "DataFrame", batch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        from kappa.plan import SIDE_COLUMNS
+
         (rows.select(F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
-                     "topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value", "error",
-                     F.lit(batch_id).cast("bigint").alias("batch_id"), F.current_timestamp().alias("quarantined_at"))
+                     *SIDE_COLUMNS, F.lit(batch_id).cast("bigint").alias("batch_id"), F.current_timestamp().alias("quarantined_at"))
          .write.format("delta").mode("append").option("txnAppId", self.app_id).option("txnVersion", batch_id)
          .save(self.path))

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kappa.config import Settings
+from kappa.runners.local import child_env, terminate_group
 from kappa.runners.local import pid_alive as _alive
 
 __all__ = ["Daemon", "up", "down", "status", "VIEW_METRICS_PORTS", "AIRFLOW_PORT"]
@@ -67,34 +66,16 @@ class Daemon:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        try:  # the leader shuts its children down itself
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            os.killpg(pid, signal.SIGKILL if _alive(pid) else signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        terminate_group(pid, timeout)  # the leader shuts its children down itself
         self.pid_file.unlink(missing_ok=True)
         return True
-
-
-def _env(settings: Settings) -> dict[str, str]:
-    env = {"KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri, "PYTHONUNBUFFERED": "1",
-           "KAPPA_TOPIC_PREFIX": settings.topic_prefix}
-    if not settings.local_broker:
-        env["KAPPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
-    return env
 
 
 def airflow_env(settings: Settings) -> dict[str, str]:
     """Environment of the local Airflow: its home under KAPPA_HOME, the repo's dags/, no examples."""
     home = Path(settings.home) / "airflow"
     return {
-        **_env(settings),
+        **child_env(settings),
         # standalone starts its components as `airflow ...` subprocesses: use this environment's one
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
@@ -151,7 +132,7 @@ def up(settings: Settings, *, rate: float = 200.0, airflow: bool = True, echo=pr
     producer = Daemon("producer", settings)
     producer.start([sys.executable, "-m", "kappa.cli", "produce", "--live", "--rate", str(rate),
                     "--count", "0", "--no-campaigns", "--late-fraction", "0.05", "--malformed-fraction", "0.01"],
-                   env=_env(settings))
+                   env=child_env(settings))
     echo(f"producer   {rate:g} events/s into ad-events (log {producer.log_file})")
 
     if airflow:

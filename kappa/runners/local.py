@@ -24,7 +24,7 @@ from pathlib import Path
 from kappa.config import Settings
 from kappa.runners.base import JobSpec, JobStatus
 
-__all__ = ["LocalRunner", "MODES", "pid_alive"]
+__all__ = ["LocalRunner", "MODES", "child_env", "pid_alive", "terminate_group"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -40,6 +40,31 @@ def pid_alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except OSError:
         return True
+
+
+def terminate_group(pid: int, timeout: float) -> None:
+    """SIGTERM the process-group leader ``pid`` (it shuts its children down itself), wait up to ``timeout`` s,
+    then signal whatever is left of its group (SIGKILL if the leader still lives)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL if pid_alive(pid) else signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """Environment that makes a child process (driver, host, producer) see the same home, lake, topics, Kafka."""
+    env = {"KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri, "PYTHONUNBUFFERED": "1",
+           "KAPPA_TOPIC_PREFIX": settings.topic_prefix}
+    if not settings.local_broker:
+        env["KAPPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    return env
 
 
 MODES = ("auto", "host", "own")
@@ -131,11 +156,7 @@ class LocalRunner:
         exit_file = self.run_dir / f"{spec.ref}.exit"
         exit_file.unlink(missing_ok=True)
         log = open(self.log_file(spec.view, spec.version), "ab")
-        env = {**os.environ, **spec.env, "KAPPA_HOME": str(self.settings.home),
-               "KAPPA_LAKE_URI": self.settings.lake_uri, "KAPPA_EXIT_FILE": str(exit_file),
-               "KAPPA_TOPIC_PREFIX": self.settings.topic_prefix}
-        if not self.settings.local_broker:
-            env["KAPPA_KAFKA_BOOTSTRAP"] = self.settings.kafka_bootstrap
+        env = {**os.environ, **spec.env, **child_env(self.settings), "KAPPA_EXIT_FILE": str(exit_file)}
         proc = subprocess.Popen([sys.executable, "-m", "kappa.cli", *spec.args()], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, cwd=str(self.settings.repo_root))
@@ -155,17 +176,7 @@ class LocalRunner:
         pid = state["pid"]
         state["stopped"] = time.time()  # a graceful stop also exits 0: status must not call it "finished"
         self._state_file(view, version).write_text(json.dumps(state, indent=2))
-        try:  # the driver (group leader) stops its queries and its JVM child itself
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + timeout
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:  # whatever is left of the group (a JVM that outlived its driver)
-            os.killpg(pid, signal.SIGKILL if pid_alive(pid) else signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        terminate_group(pid, timeout)  # the driver stops its queries and its JVM child itself
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
