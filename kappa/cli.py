@@ -134,19 +134,30 @@ def view_stop(view: str, version: Optional[int] = typer.Option(None)) -> None:
 @host_app.command("run")
 def host_run(
     view: list[str] = typer.Option([], "--view", help="Always run this view: name or name@vN (repeatable)."),
-    starting: str = typer.Option("earliest", help="Start position of new checkpoints of the --view versions."),
+    starting: list[str] = typer.Option(["earliest"], "--starting", help="Start position of new checkpoints of "
+                                       "the --view versions: once for all, or once per --view in the same order."),
     driver_memory: str = typer.Option("2g", help="Heap of the host's Spark driver JVM."),
+    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535, help="Prometheus port of the first "
+                                     "--view; the i-th --view (from 0) gets this + i. 0: any free port for each."),
 ) -> None:
     """Run the view host in the foreground: the --view versions plus those asked for under
     $KAPPA_HOME/run/host/desired (by the local runner), each its own query in one Spark application."""
     from kappa.host import ViewHost
     from kappa.runners.base import JobSpec
 
-    static = []
-    for item in view:
+    if len(starting) not in (1, len(view)):
+        raise UserError(f"give --starting once (for every --view) or once per --view: {len(starting)} "
+                        f"--starting for {len(view)} --view")
+    if metrics_port and metrics_port + len(view) - 1 > 65535:
+        raise UserError(f"--metrics-port {metrics_port} + {len(view)} views goes beyond port 65535")
+    static: list[JobSpec] = []
+    for i, item in enumerate(view):
         name, _, version = item.partition("@v")
         definition = _load_view(name, int(version) if version.isdigit() else None)
-        static.append(JobSpec(definition.name, definition.version, starting=starting, metrics_port=0))
+        if any(spec.ref == definition.ref for spec in static):
+            raise UserError(f"--view {definition.ref} is given twice: one query per view version")
+        static.append(JobSpec(definition.name, definition.version, starting=starting[i if len(starting) > 1 else 0],
+                              metrics_port=metrics_port + i if metrics_port else 0))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     ViewHost(_settings(), driver_memory=driver_memory, static=static).run()

@@ -392,6 +392,8 @@ def test_lake_pvc_and_s3(all_renders: dict[str, list[dict]]) -> None:
         ({"views": {"user_sessions": {"replicas": 2}}}, "additional properties 'replicas' not allowed"),
         ({"kafka": {"tolerations": [{"key": "a", "effekt": "NoSchedule"}]}}, "additional properties 'effekt' not allowed"),
         ({"viewJobs": {"starting": "yesterday"}}, "viewJobs/starting"),
+        ({"viewJobs": {"grouping": "perview"}}, "viewJobs/grouping"),
+        ({"viewJobs": {"groupedResources": {"limits": {"cpu": "2", "memory": "4 GB"}}}}, "viewJobs/groupedResources/limits/memory"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else "",
 )
@@ -455,6 +457,8 @@ def test_values_schema_is_strict_and_documented() -> None:
         ({"airflow": {"postgresql": {"enabled": False}}}, "requires airflow.externalDatabase.existingSecret"),
         ({"viewJobs": {"spark": {"mode": "kubernetes"}}, "lake": {"persistence": {"colocatePods": False}}},
          "ReadWriteOnce lake PVC"),
+        ({"viewJobs": {"grouping": "grouped", "spark": {"mode": "kubernetes"}}},
+         "viewJobs.grouping=grouped runs every view in one driver with Spark local mode"),
     ],
 )
 def test_notes_fail_on_invalid_combinations(helm: Path, tmp_path: Path, values: dict, message: str) -> None:
@@ -559,6 +563,11 @@ def test_notes_print_next_steps(helm: Path, tmp_path: Path) -> None:
     ext = _notes(tmp_path, {"kafka": {"external": {"enabled": True, "bootstrapServers": "k1:9093", "securityProtocol": "SSL"}},
                             "airflow": {"enabled": False}})
     assert "k1:9093 (external, SSL)" in ext and "airflow dags trigger" not in ext
+    grouped = _notes(tmp_path, {"viewJobs": {"grouping": "grouped"}})
+    assert "4 view version(s) in ONE driver, deployment/kappa-views (grouped)" in grouped
+    assert "campaign_window_counts v1  (metrics port 9401, container port m-1)" in grouped
+    assert "port-forward deploy/kappa-views 9400 9401 9402 9403 4040" in grouped
+    assert "deployment/kappa-view-" not in grouped
 
 
 def test_pods_sharing_the_lake_share_its_group(all_renders: dict[str, list[dict]]) -> None:

@@ -44,6 +44,9 @@ on install, upgrade, lint and template (template renders NOTES.txt without print
 {{- if and (eq .Values.viewJobs.spark.mode "kubernetes") (eq .Values.lake.type "pvc") (eq .Values.lake.persistence.accessMode "ReadWriteOnce") (not .Values.lake.persistence.colocatePods) -}}
   {{- fail "viewJobs.spark.mode=kubernetes with a ReadWriteOnce lake PVC needs lake.persistence.colocatePods=true or accessMode ReadWriteMany (executors mount the lake)" -}}
 {{- end -}}
+{{- if and (eq .Values.viewJobs.grouping "grouped") (eq .Values.viewJobs.spark.mode "kubernetes") -}}
+  {{- fail "viewJobs.grouping=grouped runs every view in one driver with Spark local mode; use viewJobs.spark.mode=local, or grouping=perView for Spark-on-Kubernetes" -}}
+{{- end -}}
 {{- if and .Values.airflow.enabled (not .Values.airflow.postgresql.enabled) (not .Values.airflow.externalDatabase.existingSecret) -}}
   {{- fail "airflow.postgresql.enabled=false requires airflow.externalDatabase.existingSecret (SQLAlchemy URL of the metadata DB)" -}}
 {{- end -}}

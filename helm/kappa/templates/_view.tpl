@@ -2,7 +2,9 @@
 The view-workload templates: ONE definition used twice.
 
   1. views/deployments.yaml renders it for every running view version (kappa/platform.yaml
-     default_version, or .Values.views.<view>.versions).
+     default_version, or .Values.views.<view>.versions) when viewJobs.grouping=perView; with
+     viewJobs.grouping=grouped it renders "kappa.view.groupedDeployment" instead, one driver hosting them
+     all, built from the same "kappa.view.driverDeployment" pod spec.
   2. views/configmap-view-template.yaml renders it once with placeholders
        __KAPPA_VIEW__        view name as declared (campaign_window_counts)
        __KAPPA_VIEW_SLUG__   its DNS-label form (campaign-window-counts)
@@ -18,9 +20,128 @@ Arguments (dict): root ($), view, slug, version (string), starting.
 {{- printf "view-%s-v%s" .slug .version -}}
 {{- end -}}
 
+{{/*
+One view-driver Deployment per view version (viewJobs.grouping=perView, and every driver the Kubernetes
+runner starts, in both modes). Arguments (dict): root ($), view, slug, version (string), starting.
+*/}}
 {{- define "kappa.view.deployment" -}}
 {{- $root := .root -}}
+{{- $v := $root.Values.viewJobs -}}
 {{- $workload := include "kappa.view.workload" . -}}
+{{- $name := include "kappa.workloadName" (list $root $workload) -}}
+{{- $conf := list -}}
+{{- if eq $v.spark.mode "kubernetes" -}}
+{{- $conf = list "spark.kubernetes.driver.pod.name=$(POD_NAME)"
+      (printf "spark.driver.host=%s-driver.%s.svc.%s" $name $root.Release.Namespace $root.Values.clusterDomain)
+      (printf "spark.kubernetes.executor.podNamePrefix=%s" $name)
+      (printf "spark.kubernetes.executor.label.kappa.io/view=%s" .view)
+      (printf "spark.kubernetes.executor.label.kappa.io/view-version=%s" .version) -}}
+{{- end -}}
+{{- /* the metrics endpoint comes up with the driver process: it is the driver's health */ -}}
+{{- $probe := dict "httpGet" (dict "path" "/metrics" "port" "metrics") -}}
+{{- include "kappa.view.driverDeployment" (dict
+      "root" $root
+      "workload" $workload
+      "labels" (dict "kappa.io/view" .view "kappa.io/view-version" .version)
+      "annotations" (dict "kappa.io/starting" .starting)
+      "args" (list "kappa" "view" "run" .view "--version" .version "--starting" .starting "--metrics-port" (toString $v.metricsPort))
+      "ports" (list (dict "name" "metrics" "containerPort" $v.metricsPort "protocol" "TCP"))
+      "probes" (dict "startup" $probe "readiness" $probe "liveness" $probe)
+      "resources" $v.resources
+      "sparkConf" $conf) -}}
+{{- end -}}
+
+{{/*
+viewJobs.grouping=grouped: ONE Deployment (<fullname>-views) running every running view version of
+"kappa.runningViews" in one Spark application (kappa/host.py, `kappa host run`): each view version keeps its
+own streaming query, checkpoint, driver lock and FAIR pool, and the i-th one serves /metrics on
+viewJobs.metricsPort + i (container port m-<i>). Rendered only when at least one view version runs.
+Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).
+*/}}
+{{- define "kappa.view.hostedPortName" -}}
+{{- printf "m-%d" (int .) -}}
+{{- end -}}
+
+{{- define "kappa.view.groupedDeployment" -}}
+{{- $v := .Values.viewJobs -}}
+{{- $running := include "kappa.runningViews" . | fromJsonArray -}}
+{{- $args := list "kappa" "host" "run" -}}
+{{- $ports := list -}}
+{{- $numbers := list -}}
+{{- $refs := list -}}
+{{- range $i, $rv := $running -}}
+{{- $ref := printf "%s@v%s" $rv.view $rv.version -}}
+{{- $args = concat $args (list "--view" $ref "--starting" $rv.starting) -}}
+{{- $ports = append $ports (dict "name" (include "kappa.view.hostedPortName" $i) "containerPort" (add $v.metricsPort $i) "protocol" "TCP") -}}
+{{- $numbers = append $numbers (toString (add $v.metricsPort $i)) -}}
+{{- $refs = append $refs $ref -}}
+{{- end -}}
+{{- $args = concat $args (list "--metrics-port" (toString $v.metricsPort) "--driver-memory" $v.groupedDriverMemory) -}}
+{{- /*
+Probes. A per-view driver is probed with GET /metrics on its one metrics port. The host has one such
+endpoint per view version, and a view whose query fails is stopped ALONE (its endpoint closes, the other
+views go on), so probing a single port would either miss failures or, as liveness, restart every healthy
+view because one failed. The same GET /metrics is therefore made on every view's port (a small Python
+check; the image has no curl):
+  readiness        every view version answers: the pod turns NotReady while one of them is down
+  startup/liveness at least one answers: the host process is alive; it is restarted only when no view
+                   is left running (nothing to protect), or when the process hangs
+*/ -}}
+{{- $check := list "python" "-c" (include "kappa.view.metricsCheck" .) -}}
+{{- $any := dict "exec" (dict "command" (concat $check (list "any") $numbers)) -}}
+{{- $all := dict "exec" (dict "command" (concat $check (list "all") $numbers)) -}}
+{{- include "kappa.view.driverDeployment" (dict
+      "root" .
+      "workload" "views"
+      "labels" (dict)
+      "annotations" (dict "kappa.io/views" (join "," $refs))
+      "args" $args
+      "ports" $ports
+      "probes" (dict "startup" $any "readiness" $all "liveness" $any)
+      "resources" $v.groupedResources
+      "sparkConf" (list)) -}}
+{{- end -}}
+
+{{/* `python -c` body of the grouped driver's probes: argv = all|any, then the metrics ports. */}}
+{{- define "kappa.view.metricsCheck" -}}
+import http.client, sys
+from concurrent.futures import ThreadPoolExecutor
+def up(port):
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=3)
+        conn.request("GET", "/metrics")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+with ThreadPoolExecutor(len(sys.argv) - 2) as pool:
+    ok = list(pool.map(up, sys.argv[2:]))
+sys.exit(0 if (all(ok) if sys.argv[1] == "all" else any(ok)) else 1)
+{{- end -}}
+
+{{/*
+Container ports serving /metrics on view-driver pods: `metrics` (per-view drivers, and the drivers the
+Kubernetes runner starts in both modes) and, in grouped mode, m-<i> of the grouped driver. JSON list;
+used by the PodMonitor and the drivers' NetworkPolicy.
+*/}}
+{{- define "kappa.view.metricsPortNames" -}}
+{{- $names := list "metrics" -}}
+{{- if eq .Values.viewJobs.grouping "grouped" -}}
+{{- range $i, $_ := include "kappa.runningViews" . | fromJsonArray -}}
+{{- $names = append $names (include "kappa.view.hostedPortName" $i) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/*
+The driver Deployment both modes share: pod spec, image, env, volumes, security context, lake affinity.
+Arguments (dict): root ($), workload (object-name suffix), labels / annotations (extra metadata, dicts),
+args (list), ports (metrics container ports), probes (dict startup/readiness/liveness -> probe action),
+resources, sparkConf (per-driver Spark settings for PYSPARK_SUBMIT_ARGS; Spark-on-Kubernetes mode).
+*/}}
+{{- define "kappa.view.driverDeployment" -}}
+{{- $root := .root -}}
+{{- $workload := .workload -}}
 {{- $name := include "kappa.workloadName" (list $root $workload) -}}
 {{- $k8s := eq $root.Values.viewJobs.spark.mode "kubernetes" -}}
 {{- $v := $root.Values.viewJobs -}}
@@ -31,14 +152,15 @@ metadata:
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "kappa.labels" (list $root $workload "view") | nindent 4 }}
-    kappa.io/view: {{ .view | quote }}
-    kappa.io/view-version: {{ .version | quote }}
+    {{- with .labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   annotations:
     # Helm ownership metadata is part of the template so that a driver started by the Kubernetes
     # runner is adopted (not refused) when the same version is later pinned in values.
     meta.helm.sh/release-name: {{ $root.Release.Name }}
     meta.helm.sh/release-namespace: {{ $root.Release.Namespace }}
-    kappa.io/starting: {{ .starting | quote }}
+    {{- toYaml .annotations | nindent 4 }}
 spec:
   # Exactly one driver per view version: the Spark checkpoint and the Delta txnAppId/txnVersion
   # pair belong to a single writer, so never more than one replica ...
@@ -54,8 +176,9 @@ spec:
     metadata:
       labels:
         {{- include "kappa.labels" (list $root $workload "view") | nindent 8 }}
-        kappa.io/view: {{ .view | quote }}
-        kappa.io/view-version: {{ .version | quote }}
+        {{- with .labels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
         {{- if include "kappa.lake.colocate" $root }}
         kappa.io/lake-claim: {{ include "kappa.lake.claimName" $root }}
         {{- end }}
@@ -87,16 +210,7 @@ spec:
           image: {{ include "kappa.image" (dict "image" $root.Values.image "root" $root) }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
-            - kappa
-            - view
-            - run
-            - {{ .view | quote }}
-            - --version
-            - {{ .version | quote }}
-            - --starting
-            - {{ .starting | quote }}
-            - --metrics-port
-            - {{ $v.metricsPort | quote }}
+            {{- toYaml .args | nindent 12 }}
           env:
             - name: POD_NAME
               valueFrom:
@@ -112,16 +226,14 @@ spec:
               value: /opt/kappa/spark-conf
             - name: KAPPA_METRICS_PORT
               value: {{ $v.metricsPort | quote }}
-            {{- if $k8s }}
+            {{- with .sparkConf }}
             # per-driver Spark settings (the shared ones are in spark-defaults.conf): executors reach
             # this driver through its headless Service and are owned by (garbage-collected with) its pod
             - name: PYSPARK_SUBMIT_ARGS
               value: >-
-                --conf spark.kubernetes.driver.pod.name=$(POD_NAME)
-                --conf spark.driver.host={{ $name }}-driver.{{ $root.Release.Namespace }}.svc.{{ $root.Values.clusterDomain }}
-                --conf spark.kubernetes.executor.podNamePrefix={{ $name }}
-                --conf spark.kubernetes.executor.label.kappa.io/view={{ .view }}
-                --conf spark.kubernetes.executor.label.kappa.io/view-version={{ .version }}
+                {{- range . }}
+                --conf {{ . }}
+                {{- end }}
                 pyspark-shell
             {{- end }}
             {{- with include "kappa.platformEnv" $root }}{{ . | trim | nindent 12 }}{{- end }}
@@ -131,9 +243,7 @@ spec:
           envFrom:
             {{- include "kappa.platformEnvFrom" $root | nindent 12 }}
           ports:
-            - name: metrics
-              containerPort: {{ $v.metricsPort }}
-              protocol: TCP
+            {{- toYaml .ports | nindent 12 }}
             - name: spark-ui
               containerPort: 4040
               protocol: TCP
@@ -145,31 +255,16 @@ spec:
               containerPort: {{ $v.spark.blockManagerPort }}
               protocol: TCP
             {{- end }}
-          # the metrics endpoint comes up with the driver process; Spark start-up (JVM, catalog, first
-          # batch planning) can take minutes, hence a startup probe before liveness applies
+          # Spark start-up (JVM, catalog, first batch planning) can take minutes, hence a startup probe
+          # before liveness applies
           startupProbe:
-            httpGet:
-              path: /metrics
-              port: metrics
-            periodSeconds: 10
-            timeoutSeconds: 5
-            failureThreshold: {{ $v.startupProbeFailureThreshold }}
+            {{- toYaml (merge (dict "periodSeconds" 10 "timeoutSeconds" 5 "failureThreshold" $v.startupProbeFailureThreshold) .probes.startup) | nindent 12 }}
           readinessProbe:
-            httpGet:
-              path: /metrics
-              port: metrics
-            periodSeconds: 15
-            timeoutSeconds: 5
-            failureThreshold: 3
+            {{- toYaml (merge (dict "periodSeconds" 15 "timeoutSeconds" 5 "failureThreshold" 3) .probes.readiness) | nindent 12 }}
           livenessProbe:
-            httpGet:
-              path: /metrics
-              port: metrics
-            periodSeconds: 30
-            timeoutSeconds: 10
-            failureThreshold: 4
+            {{- toYaml (merge (dict "periodSeconds" 30 "timeoutSeconds" 10 "failureThreshold" 4) .probes.liveness) | nindent 12 }}
           resources:
-            {{- toYaml $v.resources | nindent 12 }}
+            {{- toYaml .resources | nindent 12 }}
           {{- include "kappa.containerSecurityContext" $root | nindent 10 }}
           volumeMounts:
             {{- include "kappa.platformVolumeMounts" $root | nindent 12 }}
