@@ -136,6 +136,8 @@ class BatchHandler:
         metrics: its Prometheus metrics.
         lookups: the lookup cache (refreshed after each batch).
         lineage: ``batch id -> userMetadata`` (the batch's offsets and watermark, see :mod:`kappa.lineage`).
+        catching_up: ``(session, batch id) -> bool``: the batch stopped at the micro-batch bound with more of the
+            log waiting (bulk catch-up, :class:`kappa.sink.DeltaSink`).
         delta_version: ``() -> last Delta version of the view table`` (for the metric).
     """
 
@@ -145,6 +147,7 @@ class BatchHandler:
     metrics: "ViewMetrics"
     lookups: "LookupCache"
     lineage: Callable[[Any, int], str | None]
+    catching_up: Callable[[Any, int], bool] = lambda _session, _batch_id: False
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
 
@@ -175,10 +178,15 @@ class BatchHandler:
                 stats = batch_stats(output, side, latency_column=view.latency_column,
                                     event_max_column=fin.event_max_column if fin else None)
             with times.phase("write"):
-                lineage = self.lineage(batch.sparkSession, batch_id)
+                session = batch.sparkSession
+                lineage = self.lineage(session, batch_id)
+                behind = self.sink.bulk(session) and self.catching_up(session, batch_id)
                 fault("before_write", batch_id)
-                self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
-                                batch_event_max=stats.event_max)
+                done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
+                                       batch_event_max=stats.event_max, catching_up=behind)
+                if done == "compact":
+                    log.info("%s: caught up at batch %s; staged batches compacted into the view table", view.ref,
+                             batch_id)
                 fault("between_commits", batch_id)
             with times.phase("quarantine"):
                 if stats.bad:

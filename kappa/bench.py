@@ -8,8 +8,9 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (a) the raw log-read ceiling: a plain confluent-kafka consumer reading the benchmark topic to nothing;
 (a') Spark's own ceiling on this machine: a batch Kafka read of the topic, counted, and also decoded/validated;
 (b) replay throughput of ``campaign_window_counts`` from earliest (events/s, no micro-batch bound, as ``kappa
-    replay`` runs by default) and its ratio to (a);
-(c) live end-to-end latency p50/p99 (event time -> committed in Delta) at a steady produce rate, default trigger;
+    replay`` runs by default) and its ratio to (a); also at a quarter and half of the events (own topics), with
+    the R^2 of the linear fit of replay time against events;
+(c) live end-to-end latency p50/p99 (event time -> committed in Delta) at a steady produce rate, 1 s trigger;
 (d) peak RSS of the broker and of the Spark driver JVM;
 (e) the peer: the same windowed count with Quix Streams + delta-rs (:mod:`kappa.peer`), checked against the
     oracle, and our replay's throughput as a ratio to it.
@@ -29,7 +30,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "replay_run"]
+
+#: Processing-time trigger of the live measurement (c).
+LIVE_TRIGGER_SECONDS = 1.0
 
 
 class _PeakRss:
@@ -112,6 +116,45 @@ def spark_ceiling(spark: Any, settings: Any, topic: str, expected: int) -> dict[
     return out
 
 
+def _sizes(events: int) -> list[int]:
+    """Replay sizes: a quarter, a half and all of ``events`` (the last is the headline number)."""
+    return sorted({max(1000, events // 4), max(1000, events // 2), events})
+
+
+def _r_squared(xs: list[float], ys: list[float]) -> float | None:
+    """R^2 of the least-squares line through (xs, ys) (None with fewer than three points)."""
+    if len(xs) < 3:
+        return None
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or ss_tot == 0:
+        return None
+    slope = sxy / sxx
+    ss_res = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
+    return 1.0 - ss_res / ss_tot
+
+
+def replay_run(spark: Any, settings: Any, view: Any, events: int) -> dict[str, Any]:
+    """(b) Replay ``view`` from earliest to the end of its topic as ``kappa replay`` does by default
+    (availableNow, no micro-batch bound: the backlog is one batch); events/s and our phase totals."""
+    from kappa.job import ViewJob
+
+    job = ViewJob(view, settings, spark=spark, starting="earliest", available_now=True)
+    t0 = time.monotonic()
+    job.start()
+    job.await_termination(3600)
+    elapsed = time.monotonic() - t0
+    failure = job.failure()
+    job.stop()
+    if failure:
+        raise RuntimeError(f"replay failed: {failure}")
+    return {"events": events, "seconds": elapsed, "events_per_s": events / elapsed,
+            "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total)}
+
+
 def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: float) -> dict[str, Any]:
     """(e) The same windowed count with the pip-installable alternative (Quix Streams + delta-rs, :mod:`kappa.peer`)
     over the same topic, checked against the plain-Python oracle; our replay's throughput as a ratio to it.
@@ -181,6 +224,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
         settings = base.replace(lake_uri=str(home / f"lake-{int(time.time())}"))
     topic = f"bench-ad-events-{uuid.uuid4().hex[:6]}"
     live_topic = f"bench-live-{uuid.uuid4().hex[:6]}"
+    extra_topics: list[str] = []
     result: dict[str, Any] = {"events": events, "partitions": partitions, "live_rate": live_rate,
                               "live_seconds": live_seconds, "cores": os.cpu_count()}
     try:
@@ -210,28 +254,32 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             pids["broker"] = broker.pid
         view = load_view("jobs.campaign_window_counts.v1")
         with _PeakRss(pids) as rss:
-            replay_view = dataclasses.replace(view, stream_topic=topic)
-            # as `kappa replay` does by default: no micro-batch size bound, the backlog is one batch
-            job = ViewJob(replay_view, settings, spark=spark, starting="earliest", available_now=True)
-            t0 = time.monotonic()
-            job.start()
-            job.await_termination(3600)
-            elapsed = time.monotonic() - t0
-            failure = job.failure()
-            job.stop()
-            if failure:
-                raise RuntimeError(f"replay failed: {failure}")
-            result["replay"] = {"seconds": elapsed, "events_per_s": events / elapsed,
-                                "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total)}
+            # smaller sizes first (each its own topic, loaded now), the full one last: replay time vs events
+            runs = []
+            for i, size in enumerate(_sizes(events)):
+                size_topic = topic
+                if size != events:
+                    size_topic = f"{topic}-{size}"
+                    create_topic(settings, size_topic, partitions, {"retention.ms": "-1"})
+                    generator.produce(settings, size_topic, generator.events(size, seed=0, universe=u))
+                    extra_topics.append(size_topic)
+                runs.append(replay_run(spark, settings, dataclasses.replace(view, stream_topic=size_topic,
+                                                                            version=200 + i), size))
+            result["replay"] = dict(runs[-1])
+            result["replay"]["sizes"] = [{k: r[k] for k in ("events", "seconds", "events_per_s", "batches")}
+                                         for r in runs]
+            result["replay"]["linear_r2"] = _r_squared([r["events"] for r in runs], [r["seconds"] for r in runs])
             result["replay"]["ratio_to_raw"] = result["replay"]["events_per_s"] / result["raw_ceiling"]["events_per_s"]
             result["replay"]["ratio_to_live_rate"] = result["replay"]["events_per_s"] / live_rate
             print(f"(b) replay: {result['replay']['events_per_s']:,.0f} events/s "
-                  f"({result['replay']['ratio_to_raw']:.2f}x raw, {result['replay']['ratio_to_live_rate']:.1f}x live rate)")
+                  f"({result['replay']['ratio_to_raw']:.2f}x raw, {result['replay']['ratio_to_live_rate']:.1f}x live rate); "
+                  "sizes " + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in runs)
+                  + f", linear fit R^2 {_fmt(result['replay']['linear_r2'])}")
 
             result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
 
             live_view = dataclasses.replace(view, stream_topic=live_topic, version=99)
-            job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=0.0)
+            job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=LIVE_TRIGGER_SECONDS)
             job.start()
             time.sleep(5)
             t0 = time.monotonic()
@@ -243,7 +291,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             live_times = job.handler.times
             job.stop()
             buckets = [(float(s.labels["le"]), int(s.value)) for s in hist if s.name.endswith("_bucket")]
-            result["live"] = {"target_rate": live_rate, "achieved_rate": achieved,
+            result["live"] = {"trigger_s": LIVE_TRIGGER_SECONDS, "target_rate": live_rate, "achieved_rate": achieved,
                               "p50_s": _quantile(buckets, 0.5), "p99_s": _quantile(buckets, 0.99),
                               "rows_observed": buckets[-1][1] if buckets else 0, "batches": live_times.batches,
                               "phases_mean_s": {k: v / max(1, live_times.batches) for k, v in live_times.total.items()}}
@@ -253,13 +301,17 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
         spark.stop()
     finally:
         try:
-            delete_topics(settings, [topic, live_topic])
+            delete_topics(settings, [topic, live_topic, *extra_topics])
         except Exception:  # noqa: BLE001 - cleanup only
             pass
         if broker is not None:
             broker.stop()
     _report(result, out)
     return result
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _secs(value: float | None) -> str:
@@ -300,6 +352,10 @@ def _report(result: dict[str, Any], out: Path) -> None:
         table.add_row("(a') Spark Kafka read (batch, count)", f"{spark_ceiling['read_events_per_s']:,.0f} events/s")
         table.add_row("     Spark read + decode/validate", f"{spark_ceiling['decode_events_per_s']:,.0f} events/s")
     table.add_row("(b) replay campaign_window_counts", f"{result['replay']['events_per_s']:,.0f} events/s")
+    sizes = result["replay"].get("sizes") or []
+    if sizes:
+        table.add_row("    replay time by size", ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in sizes)
+                      + f" (linear fit R^2 {_fmt(result['replay'].get('linear_r2'))})")
     table.add_row("    ratio to (a) (goal >= 0.5)", f"{result['replay']['ratio_to_raw']:.2f}")
     table.add_row("    ratio to live rate (goal >= 30)", f"{result['replay']['ratio_to_live_rate']:.1f}")
     peer = result.get("peer") or {}
@@ -307,6 +363,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
         table.add_row(f"(e) peer: {peer['impl']}", f"{peer['events_per_s']:,.0f} events/s, equals oracle: "
                       f"{peer['equals_oracle']}")
         table.add_row("    our replay / peer (goal >= 2)", f"{peer['replay_ratio']:.2f}")
+    table.add_row("(c) live trigger", f"{result['live'].get('trigger_s', 0.0):.1f} s")
     table.add_row("(c) live rate achieved", f"{result['live']['achieved_rate']:,.0f} events/s")
     table.add_row("    latency p50 / p99", f"{_secs(result['live']['p50_s'])} / {_secs(result['live']['p99_s'])}")
     for label, phases in (("(b) replay, total s per phase", result["replay"].get("phases_s")),

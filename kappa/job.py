@@ -72,6 +72,11 @@ class ViewPaths:
         return f"{self.root}/checkpoint"
 
     @property
+    def staging(self) -> str:
+        """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
+        return f"{self.root}/staging"
+
+    @property
     def quarantine(self) -> str:
         return f"{self.lake.rstrip('/')}/quarantine"
 
@@ -303,11 +308,12 @@ class ViewJob:
                                  "kappa.version": str(view.version), "delta.appendOnly":
                                  "true" if view.write == "append" else "false"})
         ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
-        self.sink = DeltaSink(view, self.paths.table, self.app_id or "")
+        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=self.paths.staging)
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
-                                    output_columns=list(output_schema.fieldNames()))
+                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()))
+        self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None:
             self.bound_port = self.metrics.serve(self.metrics_port)
@@ -353,22 +359,61 @@ class ViewJob:
         self.queries[0] = self._start_query()
         return True
 
+    def _checkpoint_text(self, spark: "SparkSession", name: str) -> str | None:
+        """A file of the query's checkpoint (``offsets/<id>``, ``sources/0/0``) through Hadoop FS (any store)."""
+        uri = f"{self.paths.checkpoint}/main/{name}"
+        jvm = spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def _catching_up(self, spark: "SparkSession", batch_id: int) -> bool:
+        """Did micro-batch ``batch_id`` stop at ``maxOffsetsPerTrigger`` while more of the log is already there?
+
+        Read from the offset log (this batch's end offsets minus the previous batch's, or the query's initial
+        offsets) and the topic's end offsets now. Without a micro-batch bound every batch reads all there is.
+        """
+        if not self.max_offsets_per_trigger:
+            return False
+        from kappa.topics import partition_offsets
+
+        topic = self.settings.topic(self.view.stream_topic)
+        end = parse_offset_log(self._checkpoint_text(spark, f"offsets/{batch_id}") or "", topic)[0]
+        previous_text = self._checkpoint_text(spark, f"offsets/{batch_id - 1}") if batch_id > 0 else None
+        if previous_text is not None:
+            start = parse_offset_log(previous_text, topic)[0]
+        else:  # the first batch of the query: its initial offsets ("v1" then JSON, no watermark line)
+            first = json.loads((self._checkpoint_text(spark, "sources/0/0") or "{}").splitlines()[-1] or "{}")
+            start = {int(p): int(o) for p, o in (first.get(topic) or {}).items()}
+        read = sum(max(0, o - start.get(p, o)) for p, o in end.items())
+        # Spark prorates the bound over the partitions, rounding each share down
+        if not end or read < self.max_offsets_per_trigger - len(end):
+            return False
+        return any(high > end.get(p, high) for p, (_low, high) in partition_offsets(self.settings, topic).items())
+
+    def _settle(self) -> None:
+        """Compact what bulk catch-up staged and has not yet written to the view table (restart, bounded end)."""
+        batch_id = self.sink.pending(self.spark)
+        if batch_id is not None:
+            log.info("%s: writing the staged catch-up batches (up to %s) to the view table", self.view.ref, batch_id)
+            self.sink.compact(self.spark, batch_id, self._lineage(self.spark, batch_id))
+
     def _lineage(self, spark: "SparkSession", batch_id: int) -> str | None:
         """The batch's log range and watermark from the query's offset log (written before the batch runs), and
         the offsets of the lookups it joined, as the Delta commit's ``userMetadata`` (:mod:`kappa.lineage`)."""
-        uri = f"{self.paths.checkpoint}/main/offsets/{batch_id}"
         try:
-            jvm = spark.sparkContext._jvm
-            path = jvm.org.apache.hadoop.fs.Path(uri)
-            fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-            stream = fs.open(path)
-            try:
-                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-            finally:
-                stream.close()
+            text = self._checkpoint_text(spark, f"offsets/{batch_id}")
+            if text is None:
+                raise FileNotFoundError(f"offsets/{batch_id}")
         except Exception as exc:  # noqa: BLE001 - lineage is for audits; the commit itself must go on
-            log.warning("%s: batch %s: cannot read %s for the commit's lineage: %s", self.view.ref, batch_id, uri,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.warning("%s: batch %s: cannot read its offset log for the commit's lineage: %s", self.view.ref,
+                        batch_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return None
         topic = self.settings.topic(self.view.stream_topic)
         offsets, watermark = parse_offset_log(text, topic)
@@ -542,6 +587,7 @@ class ViewJob:
         is safe - the checkpoint and the idempotent Delta commit make the re-run exact - but wastes its work.
         """
         self._stop.set()
+        ended = bool(self.queries) and all(not q.isActive for q in self.queries) and self.failure() is None
         deadline = time.monotonic() + drain_seconds
         for query in self.queries:
             try:
@@ -550,6 +596,11 @@ class ViewJob:
                 query.stop()
             except Exception:  # already stopped or the JVM is gone
                 pass
+        if ended and getattr(self, "sink", None) is not None:
+            try:  # a bounded run that ended on a catch-up batch: its staged rows belong in the table
+                self._settle()
+            except Exception as exc:  # noqa: BLE001 - the next start settles again; say why it did not now
+                log.error("%s: staged catch-up batches not written yet: %s", self.view.ref, exc)
         if self._listener is not None:
             try:
                 self.spark.streams.removeListener(self._listener)

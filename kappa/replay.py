@@ -455,8 +455,15 @@ def checkpoint_batches(checkpoint: str, topic: str, *, upto: int | None = None) 
 def _batch_boundaries(settings: Settings, view: str, version: int, table: Any, app_id: str, topic: str,
                       upto: int) -> list[Any]:
     """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.lineage`, complete
-    for the table's history), else from the checkpoint (only its last ``minBatchesToRetain`` batches)."""
-    history = batches_from_history(table.history(), app_id, upto=upto)
+    for the table's history; batches of a bulk catch-up are commits of the run's staging table), else from the
+    checkpoint (only its last ``minBatchesToRetain`` batches)."""
+    from deltalake import DeltaTable
+
+    commits = list(table.history())
+    staging = _paths(settings, view, version).staging
+    if DeltaTable.is_deltatable(staging):
+        commits += DeltaTable(staging).history()
+    history = batches_from_history(commits, app_id, upto=upto)
     if [b.batch_id for b in history] == list(range(upto + 1)):
         return history
     checkpoint = checkpoint_batches(f"{_paths(settings, view, version).checkpoint}/main", topic, upto=upto)

@@ -9,6 +9,16 @@
 Delta records ``(appId, txnVersion)`` in the commit itself; a batch that Spark re-runs after a crash between the
 Delta commit and the checkpoint commit is skipped by Delta, so it is never applied twice. Each commit happens
 in exactly one transaction: a batch either landed completely or not at all.
+
+**Bulk catch-up** (MERGE-less catch-up of a run). Until a run has made its first commit to the view table, its
+micro-batches that stopped at ``maxOffsetsPerTrigger`` while more of the log is waiting (a replay, a new view
+reading its backlog) are not merged: each is *appended* to the run's staging table ``<version>/staging`` with
+its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata``). The first batch that is not
+such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
+staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
+of all of them, tombstones dropped, in ONE append commit to the view table keyed by that batch id. From then on
+the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
+a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
 """
 
 from __future__ import annotations
@@ -23,13 +33,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "ensure_table", "last_version", "table_columns",
-           "txn_version"]
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
+           "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
     "raw_key BINARY, raw_value BINARY, error STRING, batch_id BIGINT, quarantined_at TIMESTAMP"
 )
+
+#: Column of the staging table holding the micro-batch id a staged row came from.
+STAGED_BATCH = "_kappa_batch"
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -123,11 +136,30 @@ class DeltaSink:
     view: ViewDefinition
     path: str
     app_id: str
+    #: staging table of bulk catch-up (None: every batch is written to the view table directly)
+    staging: str | None = None
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
+    _bulk: bool | None = field(default=None, init=False, repr=False)
+
+    def bulk(self, session: "SparkSession") -> bool:
+        """True while this run may still stage batches: it has a staging table, its view is not append-only and
+        the view table has no commit of this run yet (asked once, then tracked in memory)."""
+        if self._bulk is None:
+            self._bulk = (self.staging is not None and self.view.write != "append"
+                          and txn_version(session, self.path, self.app_id) is None)
+        return self._bulk
+
+    def pending(self, session: "SparkSession") -> int | None:
+        """Batch id of the last staged batch not yet compacted into the view table (None: nothing pending)."""
+        from delta.tables import DeltaTable
+
+        if not self.bulk(session) or not DeltaTable.isDeltaTable(session, self.staging):
+            return None
+        return txn_version(session, self.staging, self.app_id)
 
     def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None,
-              rows: int | None = None, batch_event_max: Any = None) -> str:
+              rows: int | None = None, batch_event_max: Any = None, catching_up: bool = False) -> str:
         """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
 
         Args:
@@ -137,8 +169,18 @@ class DeltaSink:
             rows: number of rows in ``batch`` when the caller counted them (``None``: not known).
             batch_event_max: max of the finality's event-time column over ``batch`` (windowed views).
 
-        Returns what the commit did: ``append``, ``merge`` or ``empty`` (a commit without data files).
+            catching_up: the batch stopped at the micro-batch bound with more of the log waiting; while the run
+                has no commit in the view table yet, it is staged instead of merged (see the module doc).
+
+        Returns what the commit did: ``append``, ``merge``, ``empty`` (a commit without data files), ``stage``
+        (appended to the staging table) or ``compact`` (the staged batches and this one, in one append).
         """
+        if self.bulk(batch.sparkSession):
+            if catching_up:
+                self._stage(batch, batch_id, user_metadata)
+                return "stage"
+            self.compact(batch.sparkSession, batch_id, user_metadata, batch=batch)
+            return "compact"
         if self.view.write == "append":
             self._append(batch, batch_id, user_metadata)
             return "append" if rows != 0 else "empty"
@@ -151,6 +193,57 @@ class DeltaSink:
             self._upsert_delete(batch, batch_id, user_metadata)
             return "merge"
         raise ValueError(f"unknown write mode {self.view.write!r}")  # pragma: no cover - Literal type
+
+    def _stage(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+        from pyspark.sql import functions as F
+
+        writer = (batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")).write.format("delta")
+                  .mode("append").option("txnAppId", self.app_id).option("txnVersion", batch_id))
+        if user_metadata:
+            writer = writer.option("userMetadata", user_metadata)
+        writer.save(self.staging)
+
+    def compact(self, session: "SparkSession", batch_id: int, user_metadata: str | None, *,
+                batch: "DataFrame | None" = None) -> None:
+        """End bulk catch-up: write the latest row per key of the staged batches (and ``batch``) to the view table
+        in one append commit keyed by ``batch_id``; later batches win, tombstones are dropped, finality follows
+        the event-time maximum of everything staged. Called with the first batch that is not a catch-up batch,
+        or without a batch (``batch_id`` = the last staged one) at the end of a bounded run and at a restart."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        parts = []
+        if DeltaTable.isDeltaTable(session, self.staging):
+            parts.append(session.read.format("delta").load(self.staging))
+        if batch is not None:
+            parts.append(batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")))
+        if not parts:
+            raise ValueError(f"{self.view.ref}: nothing to compact")
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part)
+        order = [F.col(STAGED_BATCH).desc()]
+        if self.view.write == "upsert_delete" and self.view.order_column:
+            order.append(F.col(self.view.order_column).desc())
+        latest = (rows.withColumn("_rn", F.row_number().over(Window.partitionBy(*self.view.keys).orderBy(*order)))
+                  .where("_rn = 1").drop("_rn", STAGED_BATCH))
+        if self.view.write == "upsert_delete":
+            latest = latest.where(~F.col("is_tombstone"))
+        fin = self.view.finality
+        event_max = None
+        result = latest.persist()
+        try:
+            if fin is not None:
+                event_max = result.agg(F.max(fin.event_max_column)).collect()[0][0]
+                flag = F.lit(False) if event_max is None else (
+                    F.col(fin.window_end_column)
+                    <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
+                result = result.withColumn(fin.flag_column, flag)
+            self._append(result, batch_id, user_metadata)
+        finally:
+            latest.unpersist()
+        self._event_max, self._event_max_known, self._bulk = event_max, True, False
 
     def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         columns = table_columns(self.view, batch.schema).fieldNames()
