@@ -381,6 +381,14 @@ class ViewJob:
         """
         if not self.max_offsets_per_trigger:
             return False
+        try:
+            return self._stopped_at_bound(spark, batch_id)
+        except Exception as exc:  # noqa: BLE001 - not knowing is safe: the batch is written to the table
+            log.warning("%s: batch %s: cannot tell whether it is a catch-up batch (%s); writing it to the table",
+                        self.view.ref, batch_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return False
+
+    def _stopped_at_bound(self, spark: "SparkSession", batch_id: int) -> bool:
         from kappa.topics import partition_offsets
 
         topic = self.settings.topic(self.view.stream_topic)
