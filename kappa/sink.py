@@ -109,6 +109,15 @@ def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":
     return StructType(fields)
 
 
+def _append_once(frame: "DataFrame", path: str, app_id: str, batch_id: int, user_metadata: str | None = None) -> None:
+    """Append ``frame`` to the Delta table at ``path`` unless ``(app_id, batch_id)`` is already committed there."""
+    writer = (frame.write.format("delta").mode("append").option("txnAppId", app_id)
+              .option("txnVersion", batch_id))
+    if user_metadata:
+        writer = writer.option("userMetadata", user_metadata)
+    writer.save(path)
+
+
 @contextmanager
 def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_metadata: str | None) -> Iterator[None]:
     session.conf.set(_TXN_APP, app_id)
@@ -197,11 +206,8 @@ class DeltaSink:
     def _stage(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         from pyspark.sql import functions as F
 
-        writer = (batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")).write.format("delta")
-                  .mode("append").option("txnAppId", self.app_id).option("txnVersion", batch_id))
-        if user_metadata:
-            writer = writer.option("userMetadata", user_metadata)
-        writer.save(self.staging)
+        _append_once(batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")), self.staging, self.app_id,
+                     batch_id, user_metadata)
 
     def compact(self, session: "SparkSession", batch_id: int, user_metadata: str | None, *,
                 batch: "DataFrame | None" = None) -> None:
@@ -247,11 +253,7 @@ class DeltaSink:
 
     def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         columns = table_columns(self.view, batch.schema).fieldNames()
-        writer = (batch.select(*columns).write.format("delta").mode("append")
-                  .option("txnAppId", self.app_id).option("txnVersion", batch_id))
-        if user_metadata:
-            writer = writer.option("userMetadata", user_metadata)
-        writer.save(self.path)
+        _append_once(batch.select(*columns), self.path, self.app_id, batch_id, user_metadata)
 
     def _table(self, session: "SparkSession"):
         from delta.tables import DeltaTable
@@ -348,7 +350,7 @@ class QuarantineSink:
 
         from kappa.plan import SIDE_COLUMNS
 
-        (rows.select(F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
-                     *SIDE_COLUMNS, F.lit(batch_id).cast("bigint").alias("batch_id"), F.current_timestamp().alias("quarantined_at"))
-         .write.format("delta").mode("append").option("txnAppId", self.app_id).option("txnVersion", batch_id)
-         .save(self.path))
+        _append_once(rows.select(F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
+                                 *SIDE_COLUMNS, F.lit(batch_id).cast("bigint").alias("batch_id"),
+                                 F.current_timestamp().alias("quarantined_at")),
+                     self.path, self.app_id, batch_id)
