@@ -88,10 +88,12 @@ class BatchStats:
     bad: int
     event_max: Any
     event_groups: tuple[tuple[int, int, int], ...]
+    #: distinct window ends of the output rows (windowed views; the sink tracks which windows are open)
+    window_ends: frozenset = frozenset()
 
 
 def batch_stats(out: "DataFrame", side: "DataFrame", *, latency_column: str | None,
-                event_max_column: str | None) -> BatchStats:
+                event_max_column: str | None, window_end_column: str | None = None) -> BatchStats:
     from pyspark.sql import functions as F
 
     now_ms = int(time.time() * 1000)
@@ -99,18 +101,23 @@ def batch_stats(out: "DataFrame", side: "DataFrame", *, latency_column: str | No
     bucket = (F.when(ms >= F.lit(now_ms - 120_000), F.floor(ms / 100) * 100)
               .when(ms >= F.lit(now_ms - 3_600_000), F.floor(ms / 1000) * 1000).otherwise(F.lit(-1)))
     emax = F.col(event_max_column) if event_max_column else F.lit(None).cast("timestamp")
+    wend = F.col(window_end_column) if window_end_column else F.lit(None).cast("timestamp")
+    none_ts = F.lit(None).cast("timestamp")
     tagged = out.select(F.lit(OUT).alias(KIND), ms.alias("ms"), bucket.cast("bigint").alias("bucket"),
-                        emax.alias("emax")).unionByName(
+                        emax.alias("emax"), wend.alias("wend")).unionByName(
         side.select(F.lit(SIDE).alias(KIND), F.lit(None).cast("bigint").alias("ms"),
-                    F.lit(None).cast("bigint").alias("bucket"), F.lit(None).cast("timestamp").alias("emax")))
+                    F.lit(None).cast("bigint").alias("bucket"), none_ts.alias("emax"), none_ts.alias("wend")))
     groups = tagged.groupBy(KIND, "bucket").agg(F.count(F.lit(1)).alias("n"), F.sum("ms").alias("s"),
-                                                 F.max("emax").alias("emax")).collect()
+                                                 F.max("emax").alias("emax"),
+                                                 F.collect_set("wend").alias("wends")).collect()
     rows = sum(g["n"] for g in groups if g[KIND] == OUT)
     bad = sum(g["n"] for g in groups if g[KIND] == SIDE)
     maxima = [g["emax"] for g in groups if g["emax"] is not None]
     events = tuple((int(g["bucket"]), int(g["n"]), int(g["s"])) for g in groups
                    if g[KIND] == OUT and g["bucket"] is not None and g["s"] is not None)
-    return BatchStats(rows=rows, bad=bad, event_max=max(maxima) if maxima else None, event_groups=events)
+    ends = frozenset(end for g in groups for end in (g["wends"] or ()))
+    return BatchStats(rows=rows, bad=bad, event_max=max(maxima) if maxima else None, event_groups=events,
+                      window_ends=ends)
 
 
 def latency_buckets(groups: tuple[tuple[int, int, int], ...], committed_at: float) -> tuple[list[tuple[int, int]], float]:
@@ -176,14 +183,16 @@ class BatchHandler:
                 output, side = self._frames(batch)
                 fin = view.finality
                 stats = batch_stats(output, side, latency_column=view.latency_column,
-                                    event_max_column=fin.event_max_column if fin else None)
+                                    event_max_column=fin.event_max_column if fin else None,
+                                    window_end_column=fin.window_end_column if fin else None)
             with times.phase("write"):
                 session = batch.sparkSession
                 lineage = self.lineage(session, batch_id)
                 behind = self.sink.bulk(session) and self.catching_up(session, batch_id)
                 fault("before_write", batch_id)
                 done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
-                                       batch_event_max=stats.event_max, catching_up=behind)
+                                       batch_event_max=stats.event_max, window_ends=stats.window_ends,
+                                       catching_up=behind)
                 if done == "compact":
                     log.info("%s: caught up at batch %s; staged batches compacted into the view table", view.ref,
                              batch_id)

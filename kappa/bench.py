@@ -34,6 +34,8 @@ __all__ = ["main", "run", "replay_run"]
 
 #: Processing-time trigger of the live measurement (c).
 LIVE_TRIGGER_SECONDS = 1.0
+#: live latency is also reported for what committed after this much load (the first batches compile, JIT)
+LIVE_WARMUP_SECONDS = 20.0
 
 
 class _PeakRss:
@@ -188,6 +190,12 @@ def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: fl
     return out
 
 
+def _buckets(job: Any) -> list[tuple[float, int]]:
+    """(upper bound, cumulative count) of the job's end-to-end latency histogram."""
+    samples = next(iter(job.metrics.latency.collect())).samples
+    return [(float(s.labels["le"]), int(s.value)) for s in samples if s.name.endswith("_bucket")]
+
+
 def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
     """histogram_quantile over cumulative (upper bound, count) buckets, like Prometheus."""
     total = buckets[-1][1] if buckets else 0
@@ -286,21 +294,39 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=LIVE_TRIGGER_SECONDS)
             job.start()
             time.sleep(5)
+            warm: dict[str, Any] = {}
+
+            def snapshot() -> None:  # the latency histogram once the query had LIVE_WARMUP_SECONDS of load
+                time.sleep(LIVE_WARMUP_SECONDS)
+                warm["buckets"] = _buckets(job)
+                warm["times"] = (job.handler.times.batches, dict(job.handler.times.total))
+
+            watcher = threading.Thread(target=snapshot, daemon=True)
             t0 = time.monotonic()
+            watcher.start()
             sent = generator.produce(settings, live_topic, generator.events(
                 int(live_rate * live_seconds), seed=1, universe=u, live=True), rate=live_rate)
             achieved = sent.delivered / (time.monotonic() - t0)
             time.sleep(10)
-            hist = next(iter(job.metrics.latency.collect())).samples
+            watcher.join()
+            buckets = _buckets(job)
             live_times = job.handler.times
             job.stop()
-            buckets = [(float(s.labels["le"]), int(s.value)) for s in hist if s.name.endswith("_bucket")]
+            # steady state: what was committed after the warm-up (first batches compile code, JIT, backlog)
+            steady = [(le, n - dict(warm["buckets"]).get(le, 0)) for le, n in buckets]
+            warm_batches, warm_total = warm["times"]
+            steady_batches = max(1, live_times.batches - warm_batches)
             result["live"] = {"trigger_s": LIVE_TRIGGER_SECONDS, "target_rate": live_rate, "achieved_rate": achieved,
                               "p50_s": _quantile(buckets, 0.5), "p99_s": _quantile(buckets, 0.99),
+                              "warmup_s": LIVE_WARMUP_SECONDS,
+                              "steady_p50_s": _quantile(steady, 0.5), "steady_p99_s": _quantile(steady, 0.99),
                               "rows_observed": buckets[-1][1] if buckets else 0, "batches": live_times.batches,
-                              "phases_mean_s": {k: v / max(1, live_times.batches) for k, v in live_times.total.items()}}
+                              "phases_mean_s": {k: v / max(1, live_times.batches) for k, v in live_times.total.items()},
+                              "steady_phases_mean_s": {k: (v - warm_total.get(k, 0.0)) / steady_batches
+                                                       for k, v in live_times.total.items()}}
             print(f"(c) live at {achieved:,.0f} events/s: p50 {_secs(result['live']['p50_s'])}, "
-                  f"p99 {_secs(result['live']['p99_s'])}")
+                  f"p99 {_secs(result['live']['p99_s'])}; after {LIVE_WARMUP_SECONDS:.0f} s: "
+                  f"p50 {_secs(result['live']['steady_p50_s'])}, p99 {_secs(result['live']['steady_p99_s'])}")
         result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
         spark.stop()
     finally:
@@ -341,7 +367,10 @@ def _report(result: dict[str, Any], out: Path) -> None:
     ax1.tick_params(axis="x", labelrotation=30)
     ax1.set_ylabel("events/s")
     ax1.set_title(f"throughput, {result['events']:,} events")
-    ax2.bar(["p50", "p99"], [result["live"]["p50_s"] or 0, result["live"]["p99_s"] or 0], color="#c73")
+    live = result["live"]
+    ax2.bar(["p50", "p99", "p50 steady", "p99 steady"],
+            [live["p50_s"] or 0, live["p99_s"] or 0, live.get("steady_p50_s") or 0, live.get("steady_p99_s") or 0],
+            color=["#c73", "#c73", "#e96", "#e96"])
     ax2.set_ylabel("seconds")
     ax2.set_title("live end-to-end latency (c)")
     ax3.bar(list(result["peak_rss_mb"]), list(result["peak_rss_mb"].values()), color="#76a")
@@ -370,8 +399,12 @@ def _report(result: dict[str, Any], out: Path) -> None:
     table.add_row("(c) live trigger", f"{result['live'].get('trigger_s', 0.0):.1f} s")
     table.add_row("(c) live rate achieved", f"{result['live']['achieved_rate']:,.0f} events/s")
     table.add_row("    latency p50 / p99", f"{_secs(result['live']['p50_s'])} / {_secs(result['live']['p99_s'])}")
+    if "steady_p99_s" in result["live"]:
+        table.add_row(f"    after {result['live']['warmup_s']:.0f} s of load: p50 / p99 (goal p99 <= 5 s)",
+                      f"{_secs(result['live']['steady_p50_s'])} / {_secs(result['live']['steady_p99_s'])}")
     for label, phases in (("(b) replay, total s per phase", result["replay"].get("phases_s")),
-                          ("(c) live, mean s per batch", result["live"].get("phases_mean_s"))):
+                          ("(c) live, mean s per batch", result["live"].get("phases_mean_s")),
+                          ("(c) live after warm-up, mean s per batch", result["live"].get("steady_phases_mean_s"))):
         if phases:
             table.add_row(label, ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     for name, mb in result["peak_rss_mb"].items():

@@ -481,6 +481,8 @@ class ViewJob:
             m.g(m.watermark_delay).set(max(0.0, time.time() - wm))
         dropped = sum(getattr(op, "numRowsDroppedByWatermark", 0) or 0 for op in progress.stateOperators or [])
         m.g(m.rows_dropped_late).set(dropped)
+        if dropped:
+            m.g(m.late_dropped).inc(dropped)
         for source in progress.sources or []:
             end = _offsets_json(source.endOffset) or {}
             start = _offsets_json(source.startOffset)

@@ -82,6 +82,8 @@ class ViewMetrics:
         self.watermark_delay = gauge("kappa_watermark_delay_seconds", "Wall clock minus event-time watermark.")
         self.rows_dropped_late = gauge("kappa_rows_dropped_by_watermark",
                                        "Rows dropped as too late by the stateful operator (last batch).")
+        self.late_dropped = Counter("kappa_late_rows_dropped", "Rows the stateful operator dropped as too late "
+                                    "(Spark's numRowsDroppedByWatermark, summed over batches).", names, registry=r)
         self.lag = gauge("kappa_partition_lag_records", "Log end offset minus processed offset.",
                          ("topic", "partition"))
         self.log_end = gauge("kappa_partition_log_end_offset", "Log end offset.", ("topic", "partition"))

@@ -132,6 +132,11 @@ def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_me
         session.conf.unset(_USER_METADATA)
 
 
+def _passed(window_end: Any, event_max: Any, fin: Finality) -> bool:
+    """Is a window ending at ``window_end`` final once the event-time maximum is ``event_max``?"""
+    return window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
+
+
 @dataclass
 class DeltaSink:
     """Writes one view version's micro-batches into its Delta table, exactly once per batch id.
@@ -150,6 +155,8 @@ class DeltaSink:
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
     _bulk: bool | None = field(default=None, init=False, repr=False)
+    #: distinct window ends of the stored rows that are not final yet (None: not known, read from the table)
+    _open_ends: set | None = field(default=None, init=False, repr=False)
 
     def bulk(self, session: "SparkSession") -> bool:
         """True while this run may still stage batches: it has a staging table, its view is not append-only and
@@ -168,7 +175,8 @@ class DeltaSink:
         return txn_version(session, self.staging, self.app_id)
 
     def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None,
-              rows: int | None = None, batch_event_max: Any = None, catching_up: bool = False) -> str:
+              rows: int | None = None, batch_event_max: Any = None, window_ends: frozenset | None = None,
+              catching_up: bool = False) -> str:
         """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
 
         Args:
@@ -177,6 +185,7 @@ class DeltaSink:
             user_metadata: the commit's ``userMetadata`` (the batch's log range, see :mod:`kappa.lineage`).
             rows: number of rows in ``batch`` when the caller counted them (``None``: not known).
             batch_event_max: max of the finality's event-time column over ``batch`` (windowed views).
+            window_ends: the distinct window ends of ``batch`` (windowed views; ``None``: not known).
 
             catching_up: the batch stopped at the micro-batch bound with more of the log waiting; while the run
                 has no commit in the view table yet, it is staged instead of merged (see the module doc).
@@ -194,7 +203,7 @@ class DeltaSink:
             self._append(batch, batch_id, user_metadata)
             return "append" if rows != 0 else "empty"
         if self.view.write == "merge":
-            return self._merge(batch, batch_id, user_metadata, rows, batch_event_max)
+            return self._merge(batch, batch_id, user_metadata, rows, batch_event_max, window_ends)
         if self.view.write == "upsert_delete":
             if rows == 0:
                 self._append(batch, batch_id, user_metadata)
@@ -249,7 +258,7 @@ class DeltaSink:
             self._append(result, batch_id, user_metadata)
         finally:
             latest.unpersist()
-        self._event_max, self._event_max_known, self._bulk = event_max, True, False
+        self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, None
 
     def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         columns = table_columns(self.view, batch.schema).fieldNames()
@@ -264,7 +273,7 @@ class DeltaSink:
         return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.view.keys)
 
     def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None, rows: int | None,
-               batch_event_max: Any) -> str:
+               batch_event_max: Any, window_ends: frozenset | None = None) -> str:
         from pyspark.sql import functions as F
 
         session = batch.sparkSession
@@ -274,7 +283,7 @@ class DeltaSink:
                 batch = batch.withColumn(fin.flag_column, F.lit(False))
             self._append(batch, batch_id, user_metadata)
             return "empty"
-        source, watermark, event_max, moved = batch, None, None, False
+        source, watermark, event_max, moved, previous_max = batch, None, None, False, None
         if fin is not None:
             previous_max = self._known_event_max(session, fin)
             if rows is None:
@@ -285,19 +294,49 @@ class DeltaSink:
                 watermark = F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
             flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
             source = batch.withColumn(fin.flag_column, flag)
-        merge = (self._table(session).alias("t").merge(source.alias("s"), self._cond())
+        cond, still_open = F.expr(self._cond()), F.lit(True)
+        if fin is not None and previous_max is not None:
+            # stored windows the previous watermark passed are final and no batch row can match them (Spark drops
+            # the late rows of such windows): both the join and the finality clause leave them out - a
+            # target-only predicate Delta skips files with, so a MERGE reads the open windows, not the whole
+            # table (with a margin of one more delay)
+            still_open = (F.col(f"t.`{fin.window_end_column}`")
+                          > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+            cond = cond & still_open
+        merge = (self._table(session).alias("t").merge(source.alias("s"), cond)
                  .whenMatchedUpdateAll().whenNotMatchedInsertAll())
-        if moved:
-            # stored windows the advanced watermark passed become final in the same commit (only then: the
-            # clause makes the MERGE visit every stored row)
-            merge = merge.whenNotMatchedBySourceUpdate(
-                condition=~F.col(f"t.`{fin.flag_column}`") & (F.col(f"t.`{fin.window_end_column}`") <= watermark),
-                set={fin.flag_column: F.lit(True)})
+        if moved and self._closes_stored_window(session, fin, previous_max, event_max):
+            # stored windows the advanced watermark passed become final in the same commit (only when there
+            # are such windows: the clause makes the MERGE visit the stored rows outside the batch)
+            closing = (still_open & ~F.col(f"t.`{fin.flag_column}`")
+                       & (F.col(f"t.`{fin.window_end_column}`") <= watermark))
+            merge = merge.whenNotMatchedBySourceUpdate(condition=closing, set={fin.flag_column: F.lit(True)})
         with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
             merge.execute()
-        if fin is not None:
-            self._event_max = event_max  # only once the commit went through
+        if fin is not None:  # only once the commit went through
+            self._event_max = event_max
+            if window_ends is None or self._open_ends is None:
+                self._open_ends = None
+            else:
+                self._open_ends = {end for end in self._open_ends | window_ends if not _passed(end, event_max, fin)}
         return "merge"
+
+    def _closes_stored_window(self, session: "SparkSession", fin: Finality, previous_max: Any,
+                              event_max: Any) -> bool:
+        """Does the watermark of ``event_max`` pass the end of a stored window that is not final yet?
+
+        The ends of the open windows are read from the table once, then tracked in memory from each batch's
+        window ends; a tumbling window view crosses a window end every window length, not every batch.
+        """
+        from pyspark.sql import functions as F
+
+        if self._open_ends is None:
+            stored = self._table(session).toDF().where(~F.col(fin.flag_column))
+            if previous_max is not None:
+                stored = stored.where(F.col(fin.window_end_column)
+                                      > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+            self._open_ends = {r[0] for r in stored.select(fin.window_end_column).distinct().collect()}
+        return any(_passed(end, event_max, fin) for end in self._open_ends)
 
     def _known_event_max(self, session: "SparkSession", fin: Finality) -> Any:
         """max(event_max_column) of the table: read once per driver, then carried forward in memory.

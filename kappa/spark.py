@@ -35,12 +35,22 @@ def spark_jars(jars_dir: Path) -> list[str]:
     return jars
 
 
+def _local_cores(master: str) -> int | None:
+    """Task slots of a ``local``/``local[N]``/``local[*]`` master (None for a cluster master)."""
+    if master == "local":
+        return 1
+    if master.startswith("local[") and master.endswith("]"):
+        spec = master[len("local["):-1].split(",")[0]
+        return (os.cpu_count() or 1) if spec == "*" else int(spec)
+    return None
+
+
 def build_spark(
     app_name: str,
     *,
     jars_dir: Path,
     master: str | None = None,
-    shuffle_partitions: int = 4,
+    shuffle_partitions: int | None = None,
     driver_memory: str = "1g",
     warehouse_dir: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
@@ -51,7 +61,9 @@ def build_spark(
         app_name: Spark application name (shows in logs and the UI).
         jars_dir: the ``.cache/jars`` folder filled by ``make setup``.
         master: Spark master; defaults to ``$KAPPA_SPARK_MASTER`` or ``local[2]``.
-        shuffle_partitions: shuffle partitions; fixed in a streaming checkpoint at its first batch.
+        shuffle_partitions: shuffle partitions, fixed in a streaming checkpoint at its first batch; default
+            ``$KAPPA_SHUFFLE_PARTITIONS``, else the cores of a ``local[N]`` master (one task per core and stage:
+            every extra task of a micro-batch is fixed cost), else 4.
         driver_memory: heap of the local driver JVM.
         warehouse_dir: Spark SQL warehouse (catalog views for analysts live there).
         extra_conf: additional Spark settings, applied last.
@@ -59,6 +71,8 @@ def build_spark(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = master or os.environ.get("KAPPA_SPARK_MASTER", "local[2]")
+    if shuffle_partitions is None:
+        shuffle_partitions = int(os.environ.get("KAPPA_SHUFFLE_PARTITIONS") or _local_cores(master) or 4)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local driver stays on loopback
     from pyspark.sql import SparkSession
@@ -80,6 +94,12 @@ def build_spark(
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.adaptive.enabled", "false")
+        # RocksDB commits upload the batch's changes, not a snapshot (snapshots in the background); it can be
+        # turned on for existing checkpoints
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # a micro-batch (stateful plan, stats, Delta MERGE) compiles ~100 generated classes; Spark's cache of
+        # them holds 100 by default, so every batch evicted and recompiled them all (~1 s of each batch)
+        .config("spark.sql.codegen.cache.maxEntries", "2000")
     )
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

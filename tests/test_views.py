@@ -7,6 +7,7 @@ values, null keys, unknown enum values) never stop a job and land exactly once i
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -62,15 +63,20 @@ def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_t
     assert assert_views_match(spark, lake) == stats
 
 
-def _operations(table: str) -> list[str]:
-    """Operations of a Delta table's commits, oldest first (plain reading of _delta_log)."""
-    ops = []
+def _commit_infos(table: str) -> list[dict]:
+    """``commitInfo`` of a Delta table's commits, oldest first (plain reading of _delta_log)."""
+    infos = []
     for commit in sorted(Path(table, "_delta_log").glob("*.json")):
         for line in commit.read_text().splitlines():
             action = json.loads(line)
             if "commitInfo" in action:
-                ops.append(action["commitInfo"]["operation"])
-    return ops
+                infos.append(action["commitInfo"])
+    return infos
+
+
+def _operations(table: str) -> list[str]:
+    """Operations of a Delta table's commits, oldest first."""
+    return [info["operation"] for info in _commit_infos(table)]
 
 
 def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka, declared_topics, lake):
@@ -128,3 +134,69 @@ def test_second_driver_for_same_version_is_refused(spark, kafka, declared_topics
     again = ViewJob(view, lake, spark=spark, starting="latest")
     again.start()
     again.stop()
+
+
+def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kafka, declared_topics, lake):
+    """The live write path (MERGE per batch, pruned to the open windows; the finality clause only when a stored
+    window closes) over runs whose events arrive past the watermark: Spark drops them, the table equals the
+    oracle that replays the recorded batch boundaries and watermarks, and the drops are counted."""
+    from deltalake import DeltaTable
+
+    from kappa import lineage, oracle
+    from kappa.oracle import OracleInput
+
+    u = generator.universe(seed=14, campaigns=6, users=100)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    events = list(generator.events(2400, seed=14, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
+                                   late_fraction=0.15, max_lateness_ms=90_000))
+    view = load_view("jobs.campaign_window_counts.v1")
+    dropped_by_spark = counted = 0
+    start = 0
+    # tiny runs move the event-time maximum without closing a window (no finality clause); the others close some
+    for size in (900, 4, 500, 3, 700, 293):
+        generator.produce(lake, lake.topic("ad-events"), events[start:start + size])
+        start += size
+        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
+        job.start()
+        try:
+            assert job.await_termination(600), "the run did not finish"
+            assert job.failure() is None, job.failure()
+            spark_dropped = sum(op["numRowsDroppedByWatermark"] for p in job.queries[0].recentProgress
+                                for op in p["stateOperators"])
+            def metric() -> float:
+                return job.metrics.registry.get_sample_value("kappa_late_rows_dropped_total", job.metrics.labels) or 0
+
+            deadline = time.monotonic() + 15  # progress events reach the listener asynchronously
+            while metric() < spark_dropped and time.monotonic() < deadline:
+                time.sleep(0.2)
+            dropped_by_spark += spark_dropped
+            counted += metric()
+        finally:
+            job.stop()
+
+    paths = ViewPaths(lake.lake_uri, view.name, 1)
+    ops = _operations(paths.table)
+    assert ops.count("MERGE") >= 4, ops
+    closing = [json.loads(info["operationParameters"]["notMatchedBySourcePredicates"]) != []
+               for info in _commit_infos(paths.table) if info["operation"] == "MERGE"]
+    assert True in closing and False in closing, f"finality clause per MERGE: {closing}"
+    table = DeltaTable(paths.table)
+    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view.name}@v1:") and "/" not in a)
+    batches = lineage.batches_from_history(table.history(), app)
+    assert [b.batch_id for b in batches] == list(range(len(batches)))
+    spec = oracle.ORACLES[(view.name, 1)]
+    validated = oracle.validate_records(oracle.read_log(lake, lake.topic("ad-events")), "ad_event",
+                                        key_field="user_id")
+    campaigns = oracle.validate_records(oracle.read_log(lake, lake.topic("campaigns")), "campaign", key_field=None,
+                                        tombstones=True)
+    expected = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=batches))
+    rows = [r.asDict() for r in spark.read.format("delta").load(paths.table).collect()]
+    actual = dict(spec.adapt(r) for r in rows)
+    assert len(actual) == len(rows), "a window is stored twice"
+    assert actual == expected, [(k, actual.get(k), expected.get(k)) for k in sorted(set(actual) | set(expected),
+                                key=str) if actual.get(k) != expected.get(k)][:5]
+    # the run really had events past the watermark: the oracle drops some, and so did Spark (counted)
+    unbatched = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=None))
+    assert sum(v[0] for v in unbatched.values()) > sum(v[0] for v in expected.values())
+    assert dropped_by_spark > 0 and counted == dropped_by_spark
+    assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())
