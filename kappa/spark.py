@@ -114,6 +114,11 @@ def build_spark(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("KAPPA_SPARK_LOG_LEVEL", "WARN"))
+    # Delta's MERGE checkpoints its source locally and Spark warns at each unpersist that the lineage is gone:
+    # one line per live micro-batch, nothing to act on
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel("org.apache.spark.rdd.MapPartitionsRDD",
+                                                                   jvm.org.apache.logging.log4j.Level.ERROR)
     # py4j logs each gateway connection it closes at INFO, also while the interpreter shuts down (when a
     # configured handler's stream may be closed already): keep it to warnings
     logging.getLogger("py4j").setLevel(logging.WARNING)

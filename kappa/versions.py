@@ -6,7 +6,7 @@ Makefile and ``infra/local/bootstrap.sh``; tests compare pins used elsewhere aga
 Example:
     >>> from kappa.versions import read_versions
     >>> read_versions()["SPARK_VERSION"]  # doctest: +SKIP
-    '4.1.1'
+    '4.2.0'
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def test_spark_jars_complement_pyspark() -> None:
 
 @pytest.mark.skipif(shutil.which("javap") is None, reason="javap (JDK) not on PATH")
 def test_token_provider_has_what_spark_sql_kafka_calls(tmp_path: Path) -> None:
-    """spark-token-provider-kafka is pinned to an older release (see infra/versions.env): every member of
-    org.apache.spark.kafka010 that spark-sql-kafka references must exist there with the same descriptor."""
+    """spark-token-provider-kafka is pinned on its own (see infra/versions.env; an older release stood in while
+    Central lacked the matching one): every member of org.apache.spark.kafka010 that spark-sql-kafka references
+    must exist there with the same descriptor."""
     v = read_versions()
     spark = JARS / "spark"
     sqlk = spark / f"spark-sql-kafka-0-10_{v['SCALA_BINARY']}-{v['SPARK_VERSION']}.jar"

@@ -17,7 +17,7 @@ ARG MAVEN_IMAGE_TAG=3.9.11-eclipse-temurin-17
 
 # --------------------------------------------------------------------------------------------- python
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS python
-ARG SPARK_VERSION=4.1.1
+ARG SPARK_VERSION=4.2.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements.lock /tmp/requirements.lock
 # the exact, tested dependency set of the project (pyspark, delta-spark, confluent-kafka, ...)
@@ -29,13 +29,13 @@ RUN python -m venv /opt/venv \
 FROM maven:${MAVEN_IMAGE_TAG} AS jars
 ARG PYTHON_VERSION=3.11
 ARG SCALA_BINARY=2.13
-ARG SPARK_VERSION=4.1.1
-ARG DELTA_VERSION=4.2.0
-ARG DELTA_SPARK_ARTIFACT=delta-spark_4.1_2.13
+ARG SPARK_VERSION=4.2.0
+ARG DELTA_VERSION=4.4.0
+ARG DELTA_SPARK_ARTIFACT=delta-spark_4.2_2.13
 ARG KAFKA_VERSION=4.1.1
 ARG LOG4J2_VERSION=2.24.3
 ARG MAVEN_DEPENDENCY_PLUGIN_VERSION=3.8.1
-ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.0.0
+ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.2.0
 COPY infra/local/pom.xml /build/pom.xml
 COPY infra/images/s3a.pom.xml /build/s3a.pom.xml
 COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
