@@ -6,8 +6,7 @@
                  statistics (rows, bad records, event-time maximum, event times for the latency histogram) from
                  one aggregation over it
     write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata)
-    quarantine   one idempotent append of the batch's bad (and late) records (only when there are any), then the
-                 watermark the next batch tells late rows by (views that keep them)
+    quarantine   one idempotent append of the batch's bad records (only when there are any)
     bookkeeping  metrics, latency histogram, lookup refresh
 
 Spark's own phases (offsets, planning, offset-log write, commit-log write) come from the query's progress
@@ -16,7 +15,6 @@ report; :class:`PhaseTimes` keeps the last batch's durations of both for the met
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -33,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kappa.lookups import LookupCache
     from kappa.metrics import ViewMetrics
-    from kappa.sink import DeltaSink, LateWatermark, QuarantineSink
+    from kappa.sink import DeltaSink, QuarantineSink
     from kappa.view import ViewDefinition
 
 __all__ = ["BatchHandler", "BatchStats", "PhaseTimes", "fault"]
@@ -147,7 +145,7 @@ class BatchHandler:
         lineage: ``batch id -> userMetadata`` (the batch's offsets and watermark, see :mod:`kappa.lineage`).
         catching_up: ``(session, batch id) -> bool``: the batch stopped at the micro-batch bound with more of the
             log waiting (bulk catch-up, :class:`kappa.sink.DeltaSink`).
-        late_watermark: the table of the watermark late rows are told by (views with ``late_bound``).
+        delta_version: ``() -> last Delta version of the view table`` (for the metric).
     """
 
     view: "ViewDefinition"
@@ -159,7 +157,6 @@ class BatchHandler:
     catching_up: Callable[[Any, int], bool] = lambda _session, _batch_id: False
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
-    late_watermark: "LateWatermark | None" = None
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -204,8 +201,6 @@ class BatchHandler:
                 if stats.bad:
                     self.quarantine.write(side, batch_id)
                     m.g(m.quarantined).inc(stats.bad)
-                if self.late_watermark is not None and lineage:
-                    self.late_watermark.write(session, batch_id, json.loads(lineage)["kappa"]["watermark_ms"])
                 fault("after_commit", batch_id)
             committed_at = time.time()
             with times.phase("bookkeeping"):

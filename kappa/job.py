@@ -33,8 +33,7 @@ from kappa.lookups import LookupCache
 from kappa.metrics import ViewMetrics
 from kappa.parsing import decode
 from kappa.plan import stateful_plan
-from kappa.sink import (QUARANTINE_SCHEMA, DeltaSink, LateWatermark, QuarantineSink, ensure_table, last_version,
-                        table_columns)
+from kappa.sink import QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, ensure_table, last_version, table_columns
 from kappa.view import ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,11 +75,6 @@ class ViewPaths:
     def staging(self) -> str:
         """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
         return f"{self.root}/staging"
-
-    @property
-    def late_watermark(self) -> str:
-        """The watermark the next micro-batch tells late rows by (:class:`kappa.sink.LateWatermark`)."""
-        return f"{self.checkpoint}/late_watermark"
 
     @property
     def quarantine(self) -> str:
@@ -199,7 +193,6 @@ class ViewJob:
         self.processed_offsets: dict[int, int] = {}
         self.bound_port: int | None = None
         self._recoveries = 0
-        self.late_watermark: LateWatermark | None = None
         self._lookup_cache: LookupCache | None = lookups
         self._own_lookups = lookups is None
 
@@ -298,16 +291,10 @@ class ViewJob:
         view = self.view
         lookups = self.lookups.frames(list(view.lookups))
         decoded = self._decoded_stream()
-        self.late_watermark = None
         if view.stateful:
             # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
             partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-            late = None
-            if view.late_bound is not None:  # rows the watermark passed are kept too (reason `late`)
-                self.late_watermark = LateWatermark(self.paths.late_watermark)
-                late = (view.late_bound(), self.late_watermark.create(self.spark))
-            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions,
-                                   late=late)
+            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions)
             output_schema = stream.schema["out"].dataType
         else:
             # stateless: the streaming plan only gives the output schema; the transform runs on each batch
@@ -325,8 +312,7 @@ class ViewJob:
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
-                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
-                                    late_watermark=self.late_watermark)
+                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()))
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None:
@@ -347,8 +333,6 @@ class ViewJob:
                 "table and checkpoint to rebuild it)")
 
     def _start_query(self) -> "StreamingQuery":
-        if self.late_watermark is not None:
-            self._reset_late_watermark()
         writer = self._stream.writeStream.queryName(f"{self.view.ref}:main").option(
             "checkpointLocation", f"{self.paths.checkpoint}/main")
         if self.view.stateful:
@@ -388,21 +372,6 @@ class ViewJob:
             return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
         finally:
             stream.close()
-
-    def _reset_late_watermark(self) -> None:
-        """Before the query (re)starts: the late-row watermark for the next batch to run is the one the last
-        committed batch ran with (a batch re-run after a crash must join what it joined the first time)."""
-        spark = self.spark
-        jvm = spark.sparkContext._jvm
-        path = jvm.org.apache.hadoop.fs.Path(f"{self.paths.checkpoint}/main/commits")
-        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        committed = [int(st.getPath().getName()) for st in (fs.listStatus(path) if fs.exists(path) else [])
-                     if st.getPath().getName().isdigit()]
-        last = max(committed, default=None)
-        text = self._checkpoint_text(spark, f"offsets/{last}") if last is not None else None
-        topic = self.settings.topic(self.view.stream_topic)
-        self.late_watermark.write(spark, last if last is not None else -1,
-                                  parse_offset_log(text, topic)[1] if text else None)
 
     def _catching_up(self, spark: "SparkSession", batch_id: int) -> bool:
         """Did micro-batch ``batch_id`` stop at ``maxOffsetsPerTrigger`` while more of the log is already there?

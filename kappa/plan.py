@@ -16,12 +16,6 @@ Both branches start from *one* shuffle exchange of the decoded rows; Spark reuse
 of computing it twice (``ReusedExchange``), so the topic is read and decoded once. For the two subtrees to be
 identical the optimizer must not prune them differently: a projection above the exchange references every
 column through a non-deterministic expression (``_side_barrier``), and both filters reference it.
-
-**Late rows** (views that declare ``late_bound``): Spark drops a row whose bound (e.g. its window's end) the
-previous micro-batch's watermark passed, and says only how many. To keep them, the decoded rows are joined with a
-one-row Delta table holding that watermark (:class:`kappa.sink.LateWatermark`; Spark re-reads a static Delta
-table at every micro-batch); valid rows past it also travel down the side branch, with reason ``late``, while
-the valid branch still hands them to Spark, which drops them as before.
 """
 
 from __future__ import annotations
@@ -31,9 +25,9 @@ from typing import TYPE_CHECKING
 from kappa.parsing import BARRIER, INTERNAL_COLUMNS, KAFKA_META_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
-__all__ = ["KIND", "LATE_REASON", "OUT", "SIDE", "side_schema", "stateful_plan", "split_batch", "SIDE_COLUMNS"]
+__all__ = ["KIND", "OUT", "SIDE", "side_schema", "stateful_plan", "split_batch", "SIDE_COLUMNS"]
 
 #: Column telling the rows of the two branches apart.
 KIND = "_kind"
@@ -41,9 +35,6 @@ OUT, SIDE = "out", "side"
 #: What a side row (a record to quarantine) carries, as in the quarantine table.
 SIDE_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "raw_key", "raw_value", "error")
 _SIDE_BARRIER = "_side_barrier"
-_LATE, _LATE_WATERMARK = "_late", "_late_watermark"
-#: Quarantine reason of a valid row the watermark had passed (followed by that watermark).
-LATE_REASON = "late: the watermark had passed its event time"
 
 
 def side_schema() -> str:
@@ -55,10 +46,9 @@ def _shared(decoded: "DataFrame", partitions: int) -> "DataFrame":
     """The decoded rows after one exchange, with a barrier column that keeps every column alive below it."""
     from pyspark.sql import functions as F
 
-    # valid rows need no raw bytes downstream (late ones do): do not shuffle them
-    side = F.col("_error").isNotNull() | F.col(_LATE)
-    slim = decoded.withColumn("raw_value", F.when(side, F.col("raw_value"))) \
-                  .withColumn("raw_key", F.when(side, F.col("raw_key")))
+    # valid rows need no raw bytes downstream: do not shuffle them
+    slim = decoded.withColumn("raw_value", F.when(F.col("_error").isNotNull(), F.col("raw_value"))) \
+                  .withColumn("raw_key", F.when(F.col("_error").isNotNull(), F.col("raw_key")))
     columns = [F.col(c) for c in slim.columns if c != BARRIER]
     # hashed by record coordinates: deterministic on a re-run, no sort (a round-robin repartition sorts first)
     exchanged = slim.repartition(partitions, "partition", "offset")
@@ -67,43 +57,30 @@ def _shared(decoded: "DataFrame", partitions: int) -> "DataFrame":
     return exchanged.withColumn(_SIDE_BARRIER, barrier)
 
 
-def stateful_plan(decoded: "DataFrame", transform_valid, *, partitions: int,
-                  late: "tuple[Column, DataFrame] | None" = None) -> "DataFrame":
+def stateful_plan(decoded: "DataFrame", transform_valid, *, partitions: int) -> "DataFrame":
     """The single streaming plan of a stateful view: transform output rows and side rows, tagged by ``_kind``.
 
     Args:
         decoded: :func:`kappa.parsing.decode` output of the view's stream.
         transform_valid: ``valid rows -> output`` (the view's transform with its lookups bound).
         partitions: shuffle partitions of the shared exchange.
-        late: ``(bound, watermark table)``: the view's late bound over valid rows and the static one-row
-            DataFrame of :class:`kappa.sink.LateWatermark` (None: late rows are not kept).
 
     Output columns: ``_kind``, ``out`` (struct of the transform's output, null on side rows) and ``side``
     (struct of :data:`SIDE_COLUMNS`, null on output rows).
     """
     from pyspark.sql import functions as F
 
-    if late is not None:
-        bound, watermark = late
-        decoded = decoded.join(F.broadcast(watermark.select(F.col("watermark").alias(_LATE_WATERMARK))),
-                               F.lit(True), "left")
-        past = F.col("_error").isNull() & F.coalesce(bound <= F.col(_LATE_WATERMARK), F.lit(False))
-        decoded = decoded.withColumn(_LATE, past)
-    else:
-        decoded = decoded.withColumn(_LATE, F.lit(False)).withColumn(_LATE_WATERMARK, F.lit(None).cast("timestamp"))
     shared = _shared(decoded, partitions)
     keep = F.col(_SIDE_BARRIER) >= F.lit(0.0)
-    valid = shared.where(F.col("_error").isNull() & keep).drop(*INTERNAL_COLUMNS, _SIDE_BARRIER, _LATE,
-                                                               _LATE_WATERMARK)
-    invalid = shared.where((F.col("_error").isNotNull() | F.col(_LATE)) & keep)
-    reason = F.coalesce(F.col("_error"), F.concat(F.lit(LATE_REASON + " ("), F.col(_LATE_WATERMARK).cast("string"),
-                                                  F.lit(")")))
+    valid = shared.where(F.col("_error").isNull() & keep).drop(*INTERNAL_COLUMNS, _SIDE_BARRIER)
+    invalid = shared.where(F.col("_error").isNotNull() & keep)
     output = transform_valid(valid)
     out_type = output.schema.simpleString()
     outs = output.select(F.lit(OUT).alias(KIND), F.struct(*[F.col(f"`{c}`") for c in output.columns]).alias("out"),
                          F.lit(None).cast(side_schema()).alias("side"))
     sides = invalid.select(F.lit(SIDE).alias(KIND), F.lit(None).cast(out_type).alias("out"),
-                           F.struct(*KAFKA_META_COLUMNS, "raw_key", "raw_value", reason.alias("error")).alias("side"))
+                           F.struct(*KAFKA_META_COLUMNS, "raw_key", "raw_value",
+                                    F.col("_error").alias("error")).alias("side"))
     return outs.unionByName(sides)
 
 

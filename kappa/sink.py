@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "LateWatermark", "QuarantineSink", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
            "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
@@ -393,36 +393,3 @@ class QuarantineSink:
                                  *SIDE_COLUMNS, F.lit(batch_id).cast("bigint").alias("batch_id"),
                                  F.current_timestamp().alias("quarantined_at")),
                      self.path, self.app_id, batch_id)
-
-
-@dataclass
-class LateWatermark:
-    """The one-row Delta table a view version's streaming plan joins to tell late rows apart (:mod:`kappa.plan`).
-
-    It holds the watermark the *next* micro-batch drops late rows by: Spark filters a batch's late rows with the
-    watermark the previous batch ran with (``batchWatermarkMs`` of its offset log entry). Each batch writes its
-    own after its commits; :meth:`reset` rewrites it from the checkpoint before a query (re)starts, so a batch
-    re-run after a crash joins the value it joined the first time.
-    """
-
-    path: str
-    _last: int | None = field(default=None, init=False, repr=False)
-
-    SCHEMA = "watermark TIMESTAMP, batch_id BIGINT"
-
-    def create(self, session: "SparkSession") -> "DataFrame":
-        """Create the table if needed; the static DataFrame the plan joins (re-read by Spark every batch)."""
-        ensure_table(session, self.path, self.SCHEMA)
-        return session.read.format("delta").load(self.path)
-
-    def write(self, session: "SparkSession", batch_id: int, watermark_ms: int | None) -> None:
-        """The watermark micro-batch ``batch_id`` ran with (None: no batch yet - no row is late)."""
-        if watermark_ms == self._last and watermark_ms is not None:
-            return
-        from pyspark.sql import functions as F
-
-        rows = [] if watermark_ms is None else [(int(watermark_ms), int(batch_id))]
-        (session.createDataFrame(rows, "watermark_ms BIGINT, batch_id BIGINT")
-         .select(F.timestamp_millis("watermark_ms").alias("watermark"), "batch_id")
-         .write.format("delta").mode("overwrite").save(self.path))
-        self._last = watermark_ms

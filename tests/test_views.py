@@ -14,7 +14,6 @@ import pytest
 
 from kappa import generator
 from kappa.job import ViewJob, ViewPaths
-from kappa.plan import LATE_REASON
 from kappa.view import load_view
 from tests.helpers import committed_batches, delta_txns
 from tests.views_oracle import assert_views_match
@@ -200,13 +199,4 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     unbatched = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=None))
     assert sum(v[0] for v in unbatched.values()) > sum(v[0] for v in expected.values())
     assert dropped_by_spark > 0 and counted == dropped_by_spark
-    # ... and kept every one of them in the quarantine (reason `late`, raw bytes), each once
-    late = [r for r in spark.read.format("delta").load(paths.quarantine).where(f"view = '{view.name}'").collect()
-            if r.error.startswith(LATE_REASON)]
-    expected_late = oracle.late_window_records(OracleInput(events=validated, batches=batches), counted=("view",),
-                                               window_ms=10_000)
-    assert expected_late and len(late) == len({(r.partition, r.offset) for r in late})
-    assert {(r.partition, r.offset) for r in late} == expected_late
-    raw = {(v.record.partition, v.record.offset): v.record.value for v in validated}
-    assert all(bytes(r.raw_value) == raw[(r.partition, r.offset)] for r in late)
     assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())

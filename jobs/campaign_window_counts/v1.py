@@ -7,14 +7,13 @@ campaign per 10 s tumbling event-time window. Watermark 30 s: late events inside
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from kappa.parsing import AD_EVENTS
-from kappa.view import Finality, ViewDefinition, tumbling_window_end
+from kappa.view import Finality, ViewDefinition
 
-WINDOW_SECONDS = 10
-WINDOW = f"{WINDOW_SECONDS} seconds"
+WINDOW = "10 seconds"
 WATERMARK_SECONDS = 30
 
 
@@ -35,11 +34,6 @@ def transform(events: DataFrame, campaigns: DataFrame) -> DataFrame:
     )
 
 
-def late_bound() -> Column:
-    """When the watermark drops a ``view`` event: once it passed the end of the event's window."""
-    return F.when(F.col("event_type") == "view", tumbling_window_end("event_ts", WINDOW_SECONDS))
-
-
 VIEW = ViewDefinition(
     name="campaign_window_counts",
     version=1,
@@ -55,5 +49,4 @@ VIEW = ViewDefinition(
                       delay_seconds=WATERMARK_SECONDS),
     latency_column="last_event_time",
     stateful=True,
-    late_bound=late_bound,
 )
