@@ -100,9 +100,9 @@ def batch_stats(out: "DataFrame", side: "DataFrame", *, latency_column: str | No
     ms = F.unix_millis(F.col(latency_column)) if latency_column else F.lit(None).cast("bigint")
     bucket = (F.when(ms >= F.lit(now_ms - 120_000), F.floor(ms / 100) * 100)
               .when(ms >= F.lit(now_ms - 3_600_000), F.floor(ms / 1000) * 1000).otherwise(F.lit(-1)))
-    emax = F.col(event_max_column) if event_max_column else F.lit(None).cast("timestamp")
-    wend = F.col(window_end_column) if window_end_column else F.lit(None).cast("timestamp")
     none_ts = F.lit(None).cast("timestamp")
+    emax = F.col(event_max_column) if event_max_column else none_ts
+    wend = F.col(window_end_column) if window_end_column else none_ts
     tagged = out.select(F.lit(OUT).alias(KIND), ms.alias("ms"), bucket.cast("bigint").alias("bucket"),
                         emax.alias("emax"), wend.alias("wend")).unionByName(
         side.select(F.lit(SIDE).alias(KIND), F.lit(None).cast("bigint").alias("ms"),

@@ -313,7 +313,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             live_times = job.handler.times
             job.stop()
             # steady state: what was committed after the warm-up (first batches compile code, JIT, backlog)
-            steady = [(le, n - dict(warm["buckets"]).get(le, 0)) for le, n in buckets]
+            warm_counts = dict(warm["buckets"])
+            steady = [(le, n - warm_counts.get(le, 0)) for le, n in buckets]
             warm_batches, warm_total = warm["times"]
             steady_batches = max(1, live_times.batches - warm_batches)
             result["live"] = {"trigger_s": LIVE_TRIGGER_SECONDS, "target_rate": live_rate, "achieved_rate": achieved,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from kappa.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
@@ -137,14 +137,23 @@ def _passed(window_end: Any, event_max: Any, fin: Finality) -> bool:
     return window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
 
 
+def _maybe_open(fin: Finality, previous_max: Any) -> "Column":
+    """Stored rows that may still be open given the table's event-time maximum ``previous_max`` (the watermark
+    passed every other window; a margin of one more delay), over the MERGE target ``t``."""
+    from pyspark.sql import functions as F
+
+    return (F.col(f"t.`{fin.window_end_column}`")
+            > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+
+
 @dataclass
 class DeltaSink:
     """Writes one view version's micro-batches into its Delta table, exactly once per batch id.
 
     Every batch id gets exactly one commit, also when it has nothing to write (an empty commit carries the
     batch's ``(appId, txnVersion)`` and lineage, so the table says which slice of the log it holds), and a batch
-    that changes nothing rewrites nothing: no MERGE runs for an empty batch, and the MERGE visits stored rows
-    for finality only when the event-time maximum moved.
+    that changes nothing rewrites nothing: no MERGE runs for an empty batch, a MERGE reads only the windows that
+    are still open, and it visits stored rows for finality only when the new watermark closes one of them.
     """
 
     view: ViewDefinition
@@ -298,10 +307,8 @@ class DeltaSink:
         if fin is not None and previous_max is not None:
             # stored windows the previous watermark passed are final and no batch row can match them (Spark drops
             # the late rows of such windows): both the join and the finality clause leave them out - a
-            # target-only predicate Delta skips files with, so a MERGE reads the open windows, not the whole
-            # table (with a margin of one more delay)
-            still_open = (F.col(f"t.`{fin.window_end_column}`")
-                          > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+            # target-only predicate Delta skips files with, so a MERGE reads the open windows, not the whole table
+            still_open = _maybe_open(fin, previous_max)
             cond = cond & still_open
         merge = (self._table(session).alias("t").merge(source.alias("s"), cond)
                  .whenMatchedUpdateAll().whenNotMatchedInsertAll())
@@ -331,10 +338,9 @@ class DeltaSink:
         from pyspark.sql import functions as F
 
         if self._open_ends is None:
-            stored = self._table(session).toDF().where(~F.col(fin.flag_column))
+            stored = self._table(session).toDF().alias("t").where(~F.col(f"t.`{fin.flag_column}`"))
             if previous_max is not None:
-                stored = stored.where(F.col(fin.window_end_column)
-                                      > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+                stored = stored.where(_maybe_open(fin, previous_max))
             self._open_ends = {r[0] for r in stored.select(fin.window_end_column).distinct().collect()}
         return any(_passed(end, event_max, fin) for end in self._open_ends)
 
