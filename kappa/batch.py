@@ -6,7 +6,8 @@
                  statistics (rows, bad records, event-time maximum, event times for the latency histogram) from
                  one aggregation over it
     write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata)
-    quarantine   one idempotent append of the batch's bad records (only when there are any)
+    quarantine   one idempotent append of the batch's bad records and, for views that keep them, the late records
+                 the watermark dropped from it (only when there are any; :mod:`kappa.late`)
     bookkeeping  metrics, latency histogram, lookup refresh
 
 Spark's own phases (offsets, planning, offset-log write, commit-log write) come from the query's progress
@@ -145,7 +146,8 @@ class BatchHandler:
         lineage: ``batch id -> userMetadata`` (the batch's offsets and watermark, see :mod:`kappa.lineage`).
         catching_up: ``(session, batch id) -> bool``: the batch stopped at the micro-batch bound with more of the
             log waiting (bulk catch-up, :class:`kappa.sink.DeltaSink`).
-        delta_version: ``() -> last Delta version of the view table`` (for the metric).
+        late_rows: ``(session, batch id) -> records the watermark dropped from the batch, or None``
+            (:mod:`kappa.late`; views that keep late rows).
     """
 
     view: "ViewDefinition"
@@ -157,6 +159,7 @@ class BatchHandler:
     catching_up: Callable[[Any, int], bool] = lambda _session, _batch_id: False
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
+    late_rows: Callable[[Any, int], "DataFrame | None"] = lambda _session, _batch_id: None
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -198,9 +201,14 @@ class BatchHandler:
                              batch_id)
                 fault("between_commits", batch_id)
             with times.phase("quarantine"):
-                if stats.bad:
-                    self.quarantine.write(side, batch_id)
+                late = self.late_rows(session, batch_id)
+                # late records are few next to the batch: collected once, no second scan for the write
+                kept = late.collect() if late is not None else []
+                if stats.bad or kept:
+                    self.quarantine.write(side.unionByName(session.createDataFrame(kept, late.schema)) if kept
+                                          else side, batch_id)
                     m.g(m.quarantined).inc(stats.bad)
+                    m.g(m.late_kept).inc(len(kept))
                 fault("after_commit", batch_id)
             committed_at = time.time()
             with times.phase("bookkeeping"):

@@ -13,7 +13,9 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (c) live end-to-end latency p50/p99 (event time -> committed in Delta) at a steady produce rate, 1 s trigger;
 (d) peak RSS of the broker and of the Spark driver JVM;
 (e) the peer: the same windowed count with Quix Streams + delta-rs (:mod:`kappa.peer`), checked against the
-    oracle, and our replay's throughput as a ratio to it.
+    oracle, and our replay's throughput as a ratio to it;
+(f) what keeping late records costs (:mod:`kappa.late`): a replay of a log with late events all through it,
+    with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there).
 
 Writes ``<out>/bench.json`` and ``<out>/bench.png`` and prints a table.
 """
@@ -36,6 +38,8 @@ __all__ = ["main", "run", "replay_run"]
 LIVE_TRIGGER_SECONDS = 1.0
 #: live latency is also reported for what committed after this much load (the first batches compile, JIT)
 LIVE_WARMUP_SECONDS = 20.0
+#: events of the late-record measurement (f)
+LATE_EVENTS = 400_000
 
 
 class _PeakRss:
@@ -139,12 +143,14 @@ def _r_squared(xs: list[float], ys: list[float]) -> float | None:
     return 1.0 - ss_res / ss_tot
 
 
-def replay_run(spark: Any, settings: Any, view: Any, events: int) -> dict[str, Any]:
+def replay_run(spark: Any, settings: Any, view: Any, events: int, *,
+               max_offsets_per_trigger: int | None = None) -> dict[str, Any]:
     """(b) Replay ``view`` from earliest to the end of its topic as ``kappa replay`` does by default
     (availableNow, no micro-batch bound: the backlog is one batch); events/s and our phase totals."""
     from kappa.job import ViewJob
 
-    job = ViewJob(view, settings, spark=spark, starting="earliest", available_now=True)
+    job = ViewJob(view, settings, spark=spark, starting="earliest", available_now=True,
+                  max_offsets_per_trigger=max_offsets_per_trigger)
     t0 = time.monotonic()
     job.start()
     job.await_termination(3600)
@@ -153,8 +159,29 @@ def replay_run(spark: Any, settings: Any, view: Any, events: int) -> dict[str, A
     job.stop()
     if failure:
         raise RuntimeError(f"replay failed: {failure}")
+    registry, labels = job.metrics.registry, job.metrics.labels
     return {"events": events, "seconds": elapsed, "events_per_s": events / elapsed,
-            "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total)}
+            "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total),
+            "late_batches": len(job.late_batches),
+            "late_kept": registry.get_sample_value("kappa_late_records_kept_total", labels) or 0}
+
+
+def late_cost(spark: Any, settings: Any, view: Any, topic: str, events: int) -> dict[str, Any]:
+    """(f) What keeping late records costs a replay whose log has late events all through it: the same topic
+    (5 % of events up to 90 s late) replayed in 50,000-record batches by ``view`` with its ``late_bound`` and
+    without (drops only counted), alternately, twice each; the second of each is reported (warm JVM)."""
+    bound = 50_000
+    runs: dict[bool, dict[str, Any]] = {}
+    for i, keep in enumerate((True, False, True, False)):
+        variant = dataclasses.replace(view, stream_topic=topic, version=300 + i,
+                                      late_bound=view.late_bound if keep else None)
+        runs[keep] = replay_run(spark, settings, variant, events, max_offsets_per_trigger=bound)
+    out = {"events": events, "batch_bound": bound, "keep": runs[True], "count_only": runs[False],
+           "slowdown": runs[False]["events_per_s"] / runs[True]["events_per_s"]}
+    print(f"(f) late records: replay keeping them {runs[True]['events_per_s']:,.0f} events/s "
+          f"({runs[True]['late_kept']:.0f} kept, {runs[True]['late_batches']} of {runs[True]['batches']} batches "
+          f"re-read), counting only {runs[False]['events_per_s']:,.0f} events/s")
+    return out
 
 
 def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: float) -> dict[str, Any]:
@@ -290,6 +317,14 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
 
             result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
 
+            late_topic = f"{topic}-late"
+            create_topic(settings, late_topic, partitions, {"retention.ms": "-1"})
+            extra_topics.append(late_topic)
+            late_events = min(events, LATE_EVENTS)
+            generator.produce(settings, late_topic, generator.events(
+                late_events, seed=3, universe=u, rate_per_s=1000, late_fraction=0.05, max_lateness_ms=90_000))
+            result["late"] = late_cost(spark, settings, view, late_topic, late_events)
+
             live_view = dataclasses.replace(view, stream_topic=live_topic, version=99)
             job = ViewJob(live_view, settings, spark=spark, starting="latest", trigger_seconds=LIVE_TRIGGER_SECONDS)
             job.start()
@@ -403,6 +438,11 @@ def _report(result: dict[str, Any], out: Path) -> None:
     if "steady_p99_s" in result["live"]:
         table.add_row(f"    after {result['live']['warmup_s']:.0f} s of load: p50 / p99 (goal p99 <= 5 s)",
                       f"{_secs(result['live']['steady_p50_s'])} / {_secs(result['live']['steady_p99_s'])}")
+    late = result.get("late") or {}
+    if late:
+        table.add_row(f"(f) replay of {late['events']:,} events, 5 % late", (
+            f"keeping late records {late['keep']['events_per_s']:,.0f} events/s ({late['keep']['late_kept']:.0f} "
+            f"kept), counting only {late['count_only']['events_per_s']:,.0f} events/s"))
     for label, phases in (("(b) replay, total s per phase", result["replay"].get("phases_s")),
                           ("(c) live, mean s per batch", result["live"].get("phases_mean_s")),
                           ("(c) live after warm-up, mean s per batch", result["live"].get("steady_phases_mean_s"))):

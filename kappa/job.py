@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from kappa.batch import BatchHandler
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
+from kappa.late import dropped_by_watermark, late_records
 from kappa.lookups import LookupCache
 from kappa.metrics import ViewMetrics
 from kappa.parsing import decode
@@ -193,6 +194,7 @@ class ViewJob:
         self.processed_offsets: dict[int, int] = {}
         self.bound_port: int | None = None
         self._recoveries = 0
+        self.late_batches: list[int] = []  # micro-batches whose late records were looked for (kappa.late)
         self._lookup_cache: LookupCache | None = lookups
         self._own_lookups = lookups is None
 
@@ -205,6 +207,10 @@ class ViewJob:
             self._spark = build_spark(f"kappa-{self.view.ref}", jars_dir=self.settings.jars_dir,
                                       warehouse_dir=str(Path(self.settings.home) / "warehouse"))
         return self._spark
+
+    @property
+    def query_name(self) -> str:
+        return f"{self.view.ref}:main"
 
     def _kafka_options(self) -> dict[str, str]:
         return dict(self.settings.spark_kafka_options())
@@ -220,9 +226,13 @@ class ViewJob:
         return reader.load()
 
     def _decoded_stream(self) -> "DataFrame":
+        return self._decode(self._read_stream(self.settings.topic(self.view.stream_topic)))
+
+    def _decode(self, raw: "DataFrame") -> "DataFrame":
+        """Kafka records -> :func:`kappa.parsing.decode` output, up to the bounded end (stream and re-reads)."""
         from pyspark.sql import functions as F
 
-        decoded = decode(self._read_stream(self.settings.topic(self.view.stream_topic)), self.view.stream_format)
+        decoded = decode(raw, self.view.stream_format)
         if self.end_timestamp_ms is not None:
             decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
         return decoded
@@ -312,7 +322,8 @@ class ViewJob:
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
-                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()))
+                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
+                                    late_rows=self._late_rows)
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None:
@@ -333,7 +344,7 @@ class ViewJob:
                 "table and checkpoint to rebuild it)")
 
     def _start_query(self) -> "StreamingQuery":
-        writer = self._stream.writeStream.queryName(f"{self.view.ref}:main").option(
+        writer = self._stream.writeStream.queryName(self.query_name).option(
             "checkpointLocation", f"{self.paths.checkpoint}/main")
         if self.view.stateful:
             writer = writer.outputMode(self.view.output_mode)
@@ -391,19 +402,43 @@ class ViewJob:
     def _stopped_at_bound(self, spark: "SparkSession", batch_id: int) -> bool:
         from kappa.topics import partition_offsets
 
-        topic = self.settings.topic(self.view.stream_topic)
-        end = parse_offset_log(self._checkpoint_text(spark, f"offsets/{batch_id}") or "", topic)[0]
-        previous_text = self._checkpoint_text(spark, f"offsets/{batch_id - 1}") if batch_id > 0 else None
-        if previous_text is not None:
-            start = parse_offset_log(previous_text, topic)[0]
-        else:  # the first batch of the query: its initial offsets ("v1" then JSON, no watermark line)
-            first = json.loads((self._checkpoint_text(spark, "sources/0/0") or "{}").splitlines()[-1] or "{}")
-            start = {int(p): int(o) for p, o in (first.get(topic) or {}).items()}
+        start, end, _watermark = self._batch_range(spark, batch_id)
         read = sum(max(0, o - start.get(p, o)) for p, o in end.items())
         # Spark prorates the bound over the partitions, rounding each share down
         if not end or read < self.max_offsets_per_trigger - len(end):
             return False
+        topic = self.settings.topic(self.view.stream_topic)
         return any(high > end.get(p, high) for p, (_low, high) in partition_offsets(self.settings, topic).items())
+
+    def _batch_range(self, spark: "SparkSession", batch_id: int) -> tuple[dict[int, int], dict[int, int], int]:
+        """Micro-batch ``batch_id`` from the offset log: (start offsets, end offsets, the watermark of the
+        previous batch - the one Spark drops this batch's late rows by; 0 for the query's first batch)."""
+        topic = self.settings.topic(self.view.stream_topic)
+        end = parse_offset_log(self._checkpoint_text(spark, f"offsets/{batch_id}") or "", topic)[0]
+        previous_text = self._checkpoint_text(spark, f"offsets/{batch_id - 1}") if batch_id > 0 else None
+        if previous_text is not None:
+            start, watermark = parse_offset_log(previous_text, topic)
+        else:  # the first batch of the query: its initial offsets ("v1" then JSON, no watermark line)
+            first = json.loads((self._checkpoint_text(spark, "sources/0/0") or "{}").splitlines()[-1] or "{}")
+            start, watermark = {int(p): int(o) for p, o in (first.get(topic) or {}).items()}, 0
+        return start, end, watermark
+
+    def _late_rows(self, spark: "SparkSession", batch_id: int) -> "DataFrame | None":
+        """The records of micro-batch ``batch_id`` that its watermark dropped, to keep (:mod:`kappa.late`);
+        None when the view does not keep them or the batch dropped none."""
+        if self.view.late_bound is None or dropped_by_watermark(self.spark, self.query_name) == 0:
+            return None
+        start, end, watermark = self._batch_range(spark, batch_id)
+        if not watermark or not end:
+            return None
+        self.late_batches.append(batch_id)
+        topic = self.settings.topic(self.view.stream_topic)
+        raw = (spark.read.format("kafka").options(**self._kafka_options())
+               .option("assign", json.dumps({topic: sorted(end)}))
+               .option("startingOffsets", json.dumps({topic: {str(p): start.get(p, -2) for p in end}}))
+               .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}}))
+               .option("failOnDataLoss", "false" if self.view.stream_format.tombstones else "true").load())
+        return late_records(self._decode(raw), self.view.late_bound(), watermark)
 
     def _settle(self) -> None:
         """Compact what bulk catch-up staged and has not yet written to the view table (restart, bounded end)."""
@@ -434,7 +469,7 @@ class ViewJob:
         from pyspark.sql.streaming import StreamingQueryListener
 
         job = self
-        main_name = f"{self.view.ref}:main"
+        main_name = self.query_name
 
         class _Listener(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:

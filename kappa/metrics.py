@@ -83,7 +83,10 @@ class ViewMetrics:
         self.rows_dropped_late = gauge("kappa_rows_dropped_by_watermark",
                                        "Rows dropped as too late by the stateful operator (last batch).")
         self.late_dropped = Counter("kappa_late_rows_dropped", "Rows the stateful operator dropped as too late "
-                                    "(Spark's numRowsDroppedByWatermark, summed over batches).", names, registry=r)
+                                    "(Spark's numRowsDroppedByWatermark, summed over batches; for an aggregation "
+                                    "it counts partially aggregated rows).", names, registry=r)
+        self.late_kept = Counter("kappa_late_records_kept", "Late records the watermark dropped that were kept in "
+                                 "the quarantine (reason late; views that declare a late bound).", names, registry=r)
         self.lag = gauge("kappa_partition_lag_records", "Log end offset minus processed offset.",
                          ("topic", "partition"))
         self.log_end = gauge("kappa_partition_log_end_offset", "Log end offset.", ("topic", "partition"))

@@ -34,6 +34,7 @@ __all__ = [
     "OracleInput",
     "OracleSpec",
     "ORACLES",
+    "late_window_records",
 ]
 
 #: Size limits of the platform's record contract (schemas/README.md).
@@ -335,6 +336,26 @@ def _batch_index(records: Sequence[Validated], batches: Sequence[BatchBoundary] 
     return out
 
 
+def _late_watermarks(inp: OracleInput) -> tuple[list[int | None], list[int]]:
+    """Each event's micro-batch position, and per position the watermark its late rows are dropped by (the one
+    the previous batch ran with; 0 for the first)."""
+    batches = inp.batches
+    late_wm: list[int] = [0]
+    if batches:
+        late_wm = [0] + [b.watermark_ms for b in batches[:-1]]
+    return _batch_index(inp.events, batches), late_wm
+
+
+def late_window_records(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int) -> set[tuple[int, int]]:
+    """(partition, offset) of the valid records of a counted type whose tumbling window had ended at or before
+    the watermark of the previous micro-batch when they arrived: Spark drops them; a view declaring
+    ``late_bound`` keeps them in the quarantine with reason ``late``."""
+    positions, late_wm = _late_watermarks(inp)
+    return {(v.record.partition, v.record.offset) for v, pos in zip(inp.events, positions)
+            if pos is not None and v.error is None and v.value["event_type"] in counted
+            and _ms_to_window(v.value["event_time"], window_ms) + window_ms <= late_wm[pos]}
+
+
 def _windows(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int,
              watermark_ms: int) -> dict[tuple, tuple]:
     """Tumbling event-time windows per campaign with Spark's update-mode watermark semantics.
@@ -346,11 +367,7 @@ def _windows(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int,
     type in ``counted``, the window's max event time (ms), ``is_final``.
     """
     mapping = expected_campaign_catalog(inp.lookups.get("campaigns", ()))
-    batches = inp.batches
-    positions = _batch_index(inp.events, batches)
-    late_wm: list[int] = [0]
-    if batches:
-        late_wm = [0] + [b.watermark_ms for b in batches[:-1]]
+    positions, late_wm = _late_watermarks(inp)
     counts: dict[tuple[str, int], list[int]] = {}
     last: dict[tuple[str, int], int] = {}
     max_time: int | None = None

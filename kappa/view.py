@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping
 from kappa.parsing import RecordFormat
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
-__all__ = ["ViewDefinition", "Finality", "load_view", "view_ref"]
+__all__ = ["ViewDefinition", "Finality", "load_view", "tumbling_window_end", "view_ref"]
 
 WriteMode = Literal["append", "merge", "upsert_delete"]
 
@@ -63,6 +63,11 @@ class ViewDefinition:
         stateful: the transform keeps state in the checkpoint (watermarked windows, sessions), so it runs inside
             the streaming plan; the bad records of the same micro-batch travel beside its output
             (:mod:`kappa.plan`), still one query and one read of the topic.
+        late_bound: for a watermarked view, ``() -> Column`` over the valid input rows: the event-time point
+            after which the watermark drops the row (e.g. the end of its tumbling window), NULL for rows the
+            view does not aggregate. Rows whose bound the previous batch's watermark passed are kept in the
+            quarantine with reason ``late`` (:mod:`kappa.late`; Spark still drops them from the view). ``None``:
+            dropped rows are only counted (``kappa_late_rows_dropped_total``).
     """
 
     name: str
@@ -80,11 +85,23 @@ class ViewDefinition:
     latency_column: str | None = None
     partition_by: tuple[str, ...] = ()
     stateful: bool = False
+    late_bound: Callable[[], "Column"] | None = None
 
     @property
     def ref(self) -> str:
         """``name@vN``, the view version's identity in logs, metrics and Delta appIds."""
         return view_ref(self.name, self.version)
+
+
+def tumbling_window_end(column: str, seconds: int) -> "Column":
+    """End of the ``seconds``-long tumbling event-time window ``column`` falls in (Spark's ``window().end``), as
+    plain arithmetic for a ``late_bound``: ``window()`` outside an aggregation also filters out rows whose time
+    is NULL."""
+    from pyspark.sql import functions as F
+
+    micros = seconds * 1_000_000
+    ts = F.unix_micros(F.col(column))
+    return F.timestamp_micros(ts - F.pmod(ts, F.lit(micros)) + F.lit(micros))
 
 
 def view_ref(name: str, version: int) -> str:

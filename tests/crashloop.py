@@ -141,11 +141,13 @@ def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> C
                                    random.Random(f"{seed}-{r}-{view}"), report) for k, view in enumerate(views)]
             for future in futures:
                 future.result()
-    # drain: every view processes the rest of the log and stops by itself
+    # drain: every view processes the rest of the log and stops by itself, in several micro-batches (events that
+    # arrive after the watermark passed their window are dropped - and kept - only between batches)
     for view in VIEWS:
         log = workdir / f"{view}.log"
         args = [sys.executable, "-m", "kappa.cli", "view", "run", view, "--version", "1", "--starting",
-                "earliest", "--metrics-port", "0", "--available-now"]
+                "earliest", "--metrics-port", "0", "--available-now", "--max-offsets-per-trigger",
+                os.environ.get("KAPPA_CRASH_DRAIN_BATCH", "1000")]
         with open(log, "ab") as fh:
             proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   env=subprocess_env(settings), timeout=600, start_new_session=True)

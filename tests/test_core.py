@@ -82,3 +82,19 @@ def test_latency_buckets_from_event_time_groups():
     index = {b: i for i, b in enumerate(LATENCY_BUCKETS)}
     assert dict(counts) == {0: 3, index[30] + 1: 2, len(LATENCY_BUCKETS): 1}
     assert total == pytest.approx(3 * 0.25 + 2 * 40 + 7200, abs=0.01)
+
+
+def test_tumbling_window_end_is_sparks_window_end_and_keeps_null_times(spark):
+    """The late bound's window end equals Spark's own ``window()`` end (boundaries, before 1970 included), and a
+    row without event time stays a row (``window()`` in a projection would filter it out)."""
+    from pyspark.sql import functions as F
+
+    from kappa.view import tumbling_window_end
+
+    micros = [0, 1, 9_999_999, 10_000_000, 1_700_000_123_456_789, -1, -10_000_000, -10_000_001]
+    rows = spark.createDataFrame([(m,) for m in micros] + [(None,)], "us BIGINT").select(
+        F.timestamp_micros("us").alias("event_ts"))
+    ours = rows.select(tumbling_window_end("event_ts", 10).alias("end")).collect()
+    assert len(ours) == len(micros) + 1 and sum(r.end is None for r in ours) == 1
+    theirs = rows.select(F.window("event_ts", "10 seconds").end.alias("end")).collect()
+    assert sorted(r.end for r in ours if r.end is not None) == sorted(r.end for r in theirs)

@@ -14,6 +14,7 @@ import pytest
 
 from kappa import generator
 from kappa.job import ViewJob, ViewPaths
+from kappa.late import LATE_REASON
 from kappa.view import load_view
 from tests.helpers import committed_batches, delta_txns
 from tests.views_oracle import assert_views_match
@@ -139,7 +140,8 @@ def test_second_driver_for_same_version_is_refused(spark, kafka, declared_topics
 def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kafka, declared_topics, lake):
     """The live write path (MERGE per batch, pruned to the open windows; the finality clause only when a stored
     window closes) over runs whose events arrive past the watermark: Spark drops them, the table equals the
-    oracle that replays the recorded batch boundaries and watermarks, and the drops are counted."""
+    oracle that replays the recorded batch boundaries and watermarks, the drops are counted, and every dropped
+    record is kept once in the quarantine (reason `late`)."""
     from deltalake import DeltaTable
 
     from kappa import lineage, oracle
@@ -150,7 +152,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     events = list(generator.events(2400, seed=14, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
                                    late_fraction=0.15, max_lateness_ms=90_000))
     view = load_view("jobs.campaign_window_counts.v1")
-    dropped_by_spark = counted = 0
+    dropped_by_spark = counted = kept = 0
     start = 0
     # tiny runs move the event-time maximum without closing a window (no finality clause); the others close some
     for size in (900, 4, 500, 3, 700, 293):
@@ -161,8 +163,11 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
         try:
             assert job.await_termination(600), "the run did not finish"
             assert job.failure() is None, job.failure()
-            spark_dropped = sum(op["numRowsDroppedByWatermark"] for p in job.queries[0].recentProgress
-                                for op in p["stateOperators"])
+            progress = job.queries[0].recentProgress
+            spark_dropped = sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"])
+            # late records were looked for in exactly the batches that dropped some (no re-read otherwise)
+            assert job.late_batches == [p["batchId"] for p in progress
+                                        if any(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])]
             def metric() -> float:
                 return job.metrics.registry.get_sample_value("kappa_late_rows_dropped_total", job.metrics.labels) or 0
 
@@ -171,6 +176,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
                 time.sleep(0.2)
             dropped_by_spark += spark_dropped
             counted += metric()
+            kept += job.metrics.registry.get_sample_value("kappa_late_records_kept_total", job.metrics.labels) or 0
         finally:
             job.stop()
 
@@ -199,4 +205,13 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     unbatched = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=None))
     assert sum(v[0] for v in unbatched.values()) > sum(v[0] for v in expected.values())
     assert dropped_by_spark > 0 and counted == dropped_by_spark
+    # ... and kept every one of them in the quarantine (reason `late`, raw bytes), each once
+    late = [r for r in spark.read.format("delta").load(paths.quarantine).where(f"view = '{view.name}'").collect()
+            if r.error.startswith(LATE_REASON)]
+    expected_late = oracle.late_window_records(OracleInput(events=validated, batches=batches), counted=("view",),
+                                               window_ms=10_000)
+    assert expected_late and len(late) == len({(r.partition, r.offset) for r in late})
+    assert {(r.partition, r.offset) for r in late} == expected_late and kept == len(late)
+    raw = {(v.record.partition, v.record.offset): v.record.value for v in validated}
+    assert all(bytes(r.raw_value) == raw[(r.partition, r.offset)] for r in late)
     assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())

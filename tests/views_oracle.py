@@ -19,37 +19,43 @@ def expected(settings: Settings) -> dict[str, Any]:
     events = oracle.validate_records(oracle.read_log(settings, settings.topic("ad-events")), "ad_event", key_field="user_id")
     campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign", key_field=None,
                                         tombstones=True)
-    mapping = oracle.expected_campaign_catalog(campaigns)
+    window_input = OracleInput(events, {"campaigns": campaigns}, _batches(settings, "campaign_window_counts", events))
     return {
         "events": events,
         "campaign_records": campaigns,
         "events_raw": oracle.expected_events_raw(events),
-        "campaign_catalog": mapping,
-        "campaign_window_counts": oracle.expected_window_counts(events, mapping),
-        "user_sessions": _sessions(settings, events),
+        "campaign_catalog": oracle.expected_campaign_catalog(campaigns),
+        "campaign_window_counts": {k: (v[0], v[2]) for k, v in
+                                   oracle.ORACLES[("campaign_window_counts", 1)].compute(window_input).items()},
+        "late_windows": oracle.late_window_records(window_input, counted=("view",), window_ms=10_000),
+        "user_sessions": {k: v[:3] for k, v in oracle.expected_sessions_batched(
+            OracleInput(events, {}, _batches(settings, "user_sessions", events))).items()},
         "bad_events": {(v.record.partition, v.record.offset) for v in events if v.error},
         "bad_campaigns": {(v.record.partition, v.record.offset) for v in campaigns if v.error},
     }
 
 
-def _sessions(settings: Settings, events: list[Any]) -> dict[tuple, tuple]:
-    """user_sessions under Spark's micro-batch semantics, from the batch boundaries and watermarks the job recorded
-    in its Delta commits (kappa.lineage). Which sessions are emitted depends on them: a driver restarted after
-    its last data batch loses the watermark that batch advanced to (Spark keeps it in memory until the next
-    batch is planned), so a bounded run may end with sessions still open - they are not in the table yet."""
+def _batches(settings: Settings, view: str, events: list[Any]) -> "list[oracle.BatchBoundary]":
+    """The micro-batch boundaries and watermarks ``view`` recorded in its Delta commits (kappa.lineage): what a
+    watermarked view emits, drops as late and marks final depends on them. A driver restarted after its last
+    data batch loses the watermark that batch advanced to (Spark keeps it in memory until the next batch is
+    planned), so a bounded run may end with sessions or windows still open."""
     from deltalake import DeltaTable
 
-    app_id = replay.run_app_id(settings, "user_sessions", 1)
-    assert app_id, "user_sessions has no run"
-    history = DeltaTable(ViewPaths(settings.lake_uri, "user_sessions", 1).table).history()
+    app_id = replay.run_app_id(settings, view, 1)
+    assert app_id, f"{view} has no run"
+    paths = ViewPaths(settings.lake_uri, view, 1)
+    history = DeltaTable(paths.table).history()
+    if DeltaTable.is_deltatable(paths.staging):  # batches of a bulk catch-up are commits of the staging table
+        history += DeltaTable(paths.staging).history()
     batches = lineage.batches_from_history(history, app_id)
-    assert [b.batch_id for b in batches] == list(range(len(batches))), "a user_sessions commit lacks its lineage"
-    assert batches, "user_sessions committed no batch"
+    assert [b.batch_id for b in batches] == list(range(len(batches))), f"a {view} commit lacks its lineage"
+    assert batches, f"{view} committed no batch"
     ends: dict[int, int] = {}
     for v in events:
         ends[v.record.partition] = max(ends.get(v.record.partition, 0), v.record.offset + 1)
-    assert batches[-1].end_offsets == ends, "user_sessions did not process the whole log"
-    return {k: v[:3] for k, v in oracle.expected_sessions_batched(OracleInput(events, {}, batches)).items()}
+    assert batches[-1].end_offsets == ends, f"{view} did not process the whole log"
+    return batches
 
 
 def actual(spark: Any, settings: Settings) -> dict[str, Any]:
@@ -108,14 +114,18 @@ def assert_views_match(spark: Any, settings: Settings) -> dict[str, int]:
     assert got["user_sessions"] == exp["user_sessions"], diff(got["user_sessions"], exp["user_sessions"])
     for view in ("events_raw", "campaign_window_counts", "user_sessions"):
         q = got["quarantine"].get(view, [])
-        assert len(q) == len(set(q)), f"{view}: a bad record was quarantined twice"
-        assert set(q) == exp["bad_events"], f"{view}: quarantine differs from the oracle's bad records"
+        assert len(q) == len(set(q)), f"{view}: a record was quarantined twice"
+        # the window view also keeps the records its watermark dropped (kappa.late)
+        want = exp["bad_events"] | (exp["late_windows"] if view == "campaign_window_counts" else set())
+        assert set(q) == want, (f"{view}: quarantine differs from the oracle's bad and late records: "
+                                f"{sorted(set(q) ^ want)[:5]}")
     q = got["quarantine"].get("campaign_catalog", [])
     assert len(q) == len(set(q)) and set(q) == exp["bad_campaigns"]
     return {
         "consumed": len(exp["events"]),
         "valid": len(exp["events_raw"]),
         "quarantined": len(exp["bad_events"]),
+        "late_kept": len(exp["late_windows"]),
         "windows": len(exp["campaign_window_counts"]),
         "final_windows": sum(1 for _n, final in exp["campaign_window_counts"].values() if final),
         "sessions": len(exp["user_sessions"]),

@@ -7,13 +7,14 @@ campaign per 10 s tumbling event-time window. Watermark 30 s: late events inside
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kappa.parsing import AD_EVENTS
-from kappa.view import Finality, ViewDefinition
+from kappa.view import Finality, ViewDefinition, tumbling_window_end
 
-WINDOW = "10 seconds"
+WINDOW_SECONDS = 10
+WINDOW = f"{WINDOW_SECONDS} seconds"
 WATERMARK_SECONDS = 30
 
 
@@ -34,6 +35,11 @@ def transform(events: DataFrame, campaigns: DataFrame) -> DataFrame:
     )
 
 
+def late_bound() -> Column:
+    """When the watermark drops a ``view`` event: once it passed the end of the event's window."""
+    return F.when(F.col("event_type") == "view", tumbling_window_end("event_ts", WINDOW_SECONDS))
+
+
 VIEW = ViewDefinition(
     name="campaign_window_counts",
     version=1,
@@ -49,4 +55,5 @@ VIEW = ViewDefinition(
                       delay_seconds=WATERMARK_SECONDS),
     latency_column="last_event_time",
     stateful=True,
+    late_bound=late_bound,
 )

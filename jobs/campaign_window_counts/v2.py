@@ -12,13 +12,14 @@ the retained log (``kappa replay campaign_window_counts --version 2``) and only 
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kappa.parsing import AD_EVENTS
-from kappa.view import Finality, ViewDefinition
+from kappa.view import Finality, ViewDefinition, tumbling_window_end
 
-WINDOW = "60 seconds"
+WINDOW_SECONDS = 60
+WINDOW = f"{WINDOW_SECONDS} seconds"
 WATERMARK_SECONDS = 30
 COUNTED = ("view", "click")
 
@@ -45,6 +46,11 @@ def transform(events: DataFrame, campaigns: DataFrame) -> DataFrame:
     )
 
 
+def late_bound() -> Column:
+    """When the watermark drops a counted event: once it passed the end of the event's window."""
+    return F.when(F.col("event_type").isin(*COUNTED), tumbling_window_end("event_ts", WINDOW_SECONDS))
+
+
 VIEW = ViewDefinition(
     name="campaign_window_counts",
     version=2,
@@ -60,4 +66,5 @@ VIEW = ViewDefinition(
                       delay_seconds=WATERMARK_SECONDS),
     latency_column="last_event_time",
     stateful=True,
+    late_bound=late_bound,
 )
