@@ -1,7 +1,8 @@
 """``make bench``: how fast is replay compared with simply reading the log, and how fresh are live views?
 
 Usage:
-    python -m kappa.bench [--events 2000000] [--live-rate 10000] [--live-seconds 60] [--out reports]
+    python -m kappa.bench [--events 2000000] [--live-rate 10000] [--live-seconds 60] [--stack-minutes 5]
+                          [--out reports]
 
 Measures, in one run on one machine (numbers are only comparable side by side):
 
@@ -15,7 +16,10 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (e) the peer: the same windowed count with Quix Streams + delta-rs (:mod:`kappa.peer`), checked against the
     oracle, and our replay's throughput as a ratio to it;
 (f) what keeping late records costs (:mod:`kappa.late`): a replay of a log with late events all through it,
-    with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there).
+    with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
+(g) ``make run``'s steady state: the local stack (view host, producer at 200 events/s, Airflow) started in its
+    own home on the bench's broker; after 5 minutes each view's lag and latency, the RSS/PSS of everything it
+    started and the cores each part used.
 
 Writes ``<out>/bench.json`` and ``<out>/bench.png`` and prints a table.
 """
@@ -239,7 +243,8 @@ def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
     return prev_bound
 
 
-def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partitions: int = 4) -> dict[str, Any]:
+def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partitions: int = 4,
+        stack_minutes: float = 5.0) -> dict[str, Any]:
     from kappa import generator
     from kappa.broker import LocalBroker, free_port
     from kappa.config import Settings
@@ -263,10 +268,9 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     result: dict[str, Any] = {"events": events, "partitions": partitions, "live_rate": live_rate,
                               "live_seconds": live_seconds, "cores": os.cpu_count()}
     try:
-        from kappa.catalog import load_catalog
-        from kappa.topics import ensure_topics
+        from kappa.topics import declared_topics, ensure_topics
 
-        ensure_topics(settings, list(load_catalog().topics.values()))  # campaigns: the join's lookup
+        ensure_topics(settings, declared_topics(settings))  # campaigns: the join's lookup
         create_topic(settings, topic, partitions, {"retention.ms": "-1"})
         create_topic(settings, live_topic, partitions, {"retention.ms": "-1"})
         u = generator.universe(seed=0)
@@ -365,6 +369,9 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   f"p50 {_secs(result['live']['steady_p50_s'])}, p99 {_secs(result['live']['steady_p99_s'])}")
         result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
         spark.stop()
+        if stack_minutes > 0:
+            result["stack"] = stack_steady_state(settings, minutes=stack_minutes,
+                                                 broker_pid=broker.pid if broker is not None else None)
     finally:
         try:
             delete_topics(settings, [topic, live_topic, *extra_topics])
@@ -374,6 +381,136 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             broker.stop()
     _report(result, out)
     return result
+
+
+def _tree(pid: int | None) -> list[Any]:
+    """A process and all its descendants (psutil), [] if it is gone."""
+    import psutil
+
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _tree_usage(pid: int | None) -> dict[str, float]:
+    """RSS, PSS (MiB) and CPU seconds so far of a process tree."""
+    import psutil
+
+    rss = pss = cpu = 0.0
+    for proc in _tree(pid):
+        try:
+            info = proc.memory_full_info()
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        rss += info.rss / 2**20
+        pss += getattr(info, "pss", info.rss) / 2**20
+        cpu += times.user + times.system
+    return {"rss_mb": rss, "pss_mb": pss, "cpu_s": cpu}
+
+
+def _view_sample(port: int) -> dict[str, Any] | None:
+    """Lag (records, summed over partitions) and the latency histogram from a view's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    lag, buckets, rows = 0.0, [], 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kappa_partition_lag_records":
+                lag += sample.value
+            elif sample.name == "kappa_end_to_end_latency_seconds_bucket":
+                buckets.append((float(sample.labels["le"]), int(sample.value)))
+            elif sample.name == "kappa_rows_written_total":
+                rows += sample.value
+    return {"lag": lag, "buckets": sorted(buckets), "rows_written": rows}
+
+
+STACK_PORTS_HINT = "stop `make run` first (`make down`): the stack's metrics and Airflow ports are fixed"
+
+
+def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
+                       broker_pid: int | None = None) -> dict[str, Any]:
+    """(g) ``make run``'s stack in its own home and topics on the bench's broker: after ``minutes`` of its live
+    producer, each view's lag (records; seconds = records / produce rate) and end-to-end latency over the last
+    minute, the RSS/PSS of everything it started and the CPU each part used in that minute."""
+    import socket
+
+    from kappa import stack
+    from kappa.host import host_pid
+
+    for port in [*stack.VIEW_METRICS_PORTS.values(), stack.AIRFLOW_PORT]:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                print(f"(g) skipped: port {port} is in use; {STACK_PORTS_HINT}")
+                return {"skipped": f"port {port} in use"}
+    home = Path(settings.home) / "bench" / f"stack-{int(time.time())}"
+    st = settings.replace(home=home, lake_uri=str(home / "lake"), topic_prefix=f"stack{int(time.time())}-")
+    lines: list[str] = []
+    t_up = time.monotonic()
+    stack.up(st, rate=rate, echo=lines.append)
+    up_seconds = time.monotonic() - t_up
+    try:
+        def parts() -> dict[str, int | None]:
+            return {"broker": broker_pid, "view host": host_pid(st), "producer": stack.Daemon("producer", st).pid(),
+                    "airflow": stack.Daemon("airflow", st).pid()}
+
+        measure_from = max(0.0, minutes * 60 - 60)
+        time.sleep(measure_from)
+        before = {name: _tree_usage(pid) for name, pid in parts().items()}
+        first = {view: _view_sample(port) for view, port in stack.VIEW_METRICS_PORTS.items()}
+        lags: dict[str, list[float]] = {view: [] for view in stack.VIEW_METRICS_PORTS}
+        t0 = time.monotonic()
+        samples: dict[str, Any] = dict(first)
+        while time.monotonic() - t0 < min(60.0, minutes * 60):
+            time.sleep(5)
+            for view, port in stack.VIEW_METRICS_PORTS.items():
+                sample = _view_sample(port)
+                if sample is not None:
+                    lags[view].append(sample["lag"])
+                    samples[view] = sample
+        window = time.monotonic() - t0
+        after = {name: _tree_usage(pid) for name, pid in parts().items()}
+        views = {}
+        for view in stack.VIEW_METRICS_PORTS:
+            last, start = samples.get(view), first.get(view)
+            if last is None:
+                views[view] = {"reachable": False}
+                continue
+            start_counts = dict(start["buckets"]) if start else {}
+            minute = [(le, n - start_counts.get(le, 0)) for le, n in last["buckets"]]
+            series = lags[view] or [last["lag"]]
+            views[view] = {"lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
+                           "lag_seconds_max": max(series) / rate, "rows_written": last["rows_written"],
+                           "latency_p50_s": _quantile(minute, 0.5), "latency_p99_s": _quantile(minute, 0.99)}
+        usage = {name: {"rss_mb": after[name]["rss_mb"], "pss_mb": after[name]["pss_mb"],
+                        "cores": (after[name]["cpu_s"] - before[name]["cpu_s"]) / window}
+                 for name in after}
+        out = {"minutes": minutes, "rate": rate, "up_seconds": up_seconds, "views": views, "processes": usage,
+               "rss_mb_total": sum(u["rss_mb"] for u in usage.values()),
+               "pss_mb_total": sum(u["pss_mb"] for u in usage.values()), "load_avg": os.getloadavg()}
+    finally:
+        stack.down(st, echo=lines.append)
+    for view, v in out["views"].items():
+        if v.get("reachable") is False:
+            print(f"(g) {view}: metrics unreachable")
+            continue
+        print(f"(g) {view}: lag {v['lag_records_mean']:,.0f} records mean, {v['lag_records_max']:,.0f} max "
+              f"({v['lag_seconds_max']:.1f} s of produce), latency p50 {_secs(v['latency_p50_s'])} "
+              f"p99 {_secs(v['latency_p99_s'])}")
+    print(f"(g) stack after {minutes:g} min: RSS {out['rss_mb_total']:,.0f} MiB (PSS {out['pss_mb_total']:,.0f}); "
+          "cores " + ", ".join(f"{k} {u['cores']:.2f}" for k, u in usage.items()))
+    return out
 
 
 def _fmt(value: float | None) -> str:
@@ -394,7 +531,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=2))
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4))
+    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(17, 4))
     names = ["raw consumer (a)", "Spark read (a')", "Spark decode (a')", "replay (b)", "live rate"]
     ceiling = result.get("spark_ceiling") or {}
     values = [result["raw_ceiling"]["events_per_s"], ceiling.get("read_events_per_s", 0.0),
@@ -412,6 +549,11 @@ def _report(result: dict[str, Any], out: Path) -> None:
     ax3.bar(list(result["peak_rss_mb"]), list(result["peak_rss_mb"].values()), color="#76a")
     ax3.set_ylabel("MiB")
     ax3.set_title("peak RSS (d)")
+    stack_views = {v: d for v, d in ((result.get("stack") or {}).get("views") or {}).items() if "lag_seconds_max" in d}
+    ax4.bar(list(stack_views), [d["lag_seconds_max"] for d in stack_views.values()], color="#3a9")
+    ax4.tick_params(axis="x", labelrotation=30)
+    ax4.set_ylabel("seconds of produce behind (max, last minute)")
+    ax4.set_title("make run steady state (g)")
     fig.tight_layout()
     fig.savefig(out / "bench.png", dpi=100)
     table = Table("measure", "value")
@@ -450,6 +592,16 @@ def _report(result: dict[str, Any], out: Path) -> None:
             table.add_row(label, ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     for name, mb in result["peak_rss_mb"].items():
         table.add_row(f"(d) peak RSS {name}", f"{mb:,.0f} MiB")
+    stack_result = result.get("stack") or {}
+    for view, v in (stack_result.get("views") or {}).items():
+        if "lag_records_max" in v:
+            table.add_row(f"(g) make run after {stack_result['minutes']:g} min: {view}",
+                          f"lag {v['lag_records_mean']:,.0f} records mean / {v['lag_records_max']:,.0f} max "
+                          f"({v['lag_seconds_max']:.1f} s), latency p99 {_secs(v['latency_p99_s'])} (goal <= 10 s)")
+    if "rss_mb_total" in stack_result:
+        table.add_row("(g) make run: RSS / PSS of all it started (goal <= 6 GiB)",
+                      f"{stack_result['rss_mb_total']:,.0f} / {stack_result['pss_mb_total']:,.0f} MiB; cores "
+                      + ", ".join(f"{k} {u['cores']:.2f}" for k, u in stack_result["processes"].items()))
     Console().print(table)
     print(f"report: {out / 'bench.json'}, {out / 'bench.png'}")
 
@@ -460,8 +612,11 @@ def main() -> None:
     parser.add_argument("--live-rate", type=float, default=10_000)
     parser.add_argument("--live-seconds", type=float, default=60)
     parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("--stack-minutes", type=float, default=5.0,
+                        help="minutes of the local stack's producer before (g) measures it (0: skip)")
     args = parser.parse_args()
-    run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out)
+    run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out,
+        stack_minutes=args.stack_minutes)
 
 
 if __name__ == "__main__":

@@ -199,10 +199,10 @@ def broker_status() -> None:
 @topics_app.command("ensure")
 def topics_ensure() -> None:
     """Create or update every declared topic (idempotent)."""
-    from kappa.catalog import load_catalog
-    from kappa.topics import ensure_topics
+    from kappa.topics import declared_topics, ensure_topics
 
-    changes = ensure_topics(_settings(), list(load_catalog().topics.values()))
+    settings = _settings()
+    changes = ensure_topics(settings, declared_topics(settings))
     for change in changes:
         console.print(str(change), highlight=False)
     if not changes:
@@ -229,8 +229,9 @@ def produce(
 
     settings = _settings()
     u = generator.universe(seed=seed, campaigns=campaigns)
+    topic = settings.topic(topic)  # a declared name; KAPPA_TOPIC_PREFIX makes it the physical one
     if not no_campaigns:
-        generator.publish_campaigns(settings, generator.campaign_records(u))
+        generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
     if live and count == 0:
         if not rate:
             raise UserError("--live --count 0 needs --rate")

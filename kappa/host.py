@@ -4,9 +4,11 @@ On a small machine one JVM per view costs more than the views themselves (four d
 the host runs every live view version of ``make run`` in one SparkSession instead. Nothing about a view's
 guarantees changes: each view version still has its own streaming query, checkpoint, Delta appId and driver
 lock (a second copy of a version is refused in the host as anywhere else), and runs in its own FAIR scheduler
-pool, so a view with a large backlog (a replay joining the host) cannot starve the others. A query that dies
-of a known, harmless Spark failure is restarted alone; a query that really fails is stopped and reported
-``failed`` while the others go on.
+pool, so a view with a large backlog (a replay joining the host) cannot starve the others. A query that fails
+is restarted alone, from its checkpoint (exactly-once makes that safe), after a backoff that doubles with each
+consecutive failure (:data:`RESTART_BACKOFF_SECONDS`, reset after :data:`HEALTHY_SECONDS` of running); after
+:data:`MAX_RESTARTS` consecutive failures it is stopped and reported ``failed`` while the others go on - the
+same policy a Kubernetes Deployment gives a view's own driver.
 
 The host is driven by files, so the local runner (and through it ``kappa replay`` and the Airflow DAGs) can add
 and remove view versions while it runs:
@@ -15,7 +17,8 @@ and remove view versions while it runs:
 
     <home>/run/host/host.json             the host process (pid, start time); host.lock: one host per home
     <home>/run/host/desired/<ref>.json    a JobSpec the host must run (written by LocalRunner.start)
-    <home>/run/host/status/<ref>.json     what the host did with it: running | finished | failed | stopped
+    <home>/run/host/status/<ref>.json     what the host did with it: running | restarting | finished | failed |
+                                          stopped
 
 Removing a desired file stops that view version (``LocalRunner.stop``).
 """
@@ -45,6 +48,12 @@ log = logging.getLogger("kappa.host")
 
 #: How often the host looks for added or removed view versions and for failed queries.
 HOST_POLL_SECONDS = float(os.environ.get("KAPPA_HOST_POLL_SECONDS", "1.0"))
+#: First wait before restarting a failed query; doubles with each consecutive failure (capped at 5 minutes).
+RESTART_BACKOFF_SECONDS = float(os.environ.get("KAPPA_HOST_RESTART_BACKOFF_SECONDS", "5"))
+#: Consecutive failures after which a query is left stopped (``failed``).
+MAX_RESTARTS = int(os.environ.get("KAPPA_HOST_MAX_RESTARTS", "5"))
+#: A query running this long without failing starts counting its failures from zero again.
+HEALTHY_SECONDS = 300.0
 
 
 def host_dir(settings: "Settings") -> Path:
@@ -71,6 +80,9 @@ class ViewHost:
         self._stop = threading.Event()
         self._spark: Any = None
         self._lookups: Any = None
+        self._failures: dict[str, int] = {}  # consecutive failures per view version
+        self._restart_at: dict[str, float] = {}  # monotonic time a failed version may start again
+        self._started_at: dict[str, float] = {}
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -117,13 +129,12 @@ class ViewHost:
         try:
             job.start()
         except Exception as exc:  # noqa: BLE001 - one view failing to start must not stop the others
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.error("%s: cannot start: %s", spec.ref, message)
-            self._status(spec.ref, "failed", message)
+            self._failed(spec.ref, f"cannot start: {str(exc).strip() or type(exc).__name__}")
             return
         finally:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         self.jobs[spec.ref], self.specs[spec.ref] = job, spec
+        self._started_at[spec.ref] = time.monotonic()
         url = f"http://127.0.0.1:{job.bound_port}/metrics" if job.bound_port else None
         log.info("%s running in the host (app id %s, pool %s, metrics %s)", spec.ref, job.app_id, spec.ref, url)
         self._status(spec.ref, "running", f"host pid {os.getpid()}, app id {job.app_id}", url)
@@ -141,6 +152,10 @@ class ViewHost:
         for ref in list(self.jobs):
             if ref not in desired:
                 self._stop_job(ref, "stopped", "stopped by request")
+        for ref in [r for r in self._restart_at if r not in desired]:  # waiting for a restart, then withdrawn
+            self._restart_at.pop(ref)
+            self._failures.pop(ref, None)
+            self._status(ref, "stopped", "stopped by request")
         for ref, spec in desired.items():
             if ref not in self.jobs:
                 status = self.dir / "status" / f"{ref}.json"
@@ -150,18 +165,38 @@ class ViewHost:
                 desired_at = desired_file.stat().st_mtime if desired_file.exists() else 0.0
                 if previous.get("state") in ("finished", "failed") and previous.get("updated", 0) >= desired_at:
                     continue
+                if time.monotonic() < self._restart_at.get(ref, 0.0):
+                    continue
+                self._restart_at.pop(ref, None)
                 self._start(spec)
         for ref, job in list(self.jobs.items()):
             failure = job.failure()
             if failure:
-                if job.recover():
-                    continue
-                log.error("%s failed: %s", ref, failure)
-                self._stop_job(ref, "failed", failure)
-            elif all(not q.isActive for q in job.queries):
+                if not job.recover():
+                    self._failed(ref, failure)
+                continue
+            if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
+                self._failures.pop(ref, None)
+            if all(not q.isActive for q in job.queries):
                 bounded = self.specs[ref].end_timestamp_ms is not None
                 self._stop_job(ref, "finished" if bounded else "stopped", "bounded run completed" if bounded
                                else "query ended")
+
+    def _failed(self, ref: str, failure: str) -> None:
+        """Stop a failed query; restart it after a backoff, or leave it ``failed`` after too many in a row."""
+        failures = self._failures.get(ref, 0) + 1
+        self._failures[ref] = failures
+        first_line = failure.strip().splitlines()[0] if failure.strip() else failure
+        if failures > MAX_RESTARTS:
+            log.error("%s failed %s times in a row, left stopped: %s", ref, failures, first_line)
+            self._stop_job(ref, "failed", failure)
+            return
+        delay = min(300.0, RESTART_BACKOFF_SECONDS * 2 ** (failures - 1))
+        log.error("%s failed (%s of %s): %s; restarting it from its checkpoint in %.0f s", ref, failures,
+                  MAX_RESTARTS, first_line, delay)
+        self._restart_at[ref] = time.monotonic() + delay
+        self._stop_job(ref, "restarting", f"failure {failures} of {MAX_RESTARTS}, restart in {delay:.0f} s: "
+                                          f"{first_line}")
 
     def run(self) -> None:
         """Reconcile every :data:`HOST_POLL_SECONDS` until SIGTERM/SIGINT, then stop every view version."""

@@ -107,7 +107,7 @@ def up(settings: Settings, *, rate: float = 200.0, airflow: bool = True, echo=pr
     from kappa.generator import campaign_records, publish_campaigns, universe
     from kappa.runners.base import JobSpec
     from kappa.runners.local import LocalRunner
-    from kappa.topics import ensure_topics, partition_offsets
+    from kappa.topics import declared_topics, ensure_topics, partition_offsets
 
     if settings.local_broker:
         from kappa.broker import LocalBroker
@@ -117,10 +117,11 @@ def up(settings: Settings, *, rate: float = 200.0, airflow: bool = True, echo=pr
     else:
         echo(f"kafka      {settings.kafka_bootstrap}  (external)")
     catalog = load_catalog()
-    for change in ensure_topics(settings, list(catalog.topics.values())):
+    for change in ensure_topics(settings, declared_topics(settings)):
         echo(f"topic      {change}")
-    if sum(high for _low, high in partition_offsets(settings, "campaigns").values()) == 0:
-        publish_campaigns(settings, campaign_records(universe(seed=0)))
+    campaigns = settings.topic("campaigns")
+    if sum(high for _low, high in partition_offsets(settings, campaigns).values()) == 0:
+        publish_campaigns(settings, campaign_records(universe(seed=0)), topic=campaigns)
         echo("campaigns  published 1000 ad -> campaign mappings (100 campaigns)")
 
     runner = LocalRunner(settings, mode="host")  # every live view in one Spark application (kappa.host)

@@ -218,6 +218,15 @@ def describe(settings: Settings, name: str, *, timeout: float = 30.0) -> TopicIn
 
 
 # ------------------------------------------------------------------------------------ declare
+def declared_topics(settings: Settings) -> list[TopicSpec]:
+    """The topics of kappa/platform.yaml under their physical names (``KAPPA_TOPIC_PREFIX`` + name)."""
+    import dataclasses
+
+    from kappa.catalog import load_catalog
+
+    return [dataclasses.replace(spec, name=settings.topic(spec.name)) for spec in load_catalog().topics.values()]
+
+
 def ensure_topics(
     settings: Settings, specs: Iterable[TopicSpec], *, timeout: float = 30.0
 ) -> list[TopicChange]:

@@ -26,7 +26,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,13 +188,11 @@ def lake(kafka: KafkaCluster, tmp_path: Path, request: pytest.FixtureRequest) ->
     The topics of kappa/platform.yaml are created under a per-test prefix (``KAPPA_TOPIC_PREFIX``), so every
     test reads a log holding only its own records, while using the real declarations (partitions, configs).
     """
-    from kappa.catalog import load_catalog
-    from kappa.topics import ensure_topics
+    from kappa.topics import declared_topics, ensure_topics
 
     slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]
     settings = kafka.settings.replace(lake_uri=str(tmp_path / "lake"), topic_prefix=f"{slug}-{uuid.uuid4().hex[:6]}.")
-    specs = [dataclasses.replace(spec, name=settings.topic(spec.name)) for spec in load_catalog().topics.values()]
-    ensure_topics(settings, specs)
+    ensure_topics(settings, declared_topics(settings))
     return settings
 
 

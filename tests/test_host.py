@@ -65,3 +65,51 @@ def test_host_runs_views_in_one_jvm_and_stops_one_alone(spark, kafka, declared_t
         stop_host(lake)
     assert host_pid(lake) is None
     assert runner.status("events_raw", 1).state == "stopped"
+
+
+def test_host_restarts_a_failing_query_alone(spark, kafka, declared_topics, lake, monkeypatch):
+    """A real storage fault (events_raw's Delta log replaced by a file, the one fake here: nothing else makes a
+    commit fail on demand) fails that view's query; the host restarts it alone after a backoff, while the other
+    view in the same JVM keeps committing; once the log is back the view catches up exactly once."""
+    import os
+    import shutil
+
+    from delta.tables import DeltaTable
+
+    monkeypatch.setenv("KAPPA_HOST_RESTART_BACKOFF_SECONDS", "2")
+    monkeypatch.setenv("KAPPA_HOST_MAX_RESTARTS", "50")
+    u = generator.universe(seed=8, campaigns=5, users=50)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    first = generator.produce(lake, lake.topic("ad-events"), generator.events(800, seed=8, universe=u))
+    runner = LocalRunner(lake, mode="host")
+    windows = ViewPaths(lake.lake_uri, "campaign_window_counts", 1).table
+    log = ViewPaths(lake.lake_uri, "events_raw", 1).table + "/_delta_log"
+    try:
+        for view in ("events_raw", "campaign_window_counts"):
+            assert runner.start(JobSpec(view, 1, starting="earliest", metrics_port=0)).state == "running"
+        pid = host_pid(lake)
+        _wait(lambda: _rows(spark, lake, "events_raw") == first.kinds["valid"], 300, "events_raw's first load")
+        _wait(lambda: _rows(spark, lake, "campaign_window_counts") > 0, 300, "campaign_window_counts rows")
+        os.rename(log, log + ".away")
+        with open(log, "w") as fh:
+            fh.write("not a directory")
+        before = DeltaTable.forPath(spark, windows).history(1).collect()[0]["version"]
+        more = generator.produce(lake, lake.topic("ad-events"), generator.events(
+            400, seed=9, universe=u, start_ms=1_700_000_900_000))
+        _wait(lambda: "restarting" in runner.status("events_raw", 1).detail, 300, "events_raw to be restarting")
+        _wait(lambda: DeltaTable.forPath(spark, windows).history(1).collect()[0]["version"] > before, 300,
+              "campaign_window_counts to go on committing")
+        assert host_pid(lake) == pid
+        os.remove(log)
+        shutil.move(log + ".away", log)
+        total = first.kinds["valid"] + more.kinds["valid"]
+        _wait(lambda: _rows(spark, lake, "events_raw") == total, 300, f"events_raw to hold {total} rows")
+        _wait(lambda: runner.status("events_raw", 1).detail.startswith("host pid"), 60, "events_raw running again")
+        raw = spark.read.format("delta").load(ViewPaths(lake.lake_uri, "events_raw", 1).table)
+        assert raw.select("partition", "offset").distinct().count() == total  # nothing twice
+        assert host_pid(lake) == pid
+    finally:
+        if os.path.isfile(log):
+            os.remove(log)
+            shutil.move(log + ".away", log)
+        stop_host(lake)

@@ -114,3 +114,23 @@ def test_unknown_topic(kafka_settings: Settings) -> None:
 def test_admin_client_uses_settings(kafka_settings: Settings) -> None:
     md = admin_client(kafka_settings).list_topics(timeout=10)
     assert md.brokers
+
+
+def test_cli_honours_the_topic_prefix(kafka_settings: Settings) -> None:
+    """`kappa topics ensure` and `kappa produce` (what `make run` runs) create and write the prefixed topics
+    the views read, not the bare declared names."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    settings = kafka_settings.replace(topic_prefix=f"cli-{uuid.uuid4().hex[:6]}.")
+    env = subprocess_env(settings)
+    for args in (["topics", "ensure"], ["produce", "--count", "50", "--seed", "3"]):
+        proc = subprocess.run([sys.executable, "-m", "kappa.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    events = partition_offsets(settings, settings.topic("ad-events"))
+    assert sum(high for _low, high in events.values()) == 50
+    assert len(events) == load_catalog().topics["ad-events"].partitions
+    assert sum(high for _low, high in partition_offsets(settings, settings.topic("campaigns")).values()) > 0

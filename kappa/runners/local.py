@@ -115,6 +115,8 @@ class LocalRunner:
         state = st.get("state") or "stopped"
         if state == "running" and not alive:
             return JobStatus(ref, "stopped", f"the view host is not running (last: {st.get('detail', '')})")
+        if state == "restarting" and alive:  # a failed query the host restarts after a backoff (kappa.host)
+            return JobStatus(ref, "running", f"restarting in the view host: {st.get('detail', '')}")
         if state == "running" or (alive and self._hosted(ref) and not st):
             return JobStatus(ref, "running", st.get("detail") or "starting in the view host", st.get("metrics_url"))
         if state not in ("stopped", "failed", "finished"):
