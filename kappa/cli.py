@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kappa.errors import one_line
+
 __all__ = ["app", "main", "UserError"]
 
 console = Console(soft_wrap=True)
@@ -469,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
             code = exc.exit_code
         elif isinstance(exc, _user_errors()):
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = one_line(exc)
             err.print(f"error: {msg}", highlight=False, markup=False)
             code = 2
         else:

@@ -35,6 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kappa.errors import one_line
 from kappa.runners.base import JobSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,7 +130,7 @@ class ViewHost:
         try:
             job.start()
         except Exception as exc:  # noqa: BLE001 - one view failing to start must not stop the others
-            self._failed(spec.ref, f"cannot start: {str(exc).strip() or type(exc).__name__}")
+            self._failed(spec.ref, f"cannot start: {one_line(exc)}")
             return
         finally:
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
@@ -186,7 +187,7 @@ class ViewHost:
         """Stop a failed query; restart it after a backoff, or leave it ``failed`` after too many in a row."""
         failures = self._failures.get(ref, 0) + 1
         self._failures[ref] = failures
-        first_line = failure.strip().splitlines()[0] if failure.strip() else failure
+        first_line = one_line(failure)
         if failures > MAX_RESTARTS:
             log.error("%s failed %s times in a row, left stopped: %s", ref, failures, first_line)
             self._stop_job(ref, "failed", failure)

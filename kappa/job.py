@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from kappa.batch import BatchHandler
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
+from kappa.errors import one_line
 from kappa.late import dropped_by_watermark, late_records
 from kappa.lookups import LookupCache
 from kappa.metrics import ViewMetrics
@@ -396,7 +397,7 @@ class ViewJob:
             return self._stopped_at_bound(spark, batch_id)
         except Exception as exc:  # noqa: BLE001 - not knowing is safe: the batch is written to the table
             log.warning("%s: batch %s: cannot tell whether it is a catch-up batch (%s); writing it to the table",
-                        self.view.ref, batch_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        self.view.ref, batch_id, one_line(exc))
             return False
 
     def _stopped_at_bound(self, spark: "SparkSession", batch_id: int) -> bool:
@@ -456,7 +457,7 @@ class ViewJob:
                 raise FileNotFoundError(f"offsets/{batch_id}")
         except Exception as exc:  # noqa: BLE001 - lineage is for audits; the commit itself must go on
             log.warning("%s: batch %s: cannot read its offset log for the commit's lineage: %s", self.view.ref,
-                        batch_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        batch_id, one_line(exc))
             return None
         topic = self.settings.topic(self.view.stream_topic)
         offsets, watermark = parse_offset_log(text, topic)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from kappa.errors import one_line
 from kappa.plan import SIDE_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,7 +60,7 @@ def dropped_by_watermark(spark: "SparkSession", query_name: str) -> int | None:
         return total
     except Exception as exc:  # noqa: BLE001 - not knowing only costs a re-read
         log.warning("%s: cannot read the late-row count of the running batch (%s); looking for late rows anyway",
-                    query_name, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    query_name, one_line(exc))
         return None
 
 

@@ -49,6 +49,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
+from kappa.errors import one_line
+
 __all__ = [
     "STATES",
     "TRANSITIONS",
@@ -333,23 +335,18 @@ def open_delta(uri: str, *, as_of: int | datetime | None = None,
         try:
             return DeltaTable(uri, version=as_of, storage_options=storage_options)
         except DeltaError as exc:
-            raise AsOfError(f"Delta version {as_of} is no longer readable: {_one_line(exc)}") from None
+            raise AsOfError(f"Delta version {as_of} is no longer readable: {one_line(exc)}") from None
     if not isinstance(as_of, datetime) or as_of.tzinfo is None:
         raise AsOfError(f"as-of {as_of!r} must be a version number or a timezone-aware datetime")
     try:
         table.load_as_version(as_of)
     except DeltaError as exc:
-        raise AsOfError(f"has no snapshot as of {as_of.isoformat()}: {_one_line(exc)}") from None
+        raise AsOfError(f"has no snapshot as of {as_of.isoformat()}: {one_line(exc)}") from None
     # delta-rs silently returns the first version for a time before the table existed: refuse that
     committed = commit_time(uri, table.version(), storage_options=storage_options)
     if committed is not None and committed > as_of:
         raise AsOfError(f"did not exist yet at {as_of.isoformat()} (first commit {committed.isoformat()})")
     return table
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
 def _json_text(name: str, value: Any) -> str | None:
@@ -379,7 +376,7 @@ def _retrying(fn: Callable[[], T], what: str) -> T:
             with attempt:
                 return fn()
     except (_Lost, CommitFailedError) as exc:
-        raise RegistryError(f"{what}: gave up after repeated concurrent-write conflicts ({_one_line(exc)})") from None
+        raise RegistryError(f"{what}: gave up after repeated concurrent-write conflicts ({one_line(exc)})") from None
     raise AssertionError("unreachable")  # pragma: no cover
 
 

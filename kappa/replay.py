@@ -48,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from kappa.errors import one_line
 from kappa.lineage import batches_from_history, parse_offset_log
 from kappa.registry import Registry, RegistryError, VersionRecord, code_hash, is_local_uri, local_path
 
@@ -124,11 +125,6 @@ class VersionBusy(ReplayError):
     def __init__(self, message: str, record: VersionRecord | None = None) -> None:
         super().__init__(message)
         self.record = record
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
 # ------------------------------------------------------------------------------------------------ request
@@ -247,7 +243,7 @@ class ReplayRequest:
         try:
             req = cls(**values, triggered_by=triggered_by)
         except TypeError as exc:
-            raise ReplayError(f"invalid replay parameters: {_one_line(exc)}") from None
+            raise ReplayError(f"invalid replay parameters: {one_line(exc)}") from None
         return req.validate()
 
 
@@ -417,7 +413,7 @@ def _fsspec(uri: str) -> tuple[Any, str]:
     try:
         fs, path = fsspec.core.url_to_fs(re.sub(r"^s3a://", "s3://", uri))
     except (ImportError, ValueError) as exc:
-        raise ReplayError(f"cannot read {uri}: {_one_line(exc)}") from None
+        raise ReplayError(f"cannot read {uri}: {one_line(exc)}") from None
     return fs, path
 
 
@@ -676,7 +672,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
     try:
         bounds = partition_offsets(settings, topic)
     except TopicError as exc:
-        raise ReplayError(f"{req.ref}: {_one_line(exc)}") from None
+        raise ReplayError(f"{req.ref}: {one_line(exc)}") from None
     log_start = {p: lo for p, (lo, _hi) in bounds.items()}
     log_end = {p: hi for p, (_lo, hi) in bounds.items()}
 
@@ -759,7 +755,7 @@ def _measured_throughput(registry: Registry) -> tuple[float, str]:
         events = registry.events()
         records = {(r.view, r.version): r for r in registry.list()}
     except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
-        log.warning("cannot read replay history for the ETA: %s", _one_line(exc))
+        log.warning("cannot read replay history for the ETA: %s", one_line(exc))
         return DEFAULT_THROUGHPUT, "default"
     registered: dict[tuple[str, int], datetime] = {}
     best: tuple[datetime, float, str] | None = None
@@ -860,7 +856,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
             rec = registry.set_state(req.view, req.version, "building", by=req.triggered_by, expected={"failed"},
                                      note=f"relaunched after failure: {rec.note or '?'}")
     except RegistryError as exc:
-        raise ReplayError(_one_line(exc)) from None
+        raise ReplayError(one_line(exc)) from None
     status = runner.status(req.view, req.version)
     if status.state != "running" and not (status.state == "finished" and req.bounded):
         spec = JobSpec(req.view, req.version, starting=rec.starting, end_timestamp_ms=req.end_timestamp_ms,
@@ -869,7 +865,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
         try:
             status = runner.start(spec)
         except Exception as exc:  # noqa: BLE001 - runner errors (process, Kubernetes API) become one line
-            raise ReplayError(f"{req.ref}: starting the job failed: {_one_line(exc)}") from None
+            raise ReplayError(f"{req.ref}: starting the job failed: {one_line(exc)}") from None
         log.info("%s: job %s (%s) %s", req.ref, status.state, status.detail, status.metrics_url or "")
     return rec
 
@@ -1011,7 +1007,7 @@ def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: i
             try:
                 registry.set_state(view, version, rec.state, by=by, note=sample.summary(), **fields)
             except RegistryError as exc:  # a concurrent state change: the sample is simply not recorded
-                log.warning("progress of %s not recorded: %s", sample.ref, _one_line(exc))
+                log.warning("progress of %s not recorded: %s", sample.ref, one_line(exc))
     return sample
 
 
@@ -1061,7 +1057,7 @@ def _serving_lag(view: str, version: int, settings: Settings) -> float:
         sample = progress(view, serving.version, settings)
         return sample.lag if sample.batch_id is not None else -1
     except Exception as exc:  # noqa: BLE001 - only the comparison is lost; max_lag still applies
-        log.warning("%s: cannot sample the serving version's lag: %s", view, _one_line(exc))
+        log.warning("%s: cannot sample the serving version's lag: %s", view, one_line(exc))
         return -1
 
 
@@ -1352,7 +1348,7 @@ def _stop(runner: Runner, view: str, version: int) -> None:
             log.info("%s@v%s: job stopped", view, version)
     except Exception as exc:  # noqa: BLE001 - the switch already happened; report, do not undo it
         raise ReplayError(f"{view}@v{version}: the alias switched, but stopping the old job failed "
-                          f"({_one_line(exc)}); stop it with `kappa view stop {view} --version {version}`") from None
+                          f"({one_line(exc)}); stop it with `kappa view stop {view} --version {version}`") from None
 
 
 def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
@@ -1372,7 +1368,7 @@ def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: 
         adopt_serving(view, settings, by=by, exclude=version)
         result = _alias(settings).promote(view, version, by=by, keep=timedelta(hours=keep_hours))
     except RegistryError as exc:
-        raise ReplayError(_one_line(exc)) from None
+        raise ReplayError(one_line(exc)) from None
     if result.previous_version is not None and result.previous_version != version:
         _stop(runner, view, result.previous_version)
     write_catalog_sql(settings)
@@ -1400,7 +1396,7 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
     try:
         result = _alias(settings).rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))
     except RegistryError as exc:
-        raise ReplayError(_one_line(exc)) from None
+        raise ReplayError(one_line(exc)) from None
     rec = _registry(settings).get(view, result.version)
     if runner.status(view, result.version).state != "running":
         try:
@@ -1408,7 +1404,7 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
                                  metrics_port=_free_port()))
         except Exception as exc:  # noqa: BLE001
             raise ReplayError(f"{view}@v{result.version} serves again, but starting its job failed "
-                              f"({_one_line(exc)}); start it with `kappa view start {view} --version "
+                              f"({one_line(exc)}); start it with `kappa view start {view} --version "
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:
         _stop(runner, view, result.previous_version)
@@ -1425,4 +1421,4 @@ def retire_expired(settings: Settings, runner: Runner, *, by: str,
     try:
         return alias.delete_expired(now, by=by)
     except RegistryError as exc:
-        raise ReplayError(_one_line(exc)) from None
+        raise ReplayError(one_line(exc)) from None

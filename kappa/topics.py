@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,7 +41,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # names not r
 )
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from kappa.catalog import TopicSpec
+from kappa.catalog import TopicSpec, load_catalog
 from kappa.config import Settings
 
 __all__ = [
@@ -220,10 +221,6 @@ def describe(settings: Settings, name: str, *, timeout: float = 30.0) -> TopicIn
 # ------------------------------------------------------------------------------------ declare
 def declared_topics(settings: Settings) -> list[TopicSpec]:
     """The topics of kappa/platform.yaml under their physical names (``KAPPA_TOPIC_PREFIX`` + name)."""
-    import dataclasses
-
-    from kappa.catalog import load_catalog
-
     return [dataclasses.replace(spec, name=settings.topic(spec.name)) for spec in load_catalog().topics.values()]
 
 
