@@ -1,7 +1,8 @@
 """Late rows: what a stateful view's watermark dropped from a micro-batch, found again and kept.
 
 Spark drops a row from a watermarked aggregation when the watermark of the *previous* micro-batch had already
-passed its window (``end <= watermark``), and only counts it (``numRowsDroppedByWatermark``, of partially
+passed its window (``end <= watermark``; for session windows the row's own window ``[t, t + gap)``, before any
+merging), and only counts it (``numRowsDroppedByWatermark``, of partially
 aggregated rows). A view that declares ``late_bound`` (:class:`kappa.view.ViewDefinition`) keeps those records:
 
 .. code-block:: text

@@ -35,10 +35,15 @@ __all__ = [
     "OracleSpec",
     "ORACLES",
     "late_window_records",
+    "late_session_records",
+    "expected_sessions_batched",
+    "SESSION_GAP_MS",
 ]
 
 #: Size limits of the platform's record contract (schemas/README.md).
 MAX_VALUE_BYTES = {"ad_event": 16 * 1024, "campaign": 4 * 1024}
+#: user_sessions v1: a session closes this long after its last event (the view's gap and watermark delay).
+SESSION_GAP_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ def expected_window_counts(events: Iterable[Validated], mapping: Mapping[str, st
     return {k: (n, k[1] + window_ms <= watermark) for k, n in counts.items()}
 
 
-def expected_sessions(events: Iterable[Validated], *, gap_ms: int = 30_000, watermark_ms: int = 30_000,
+def expected_sessions(events: Iterable[Validated], *, gap_ms: int = SESSION_GAP_MS, watermark_ms: int = SESSION_GAP_MS,
                       closed_only: bool = True) -> dict[tuple[str, int], tuple[int, int, int]]:
     """(user_id, session_start_ms) -> (session_end_ms, event_count, distinct_ads).
 
@@ -417,24 +422,29 @@ def _window_row_v2(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
             (row["view_count"], row["click_count"], _epoch_ms(row["last_event_time"]), row["is_final"]))
 
 
-def expected_sessions_batched(inp: OracleInput, *, gap_ms: int = 30_000) -> dict[tuple, tuple]:
+def expected_sessions_batched(inp: OracleInput, *, gap_ms: int = SESSION_GAP_MS) -> dict[tuple, tuple]:
     """user_sessions v1 with Spark's micro-batch semantics (append mode, session windows, 30 s watermark).
 
     (user_id, session_start_ms) -> (session_end_ms, event_count, distinct_ads, last_event_ms). Per micro-batch
-    ``k`` in order: a user's valid events of the batch are first merged among themselves into sessions (an event
-    at most ``gap_ms`` after the previous one continues a session); a batch session ending at or before the
-    previous batch's watermark is dropped as late (Spark filters late input after this in-batch merge, on the
-    session's end); the rest merge with the user's open sessions; open sessions ending at or before batch
-    ``k``'s watermark are emitted (written once) and forgotten. Events after the last recorded batch are not
-    processed yet; sessions still open are not in the table.
+    ``k`` in order: a valid event whose own session window ``[t, t + gap)`` ends at or before the previous batch's
+    watermark is dropped as late - Spark filters late input row by row, before any merging (with
+    ``spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition`` at its default, false), so a late
+    event is dropped even when a later event of the same batch, or an open session, would have covered it; the
+    user's other events of the batch merge among themselves into sessions (an event at most ``gap_ms`` after the
+    previous one continues a session) and then with the user's open sessions; open sessions ending at or before
+    batch ``k``'s watermark are emitted (written once) and forgotten. Events after the last recorded batch are
+    not processed yet; sessions still open are not in the table.
     """
     batches = inp.batches or []
-    positions = _batch_index(inp.events, inp.batches)
+    positions, late_wm = _late_watermarks(inp)
     per_batch: list[dict[str, list[tuple[int, str]]]] = [defaultdict(list) for _ in batches]
     for v, pos in zip(inp.events, positions):
         if pos is None or v.error is not None:
             continue
-        per_batch[pos][v.value["user_id"]].append((v.value["event_time"], v.value["ad_id"]))
+        t = v.value["event_time"]
+        if t + gap_ms <= late_wm[pos]:
+            continue  # dropped as late by Spark (late_session_records)
+        per_batch[pos][v.value["user_id"]].append((t, v.value["ad_id"]))
 
     def merge(items: list[tuple[int, int, int, set[str], int]]) -> list[tuple[int, int, int, set[str], int]]:
         """Merge (start, end, count, ads, last) sessions that overlap or touch."""
@@ -449,13 +459,9 @@ def expected_sessions_batched(inp: OracleInput, *, gap_ms: int = 30_000) -> dict
 
     open_sessions: dict[str, list[tuple[int, int, int, set[str], int]]] = defaultdict(list)
     emitted: dict[tuple, tuple] = {}
-    previous_wm = 0
     for batch, rows in zip(batches, per_batch):
         for user, items in rows.items():
-            local = merge([(t, t + gap_ms, 1, {ad}, t) for t, ad in items])
-            alive = [x for x in local if x[1] > previous_wm]
-            if alive:
-                open_sessions[user] = merge(open_sessions[user] + alive)
+            open_sessions[user] = merge(open_sessions[user] + [(t, t + gap_ms, 1, {ad}, t) for t, ad in items])
         for user in list(open_sessions):
             keep = []
             for start, end, count, ads, last in open_sessions[user]:
@@ -464,8 +470,16 @@ def expected_sessions_batched(inp: OracleInput, *, gap_ms: int = 30_000) -> dict
                 else:
                     keep.append((start, end, count, ads, last))
             open_sessions[user] = keep
-        previous_wm = batch.watermark_ms
     return emitted
+
+
+def late_session_records(inp: OracleInput, *, gap_ms: int = SESSION_GAP_MS) -> set[tuple[int, int]]:
+    """(partition, offset) of the valid events that user_sessions drops as late: the event's own session window
+    ``[t, t + gap)`` had ended at or before the previous micro-batch's watermark when it arrived (see
+    :func:`expected_sessions_batched`); the view keeps them in the quarantine with reason ``late``."""
+    positions, late_wm = _late_watermarks(inp)
+    return {(v.record.partition, v.record.offset) for v, pos in zip(inp.events, positions)
+            if pos is not None and v.error is None and v.value["event_time"] + gap_ms <= late_wm[pos]}
 
 
 def _session_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:

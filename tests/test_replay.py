@@ -567,12 +567,14 @@ def test_session_oracle_follows_spark_micro_batches():
     events = [ev(0, 0, "u", 100_000), ev(0, 1, "u", 110_000, "b"),       # batch 0 (watermark 0): session opens
               ev(0, 2, "u", 105_000),                                    # batch 1: not late yet (previous wm 0)
               ev(0, 3, "u", 100_000),                                    # batch 2: alone and late -> dropped
-              ev(0, 4, "v", 115_000), ev(0, 5, "v", 140_000),            # batch 2: late alone, not once merged
+              ev(0, 4, "v", 115_000), ev(0, 5, "v", 140_000),            # batch 2: 115 s late although 140 s
+                                                                         # would cover it (Spark drops row by row)
               ev(0, 6, "w", 500_000)]                                    # batch 3: still open at the end
     batches = [BatchBoundary(0, {0: 2}, 0), BatchBoundary(1, {0: 3}, 150_000), BatchBoundary(2, {0: 6}, 200_000),
                BatchBoundary(3, {0: 7}, 210_000)]
     got = oracle.expected_sessions_batched(OracleInput(events, {}, batches))
-    assert got == {("u", 100_000): (140_000, 3, 2, 110_000), ("v", 115_000): (170_000, 2, 1, 140_000)}
+    assert got == {("u", 100_000): (140_000, 3, 2, 110_000), ("v", 140_000): (170_000, 1, 1, 140_000)}
+    assert oracle.late_session_records(OracleInput(events, {}, batches)) == {(0, 3), (0, 4)}
     # without micro-batches (one batch, final watermark) the late event would count and w would not be emitted
     assert oracle.expected_sessions(events) == {("u", 100_000): (140_000, 4, 2), ("v", 115_000): (170_000, 2, 1)}
 

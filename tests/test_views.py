@@ -7,12 +7,14 @@ values, null keys, unknown enum values) never stop a job and land exactly once i
 from __future__ import annotations
 
 import json
+import os
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from kappa import generator
+from kappa import generator, oracle
 from kappa.job import ViewJob, ViewPaths
 from kappa.late import LATE_REASON
 from kappa.view import load_view
@@ -215,3 +217,50 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     raw = {(v.record.partition, v.record.offset): v.record.value for v in validated}
     assert all(bytes(r.raw_value) == raw[(r.partition, r.offset)] for r in late)
     assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())
+
+
+def test_session_view_drops_late_events_row_by_row_like_the_oracle(spark, tmp_path):
+    """Spark filters late input of a session window row by row, before merging sessions: an event whose own
+    window ``[t, t + gap)`` the previous watermark passed is dropped even when another event of the same batch
+    would have merged it into a live session. The user_sessions transform runs on the real engine here, one
+    micro-batch per file, and its output equals ``expected_sessions_batched`` over the watermarks Spark used."""
+    from pyspark.sql import functions as F
+
+    from jobs.user_sessions.v1 import VIEW
+    from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated
+
+    s = 1_000
+    plan = [[("v", 200 * s)], [("v", 201 * s)],                      # the watermark reaches 170 s, then 171 s
+            [("u", 135 * s), ("u", 150 * s), ("w", 100 * s)],        # 135 s: late alone, covered by 150 s once merged
+            [("v", 300 * s)], [("v", 301 * s)]]                      # the watermark passes every session
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, rows in enumerate(plan):
+        path = folder / f"{i:03d}.json"
+        path.write_text("".join(json.dumps({"user_id": u, "t": t, "ad_id": f"{u}{t}"}) + "\n" for u, t in rows))
+        os.utime(path, (1_000 + i, 1_000 + i))  # the file source takes files oldest first
+    events = (spark.readStream.schema("user_id STRING, t BIGINT, ad_id STRING").option("maxFilesPerTrigger", 1)
+              .json(str(folder)).withColumn("event_ts", F.timestamp_millis("t")))
+    query = (VIEW.transform(events).writeStream.format("memory").queryName("sessions_late_rows").outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(300)
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        got = {(r.user_id, int(r.session_start.timestamp() * 1000)):
+               (int(r.session_end.timestamp() * 1000), r.event_count, r.distinct_ads)
+               for r in spark.table("sessions_late_rows").collect()}
+    finally:
+        query.stop()
+    assert [p["numInputRows"] for p in progress] == [len(rows) for rows in plan]
+    watermarks = [int(datetime.fromisoformat(p["eventTime"]["watermark"].replace("Z", "+00:00")).timestamp() * 1000)
+                  for p in progress]
+    offsets = [sum(len(rows) for rows in plan[: i + 1]) for i in range(len(plan))]
+    records = [Validated(LogRecord("t", 0, o, 0, u.encode(), b"{}"),
+                         {"user_id": u, "event_time": t, "ad_id": f"{u}{t}", "event_type": "view"}, None)
+               for o, (u, t) in enumerate(row for rows in plan for row in rows)]
+    inp = OracleInput(records, {}, [BatchBoundary(i, {0: end}, wm) for i, (end, wm) in enumerate(zip(offsets, watermarks))])
+    expected = {k: v[:3] for k, v in oracle.expected_sessions_batched(inp).items()}
+    assert got == expected, (got, expected)
+    assert ("u", 150 * s) in got and ("u", 135 * s) not in got  # the covered late event was dropped, not merged
+    assert oracle.late_session_records(inp) == {(0, 2), (0, 4)}  # u@135 s and w@100 s
+    assert sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"]) == 2

@@ -20,6 +20,7 @@ def expected(settings: Settings) -> dict[str, Any]:
     campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign", key_field=None,
                                         tombstones=True)
     window_input = OracleInput(events, {"campaigns": campaigns}, _batches(settings, "campaign_window_counts", events))
+    session_input = OracleInput(events, {}, _batches(settings, "user_sessions", events))
     return {
         "events": events,
         "campaign_records": campaigns,
@@ -28,8 +29,8 @@ def expected(settings: Settings) -> dict[str, Any]:
         "campaign_window_counts": {k: (v[0], v[2]) for k, v in
                                    oracle.ORACLES[("campaign_window_counts", 1)].compute(window_input).items()},
         "late_windows": oracle.late_window_records(window_input, counted=("view",), window_ms=10_000),
-        "user_sessions": {k: v[:3] for k, v in oracle.expected_sessions_batched(
-            OracleInput(events, {}, _batches(settings, "user_sessions", events))).items()},
+        "user_sessions": {k: v[:3] for k, v in oracle.expected_sessions_batched(session_input).items()},
+        "late_sessions": oracle.late_session_records(session_input),
         "bad_events": {(v.record.partition, v.record.offset) for v in events if v.error},
         "bad_campaigns": {(v.record.partition, v.record.offset) for v in campaigns if v.error},
     }
@@ -115,8 +116,9 @@ def assert_views_match(spark: Any, settings: Settings) -> dict[str, int]:
     for view in ("events_raw", "campaign_window_counts", "user_sessions"):
         q = got["quarantine"].get(view, [])
         assert len(q) == len(set(q)), f"{view}: a record was quarantined twice"
-        # the window view also keeps the records its watermark dropped (kappa.late)
-        want = exp["bad_events"] | (exp["late_windows"] if view == "campaign_window_counts" else set())
+        # the window and session views also keep the records their watermark dropped (kappa.late)
+        late = {"campaign_window_counts": exp["late_windows"], "user_sessions": exp["late_sessions"]}
+        want = exp["bad_events"] | late.get(view, set())
         assert set(q) == want, (f"{view}: quarantine differs from the oracle's bad and late records: "
                                 f"{sorted(set(q) ^ want)[:5]}")
     q = got["quarantine"].get("campaign_catalog", [])
@@ -126,6 +128,7 @@ def assert_views_match(spark: Any, settings: Settings) -> dict[str, int]:
         "valid": len(exp["events_raw"]),
         "quarantined": len(exp["bad_events"]),
         "late_kept": len(exp["late_windows"]),
+        "late_sessions_kept": len(exp["late_sessions"]),
         "windows": len(exp["campaign_window_counts"]),
         "final_windows": sum(1 for _n, final in exp["campaign_window_counts"].values() if final),
         "sessions": len(exp["user_sessions"]),

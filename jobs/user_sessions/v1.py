@@ -1,12 +1,13 @@
 """user_sessions v1 - per-user session windows with a 30 s gap.
 
 A session closes 30 s after its last event; it is written once, when the watermark (30 s) has passed its end,
-with start, end, number of events and number of distinct ads.
+with start, end, number of events and number of distinct ads. Events that arrive after the watermark passed
+their own session window are kept in the quarantine with reason ``late``.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kappa.parsing import AD_EVENTS
@@ -37,6 +38,12 @@ def transform(events: DataFrame) -> DataFrame:
     )
 
 
+def late_bound() -> Column:
+    """When the watermark drops an event: once it passed the end of the event's own session window
+    ``[event_ts, event_ts + gap)`` - Spark filters late input row by row, before merging sessions."""
+    return F.col("event_ts") + F.expr(f"INTERVAL {GAP}")
+
+
 VIEW = ViewDefinition(
     name="user_sessions",
     version=1,
@@ -49,4 +56,5 @@ VIEW = ViewDefinition(
     keys=("user_id", "session_start"),
     latency_column="last_event_time",
     stateful=True,
+    late_bound=late_bound,
 )
