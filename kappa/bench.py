@@ -597,7 +597,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
         if "lag_records_max" in v:
             table.add_row(f"(g) make run after {stack_result['minutes']:g} min: {view}",
                           f"lag {v['lag_records_mean']:,.0f} records mean / {v['lag_records_max']:,.0f} max "
-                          f"({v['lag_seconds_max']:.1f} s), latency p99 {_secs(v['latency_p99_s'])} (goal <= 10 s)")
+                          f"({v['lag_seconds_max']:.1f} s; goal <= 10 s), latency p99 {_secs(v['latency_p99_s'])}")
     if "rss_mb_total" in stack_result:
         table.add_row("(g) make run: RSS / PSS of all it started (goal <= 6 GiB)",
                       f"{stack_result['rss_mb_total']:,.0f} / {stack_result['pss_mb_total']:,.0f} MiB; cores "

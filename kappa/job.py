@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.batch import BatchHandler
+from kappa.errors import one_line
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
-from kappa.errors import one_line
 from kappa.late import dropped_by_watermark, late_records
 from kappa.lookups import LookupCache
 from kappa.metrics import ViewMetrics
