@@ -146,7 +146,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     record is kept once in the quarantine (reason `late`)."""
     from deltalake import DeltaTable
 
-    from kappa import lineage, oracle
+    from kappa import lineage
     from kappa.oracle import OracleInput
 
     u = generator.universe(seed=14, campaigns=6, users=100)
