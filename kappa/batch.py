@@ -202,13 +202,10 @@ class BatchHandler:
                 fault("between_commits", batch_id)
             with times.phase("quarantine"):
                 late = self.late_rows(session, batch_id)
-                # late records are few next to the batch: collected once, no second scan for the write
-                kept = late.collect() if late is not None else []
-                if stats.bad or kept:
-                    self.quarantine.write(side.unionByName(session.createDataFrame(kept, late.schema)) if kept
-                                          else side, batch_id)
+                if stats.bad or late is not None:
+                    written = self.quarantine.write(side if late is None else side.unionByName(late), batch_id)
                     m.g(m.quarantined).inc(stats.bad)
-                    m.g(m.late_kept).inc(len(kept))
+                    m.g(m.late_kept).inc(written - stats.bad)
                 fault("after_commit", batch_id)
             committed_at = time.time()
             with times.phase("bookkeeping"):

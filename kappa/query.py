@@ -26,12 +26,12 @@ from typing import Any
 
 import duckdb
 
+from kappa.deltars import arrow_rows
 from kappa.registry import (
     _EVENT_COLUMNS,
     _VERSION_COLUMNS,
     AsOfError,
     TableMissing,
-    _arrow_rows,
     commit_time,
     open_delta,
 )
@@ -180,7 +180,7 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
                 table = open_delta(src.path)
             except TableMissing:
                 if src.empty_columns is not None:
-                    con.register(src.name, _arrow_rows(src.empty_columns, []))
+                    con.register(src.name, arrow_rows(src.empty_columns, []))
                 else:
                     missing[src.name] = src.missing_message  # only an error if DuckDB needs it
                 continue

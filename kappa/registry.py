@@ -39,16 +39,16 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import arro3.core as ac
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
+from kappa.deltars import I64, STR, TS, arrow_rows, arrow_schema, is_local_uri, local_path, read_rows
 from kappa.errors import one_line
 
 __all__ = [
@@ -64,8 +64,6 @@ __all__ = [
     "VersionRecord",
     "code_hash",
     "commit_time",
-    "is_local_uri",
-    "local_path",
     "open_delta",
     "utcnow",
 ]
@@ -87,9 +85,6 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
 _UPDATABLE = frozenset({"start_offsets", "end_offsets", "delete_after", "deleted_at", "app_id", "starting",
                         "table_path"})
 _VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_TS = ac.DataType.timestamp("us", tz="UTC")
-_STR = ac.DataType.string()
-_I64 = ac.DataType.int64()
 
 T = TypeVar("T")
 
@@ -197,14 +192,14 @@ class Event:
 
 # Column layout of the tables: (name, arrow type). Timestamps are UTC microseconds (Delta ``timestamp``).
 _VERSION_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("view", _STR), ("version", _I64), ("code_module", _STR), ("code_hash", _STR), ("table_path", _STR),
-    ("app_id", _STR), ("starting", _STR), ("start_offsets", _STR), ("end_offsets", _STR), ("state", _STR),
-    ("created_at", _TS), ("updated_at", _TS), ("state_changed_by", _STR), ("note", _STR),
-    ("delete_after", _TS), ("deleted_at", _TS), ("revision", _I64),
+    ("view", STR), ("version", I64), ("code_module", STR), ("code_hash", STR), ("table_path", STR),
+    ("app_id", STR), ("starting", STR), ("start_offsets", STR), ("end_offsets", STR), ("state", STR),
+    ("created_at", TS), ("updated_at", TS), ("state_changed_by", STR), ("note", STR),
+    ("delete_after", TS), ("deleted_at", TS), ("revision", I64),
 )
 _EVENT_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("view", _STR), ("version", _I64), ("from_state", _STR), ("to_state", _STR), ("by", _STR), ("at", _TS),
-    ("note", _STR),
+    ("view", STR), ("version", I64), ("from_state", STR), ("to_state", STR), ("by", STR), ("at", TS),
+    ("note", STR),
 )
 
 
@@ -237,57 +232,6 @@ def code_hash(module: str) -> str:
         raise RegistryError(f"module {module!r} has no Python source file (origin {origin!r})")
     with open(origin, "rb") as fh:
         return hashlib.sha256(fh.read()).hexdigest()
-
-
-def is_local_uri(uri: str) -> bool:
-    """True for plain paths and ``file:`` URIs (False for ``s3a://``, ``abfss://``...)."""
-    return "://" not in uri or uri.startswith("file:")
-
-
-def local_path(uri: str) -> str:
-    """Filesystem path of a local URI (``file:///x`` / ``file:/x`` -> ``/x``)."""
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if uri.startswith("file:"):
-        return uri[len("file:"):]
-    return uri
-
-
-def _to_micros(value: datetime | None) -> int | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise RegistryError(f"timestamp {value.isoformat()} has no time zone (use UTC)")
-    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _array(values: list[Any], dtype: Any) -> Any:
-    if dtype == _TS:  # arro3 cannot build timestamps from datetimes: go through int64 microseconds
-        return ac.Array([_to_micros(v) for v in values], _I64).cast(_TS)
-    return ac.Array(values, dtype)
-
-
-def _schema(columns: Iterable[tuple[str, Any]]) -> Any:
-    return ac.Schema([ac.Field(name, dtype, True) for name, dtype in columns])
-
-
-def _arrow_rows(columns: tuple[tuple[str, Any], ...], rows: list[dict[str, Any]],
-                extra: tuple[tuple[str, Any], ...] = ()) -> Any:
-    cols = columns + extra
-    arrays = [_array([r.get(name) for r in rows], dtype) for name, dtype in cols]
-    return ac.Table.from_arrays(arrays, schema=_schema(cols))
-
-
-def _utc(value: Any) -> Any:
-    return value.astimezone(UTC) if isinstance(value, datetime) else value
-
-
-def _read_rows(table: DeltaTable) -> list[dict[str, Any]]:
-    data = table.scan().read_all()
-    names = list(data.column_names)
-    columns = [[_utc(v) for v in data.column(i).to_pylist()] for i in range(len(names))]
-    return [dict(zip(names, values)) for values in zip(*columns)]
 
 
 def _q(name: str) -> str:
@@ -386,7 +330,7 @@ def _ensure_table(uri: str, columns: tuple[tuple[str, Any], ...], storage_option
     if is_local_uri(uri):
         os.makedirs(local_path(uri), exist_ok=True)
     try:
-        DeltaTable.create(uri, _schema(columns), mode="ignore", storage_options=storage_options)
+        DeltaTable.create(uri, arrow_schema(columns), mode="ignore", storage_options=storage_options)
     except (CommitFailedError, DeltaError):
         # a concurrent creator committed version 0 first: fine as long as the table now exists
         if not DeltaTable.is_deltatable(uri, storage_options):
@@ -437,7 +381,7 @@ class Registry:
     def _records(self) -> list[VersionRecord]:
         if not DeltaTable.is_deltatable(self.versions_uri, self.storage_options):
             return []
-        rows = _read_rows(DeltaTable(self.versions_uri, storage_options=self.storage_options))
+        rows = read_rows(DeltaTable(self.versions_uri, storage_options=self.storage_options))
         return [VersionRecord(**row) for row in rows]
 
     def get(self, view: str, version: int) -> VersionRecord | None:
@@ -465,7 +409,7 @@ class Registry:
         """Audit log entries (of one view / version), oldest first."""
         if not DeltaTable.is_deltatable(self.events_uri, self.storage_options):
             return []
-        rows = _read_rows(DeltaTable(self.events_uri, storage_options=self.storage_options))
+        rows = read_rows(DeltaTable(self.events_uri, storage_options=self.storage_options))
         events = [Event(**row) for row in rows]
         events = [e for e in events
                   if (view is None or e.view == view) and (version is None or e.version == version)]
@@ -514,7 +458,7 @@ class Registry:
                 created_at=now, updated_at=now, state_changed_by=triggered_by, note=None, delete_after=None,
                 deleted_at=None, revision=1,
             )
-            source = _arrow_rows(_VERSION_COLUMNS, [dataclasses.asdict(rec)])
+            source = arrow_rows(_VERSION_COLUMNS, [dataclasses.asdict(rec)])
             metrics = (
                 self._table()
                 .merge(source, predicate=_KEY_MATCH, source_alias="s", target_alias="t")
@@ -607,7 +551,7 @@ class Registry:
     def _compare_and_set(self, expected_revision: int, new: VersionRecord) -> None:
         row = dataclasses.asdict(new)
         row["expected_revision"] = expected_revision
-        source = _arrow_rows(_VERSION_COLUMNS, [row], extra=(("expected_revision", _I64),))
+        source = arrow_rows(_VERSION_COLUMNS, [row], extra=(("expected_revision", I64),))
         metrics = (
             self._table()
             .merge(source, predicate=_KEY_MATCH, source_alias="s", target_alias="t")
@@ -621,7 +565,7 @@ class Registry:
     def _log(self, rec: VersionRecord, from_state: str | None, *, by: str, note: str | None) -> None:
         row = {"view": rec.view, "version": rec.version, "from_state": from_state, "to_state": rec.state,
                "by": by, "at": rec.updated_at, "note": note}
-        data = _arrow_rows(_EVENT_COLUMNS, [row])
+        data = arrow_rows(_EVENT_COLUMNS, [row])
 
         def append() -> None:  # blind append: never conflicts with other appends, retried if it does
             from deltalake import write_deltalake
@@ -653,7 +597,7 @@ def _normalize_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
         elif name in {"delete_after", "deleted_at"}:
             if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
                 raise RegistryError(f"{name} must be a timezone-aware datetime or None, got {value!r}")
-            out[name] = _utc(value)
+            out[name] = value.astimezone(UTC) if value is not None else None
         else:
             if not isinstance(value, str) or not value:
                 raise RegistryError(f"{name} must be a non-empty string, got {value!r}")

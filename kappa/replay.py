@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from kappa.errors import one_line
 from kappa.lineage import batches_from_history, parse_offset_log
-from kappa.registry import Registry, RegistryError, VersionRecord, code_hash, is_local_uri, local_path
+from kappa.deltars import is_local_uri, local_path
+from kappa.registry import Registry, RegistryError, VersionRecord, code_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings

@@ -32,24 +32,18 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from kappa.deltars import I64, STR, TS, arrow_rows, is_local_uri, local_path, read_rows
 from kappa.registry import (
-    _I64,
-    _STR,
-    _TS,
     AsOfError,
     Registry,
     RegistryError,
     StateConflict,
     TableMissing,
     VersionRecord,
-    _arrow_rows,
     _ensure_table,
     _Lost,
     _q,
-    _read_rows,
     _retrying,
-    is_local_uri,
-    local_path,
     open_delta,
     utcnow,
 )
@@ -74,8 +68,8 @@ __all__ = [
 DEFAULT_KEEP = timedelta(days=7)
 
 _ALIAS_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("view", _STR), ("version", _I64), ("table_path", _STR), ("switched_at", _TS), ("switched_by", _STR),
-    ("previous_version", _I64),
+    ("view", STR), ("version", I64), ("table_path", STR), ("switched_at", TS), ("switched_by", STR),
+    ("previous_version", I64),
 )
 
 
@@ -206,7 +200,7 @@ class ServingAlias:
             table = open_delta(self.uri, as_of=as_of, storage_options=self.storage_options)
         except (TableMissing, AsOfError):
             return {}  # no switch had happened (yet / at that time): every view uses its default version
-        return {row["view"]: AliasRow(**row) for row in _read_rows(table)}
+        return {row["view"]: AliasRow(**row) for row in read_rows(table)}
 
     def alias(self, view: str, *, as_of: datetime | None = None) -> AliasRow | None:
         """The alias row of one view (None if it was never switched)."""
@@ -391,7 +385,7 @@ class ServingAlias:
             row = {"view": rec.view, "version": rec.version, "table_path": rec.table_path,
                    "switched_at": utcnow(), "switched_by": by, "previous_version": previous,
                    "expected_version": alias.version if alias else None}
-            source = _arrow_rows(_ALIAS_COLUMNS, [row], extra=(("expected_version", _I64),))
+            source = arrow_rows(_ALIAS_COLUMNS, [row], extra=(("expected_version", I64),))
             cols = {_q(c): f"s.{_q(c)}" for c, _ in _ALIAS_COLUMNS}
             metrics = (
                 DeltaTable(self.uri, storage_options=self.storage_options)

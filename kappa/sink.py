@@ -27,19 +27,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from kappa.deltars import SQL_TYPES
 from kappa.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
            "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
     "raw_key BINARY, raw_value BINARY, error STRING, batch_id BIGINT, quarantined_at TIMESTAMP"
 )
+
+#: The quarantine's columns as Arrow types (its appends go through delta-rs, see :class:`QuarantineSink`).
+QUARANTINE_COLUMNS = tuple((name, SQL_TYPES[sql]) for name, sql in
+                           (column.split() for column in QUARANTINE_SCHEMA.split(", ")))
 
 #: Column of the staging table holding the micro-batch id a staged row came from.
 STAGED_BATCH = "_kappa_batch"
@@ -384,18 +389,37 @@ class QuarantineSink:
 
     ``rows`` are records with the columns of :data:`kappa.plan.SIDE_COLUMNS`; the commit's appId is the view
     run's appId plus ``/quarantine`` and its txnVersion the micro-batch id of the view's query.
+
+    The rows are few next to the batch (bad and late records); they are collected to the driver and appended
+    with delta-rs (:func:`kappa.deltars.append_once`): the same Delta application transaction as delta-spark's
+    ``txnAppId``, without the Spark job delta-spark runs to reconstruct the table's state on every idempotent
+    commit - on ``make run`` that job was as costly as the view's own commit (docs/performance.md).
     """
 
     view: ViewDefinition
     path: str
     app_id: str
+    _table: Any = field(default=None, init=False, repr=False)
 
-    def write(self, rows: "DataFrame", batch_id: int) -> None:
+    def write(self, rows: "DataFrame", batch_id: int) -> int:
+        """Append ``rows`` for micro-batch ``batch_id`` unless that batch's commit is already in the table.
+
+        Returns the number of records the batch quarantines (also when its commit was already there).
+        """
+        from datetime import UTC, datetime
+
+        from deltalake import DeltaTable
         from pyspark.sql import functions as F
 
+        from kappa.deltars import append_once, arrow_rows, rs_uri, to_micros
         from kappa.plan import SIDE_COLUMNS
 
-        _append_once(rows.select(F.lit(self.view.name).alias("view"), F.lit(self.view.version).alias("version"),
-                                 *SIDE_COLUMNS, F.lit(batch_id).cast("bigint").alias("batch_id"),
-                                 F.current_timestamp().alias("quarantined_at")),
-                     self.path, self.app_id, batch_id)
+        collected = rows.select(*(F.unix_micros(c).alias(c) if c == "kafka_timestamp" else F.col(c)
+                                  for c in SIDE_COLUMNS)).collect()
+        now = to_micros(datetime.now(UTC))
+        records = [{**r.asDict(), "view": self.view.name, "version": self.view.version, "batch_id": batch_id,
+                    "quarantined_at": now} for r in collected]
+        if self._table is None:
+            self._table = DeltaTable(rs_uri(self.path))
+        append_once(self._table, arrow_rows(QUARANTINE_COLUMNS, records), self.app_id, batch_id)
+        return len(records)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,70 @@ def test_tumbling_window_end_is_sparks_window_end_and_keeps_null_times(spark):
     assert len(ours) == len(micros) + 1 and sum(r.end is None for r in ours) == 1
     theirs = rows.select(F.window("event_ts", "10 seconds").end.alias("end")).collect()
     assert sorted(r.end for r in ours if r.end is not None) == sorted(r.end for r in theirs)
+
+
+def test_quarantine_appends_are_idempotent_concurrent_and_readable_by_spark(spark, tmp_path):
+    """The quarantine is appended through delta-rs by every view's driver: a re-run batch is skipped by its Delta
+    application transaction, concurrent writers of the shared table lose nothing, and Spark (which created the
+    table and checkpointed it) still reads it after delta-rs rewrote the checkpoint pointer."""
+    import threading
+
+    from pyspark.sql import functions as F
+
+    from kappa.deltars import local_path
+    from kappa.sink import QUARANTINE_SCHEMA, QuarantineSink, ensure_table
+
+    path = str(tmp_path / "quarantine")
+    ensure_table(spark, path, QUARANTINE_SCHEMA, partition_by=("view",), properties={"delta.checkpointInterval": "5"})
+    # a Spark checkpoint first (it leaves Hadoop's checksum sidecar beside _last_checkpoint)
+    for n in range(5):
+        spark.range(1).select(F.lit("spark").alias("view"), F.lit(n).cast("bigint").alias("batch_id")).write \
+            .format("delta").mode("append").save(path)
+    assert (tmp_path / "quarantine" / "_delta_log" / "._last_checkpoint.crc").exists()
+
+    def side(view: str, batch_id: int, n: int):
+        return spark.range(n).select(
+            F.lit(f"t-{view}").alias("topic"), F.lit(0).alias("partition"), (F.col("id") + batch_id * 100).alias("offset"),
+            F.timestamp_millis(F.lit(1_700_000_000_123) + F.col("id")).alias("kafka_timestamp"),
+            F.lit(None).cast("binary").alias("raw_key"), F.expr("encode(concat('raw-', id), 'utf-8')").alias("raw_value"),
+            F.lit("bad").alias("error"))
+
+    views = {name: load_view(f"jobs.{name}.v1") for name in ("events_raw", "user_sessions", "campaign_window_counts")}
+    frames = {(name, b): side(name, b, 3 + b % 4).persist() for name in views for b in range(8)}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            sink = QuarantineSink(views[name], path, f"kappa:{name}@v1:test/quarantine")
+            for b in range(8):
+                assert sink.write(frames[(name, b)], b) == 3 + b % 4
+            # the driver crashed after the commit and before Spark's checkpoint: the batch runs again
+            assert sink.write(frames[(name, 7)], 7) == 3 + 7 % 4
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in views]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    table = spark.read.format("delta").load(path).where("view <> 'spark'")
+    expected = sum(3 + b % 4 for b in range(8))
+    for name in views:
+        rows = table.where(f"view = '{name}'")
+        assert rows.count() == expected
+        assert rows.select("batch_id", "offset").distinct().count() == expected, "a batch was appended twice"
+    row = (table.where("view = 'events_raw' AND batch_id = 2 AND offset = 201")
+           .select("*", F.unix_millis("kafka_timestamp").alias("ms")).collect()[0])
+    assert (row.version, row.topic, bytes(row.raw_value), row.raw_key, row.ms) == (
+        1, "t-events_raw", b"raw-1", None, 1_700_000_000_124)
+    # delta-rs checkpointed (interval 5) and the stale Hadoop sidecar is gone: Spark reads without a checksum error
+    checkpoints = sorted(p.name for p in Path(local_path(path), "_delta_log").glob("*.checkpoint.parquet"))
+    assert len(checkpoints) > 1, checkpoints
+    assert not (tmp_path / "quarantine" / "_delta_log" / "._last_checkpoint.crc").exists()
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    txns = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(
+        False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions()
+    assert int(txns.get("kappa:events_raw@v1:test/quarantine").get()) == 7
