@@ -18,8 +18,8 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (f) what keeping late records costs (:mod:`kappa.late`): a replay of a log with late events all through it,
     with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
 (g) ``make run``'s steady state: the local stack (view host, producer at 200 events/s, Airflow) started in its
-    own home on the bench's broker; after 5 minutes each view's lag and latency, the RSS/PSS of everything it
-    started and the cores each part used.
+    own home on the bench's broker; after 5 minutes each view's lag and latency, its batches' mean duration and
+    phases over the last minute, the RSS/PSS of everything it started and the cores each part used.
 
 Writes ``<out>/bench.json`` and ``<out>/bench.png`` and prints a table.
 """
@@ -424,7 +424,8 @@ def _view_sample(port: int) -> dict[str, Any] | None:
             text = resp.read().decode()
     except OSError:
         return None
-    lag, buckets, rows = 0.0, [], 0.0
+    lag, buckets, rows, phases = 0.0, [], 0.0, {}
+    batches = {"count": 0.0, "sum": 0.0, "last_id": None}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "kappa_partition_lag_records":
@@ -433,7 +434,13 @@ def _view_sample(port: int) -> dict[str, Any] | None:
                 buckets.append((float(sample.labels["le"]), int(sample.value)))
             elif sample.name == "kappa_rows_written_total":
                 rows += sample.value
-    return {"lag": lag, "buckets": sorted(buckets), "rows_written": rows}
+            elif sample.name == "kappa_batch_phase_seconds":
+                phases[sample.labels["phase"]] = sample.value
+            elif sample.name in ("kappa_batch_duration_seconds_count", "kappa_batch_duration_seconds_sum"):
+                batches[sample.name.rsplit("_", 1)[1]] += sample.value
+            elif sample.name == "kappa_last_batch_id":
+                batches["last_id"] = sample.value
+    return {"lag": lag, "buckets": sorted(buckets), "rows_written": rows, "phases": phases, "batches": batches}
 
 
 STACK_PORTS_HINT = "stop `make run` first (`make down`): the stack's metrics and Airflow ports are fixed"
@@ -470,6 +477,8 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
         before = {name: _tree_usage(pid) for name, pid in parts().items()}
         first = {view: _view_sample(port) for view, port in stack.VIEW_METRICS_PORTS.items()}
         lags: dict[str, list[float]] = {view: [] for view in stack.VIEW_METRICS_PORTS}
+        # the phases of each batch seen (a sample shows the last batch's; a new batch id is a new batch)
+        phases: dict[str, list[dict[str, float]]] = {view: [] for view in stack.VIEW_METRICS_PORTS}
         t0 = time.monotonic()
         samples: dict[str, Any] = dict(first)
         while time.monotonic() - t0 < min(60.0, minutes * 60):
@@ -478,6 +487,8 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
                 sample = _view_sample(port)
                 if sample is not None:
                     lags[view].append(sample["lag"])
+                    if (samples.get(view) or {}).get("batches", {}).get("last_id") != sample["batches"]["last_id"]:
+                        phases[view].append(sample["phases"])
                     samples[view] = sample
         window = time.monotonic() - t0
         after = {name: _tree_usage(pid) for name, pid in parts().items()}
@@ -493,6 +504,14 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
             views[view] = {"lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
                            "lag_seconds_max": max(series) / rate, "rows_written": last["rows_written"],
                            "latency_p50_s": _quantile(minute, 0.5), "latency_p99_s": _quantile(minute, 0.99)}
+            ran = last["batches"]["count"] - (start["batches"]["count"] if start else 0.0)
+            if ran > 0:
+                views[view]["batches"] = ran
+                views[view]["batch_mean_s"] = (last["batches"]["sum"] - (start["batches"]["sum"] if start else 0.0)) / ran
+            if phases[view]:
+                names = sorted({name for seen in phases[view] for name in seen})
+                views[view]["phase_mean_s"] = {name: sum(seen.get(name, 0.0) for seen in phases[view])
+                                               / len(phases[view]) for name in names}
         usage = {name: {"rss_mb": after[name]["rss_mb"], "pss_mb": after[name]["pss_mb"],
                         "cores": (after[name]["cpu_s"] - before[name]["cpu_s"]) / window}
                  for name in after}
@@ -508,6 +527,9 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
         print(f"(g) {view}: lag {v['lag_records_mean']:,.0f} records mean, {v['lag_records_max']:,.0f} max "
               f"({v['lag_seconds_max']:.1f} s of produce), latency p50 {_secs(v['latency_p50_s'])} "
               f"p99 {_secs(v['latency_p99_s'])}")
+        if "batch_mean_s" in v:
+            print(f"    {v['batches']:.0f} batches in the minute, {v['batch_mean_s']:.2f} s each; phases (s): "
+                  + ", ".join(f"{k} {x:.2f}" for k, x in (v.get("phase_mean_s") or {}).items()))
     print(f"(g) stack after {minutes:g} min: RSS {out['rss_mb_total']:,.0f} MiB (PSS {out['pss_mb_total']:,.0f}); "
           "cores " + ", ".join(f"{k} {u['cores']:.2f}" for k, u in usage.items()))
     return out
@@ -597,7 +619,8 @@ def _report(result: dict[str, Any], out: Path) -> None:
         if "lag_records_max" in v:
             table.add_row(f"(g) make run after {stack_result['minutes']:g} min: {view}",
                           f"lag {v['lag_records_mean']:,.0f} records mean / {v['lag_records_max']:,.0f} max "
-                          f"({v['lag_seconds_max']:.1f} s; goal <= 10 s), latency p99 {_secs(v['latency_p99_s'])}")
+                          f"({v['lag_seconds_max']:.1f} s; goal <= 10 s), latency p99 {_secs(v['latency_p99_s'])}"
+                          + (f", batch {v['batch_mean_s']:.2f} s" if "batch_mean_s" in v else ""))
     if "rss_mb_total" in stack_result:
         table.add_row("(g) make run: RSS / PSS of all it started (goal <= 6 GiB)",
                       f"{stack_result['rss_mb_total']:,.0f} / {stack_result['pss_mb_total']:,.0f} MiB; cores "

@@ -9,7 +9,9 @@ snapshot natively in milliseconds, where delta-spark reconstructs it with a Spar
 **Idempotent appends** (:func:`append_once`) follow the Delta protocol's application transactions, the same
 mechanism delta-spark's ``txnAppId``/``txnVersion`` options use: the commit carries ``txn(appId, version)``, and a
 version at or below the one recorded is skipped. Blind appends of different appIds commute, so concurrent writers
-of one table (every view's quarantine) simply retry on the next log version (delta-rs' conflict checker).
+of one table (every view's quarantine) simply retry on the next log version (delta-rs' conflict checker). On S3,
+delta-rs 1.x commits with conditional writes (``If-None-Match``), so several drivers may append to one table
+there too; the tables it appends to are never committed to by delta-spark after their creation.
 
 **Two writers on a local table.** Spark's Hadoop ``file:`` file system keeps a checksum sidecar
 (``._last_checkpoint.crc``) beside each file it writes; delta-rs rewrites ``_last_checkpoint`` without it, and a

@@ -1,6 +1,7 @@
 """Idempotent Delta commits keyed by (app id, batch id).
 
-* appends use the DataFrameWriter options ``txnAppId``/``txnVersion``;
+* appends use the DataFrameWriter options ``txnAppId``/``txnVersion``; the quarantine's small appends use the same
+  Delta application transaction through delta-rs (:class:`QuarantineSink`);
 * MERGE (upserts, KTable deletes, window finality - ``WHEN NOT MATCHED BY SOURCE`` flags stored windows the
   watermark passed, in the same commit) uses the documented SQL confs
   ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (idempotent DML, Delta >= 2.3), set on the
@@ -34,8 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table", "last_version",
-           "table_columns", "txn_version"]
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table",
+           "last_version", "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
