@@ -28,8 +28,8 @@ from typing import Any, Iterable
 import arro3.core as ac
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-__all__ = ["BIN", "I32", "I64", "STR", "TS", "append_once", "arrow_rows", "arrow_schema", "drop_stale_checksum",
-           "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
+__all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema",
+           "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
 
 TS = ac.DataType.timestamp("us", tz="UTC")
 STR = ac.DataType.string()

@@ -48,9 +48,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from kappa.deltars import is_local_uri, local_path
 from kappa.errors import one_line
 from kappa.lineage import batches_from_history, parse_offset_log
-from kappa.deltars import is_local_uri, local_path
 from kappa.registry import Registry, RegistryError, VersionRecord, code_hash
 
 if TYPE_CHECKING:  # pragma: no cover
