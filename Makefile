@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .cache/venv
 PY := $(VENV)/bin/python
-KAPPA := $(VENV)/bin/kappa
+KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-long test-deploy bench clean lock
@@ -14,11 +14,11 @@ help: ## list targets
 setup: ## install everything (venv, Kafka broker + Spark/Delta jars) into .cache/ -- fast when done
 	@bash infra/local/bootstrap.sh all
 
-run: setup ## start the platform: broker, topics, 4 views, a live producer, Airflow; prints the URLs
+run: setup ## start the platform (broker, topics, 4 views, a live producer, Airflow); returns once every view has rows
 	@$(KAPPA) up
 
 down: ## stop everything `make run` started (data is kept in .kappa/)
-	@if [ -x $(KAPPA) ]; then $(KAPPA) down; fi
+	@if [ -x $(VENV)/bin/kappa ]; then $(KAPPA) down; fi
 
 status: ## what runs, where its metrics are
 	@$(KAPPA) status

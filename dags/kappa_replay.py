@@ -13,7 +13,7 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 |---|---|
 | `preflight` | the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
 | `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs) |
-| `wait_caught_up` | sensor in reschedule mode, logs progress %, lag and ETA; live: lag small, bounded: job finished |
+| `wait_caught_up` | sensor in reschedule mode, logs progress % (the job's `kappa_replay_progress_ratio`), lag, ETA and why it is (not yet) caught up; live: lag <= `max_lag` (or no more than the serving version's own lag - said so), bounded: job finished |
 | `verify` | `strict`: the table equals the plain-Python oracle over the exact offsets it holds; else the version is `failed` and serving is untouched |
 | `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped |
 
@@ -158,9 +158,12 @@ def kappa_replay() -> None:
                                      record=True, by=req.triggered_by)
             log.info("%s", sample.summary())
             log.info("metrics:\n%s", sample.metrics_text())
-            done = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
-                                    end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
-        return PokeReturnValue(is_done=done, xcom_value={"summary": sample.summary(), "batch_id": sample.batch_id})
+            caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                                      end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+        log.info("%s: %s", "caught up" if caught else "not caught up yet", caught.reason)
+        return PokeReturnValue(is_done=caught.done, xcom_value={
+            "summary": sample.summary(), "batch_id": sample.batch_id, "ratio": sample.ratio, "lag": sample.lag,
+            "caught_up": caught.reason})
 
     @task
     def verify(caught: dict[str, Any], params: dict[str, Any] | None = None,

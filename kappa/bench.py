@@ -455,8 +455,10 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
 
     from kappa import stack
     from kappa.host import host_pid
+    from kappa.runners.local import metrics_port
 
-    for port in [*stack.VIEW_METRICS_PORTS.values(), stack.AIRFLOW_PORT]:
+    ports = {view: metrics_port(view, version) for view, version in stack.stack_views(settings)}
+    for port in [*ports.values(), stack.AIRFLOW_PORT]:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 print(f"(g) skipped: port {port} is in use; {STACK_PORTS_HINT}")
@@ -466,6 +468,8 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
     lines: list[str] = []
     t_up = time.monotonic()
     stack.up(st, rate=rate, echo=lines.append)
+    stack.wait_ready(st)
+    stack.start_airflow(st)
     up_seconds = time.monotonic() - t_up
     try:
         def parts() -> dict[str, int | None]:
@@ -475,15 +479,15 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
         measure_from = max(0.0, minutes * 60 - 60)
         time.sleep(measure_from)
         before = {name: _tree_usage(pid) for name, pid in parts().items()}
-        first = {view: _view_sample(port) for view, port in stack.VIEW_METRICS_PORTS.items()}
-        lags: dict[str, list[float]] = {view: [] for view in stack.VIEW_METRICS_PORTS}
+        first = {view: _view_sample(port) for view, port in ports.items()}
+        lags: dict[str, list[float]] = {view: [] for view in ports}
         # the phases of each batch seen (a sample shows the last batch's; a new batch id is a new batch)
-        phases: dict[str, list[dict[str, float]]] = {view: [] for view in stack.VIEW_METRICS_PORTS}
+        phases: dict[str, list[dict[str, float]]] = {view: [] for view in ports}
         t0 = time.monotonic()
         samples: dict[str, Any] = dict(first)
         while time.monotonic() - t0 < min(60.0, minutes * 60):
             time.sleep(5)
-            for view, port in stack.VIEW_METRICS_PORTS.items():
+            for view, port in ports.items():
                 sample = _view_sample(port)
                 if sample is not None:
                     lags[view].append(sample["lag"])
@@ -493,7 +497,7 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
         window = time.monotonic() - t0
         after = {name: _tree_usage(pid) for name, pid in parts().items()}
         views = {}
-        for view in stack.VIEW_METRICS_PORTS:
+        for view in ports:
             last, start = samples.get(view), first.get(view)
             if last is None:
                 views[view] = {"reachable": False}

@@ -30,6 +30,10 @@ view_app = typer.Typer(help="Run and manage view-version drivers.", no_args_is_h
 broker_app = typer.Typer(help="The local KRaft broker.", no_args_is_help=True)
 topics_app = typer.Typer(help="Topics declared in kappa/platform.yaml.", no_args_is_help=True)
 host_app = typer.Typer(help="The view host: many view versions in one Spark application.", no_args_is_help=True)
+producer_app = typer.Typer(help="The live producer of the local stack.", no_args_is_help=True)
+app.add_typer(producer_app, name="producer")
+airflow_app = typer.Typer(help="The local stack's Airflow, through its REST API.", no_args_is_help=True)
+app.add_typer(airflow_app, name="airflow")
 app.add_typer(view_app, name="view")
 app.add_typer(host_app, name="host")
 app.add_typer(broker_app, name="broker")
@@ -52,9 +56,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from kappa.job import RunMismatch
     from kappa.lock import DriverAlreadyRunning
     from kappa.spark import MissingJarsError
+    from kappa.airflow_client import AirflowError
+    from kappa.stack import StackError
 
     errors: list[type[BaseException]] = [UserError, ConfigError, RunMismatch, DriverAlreadyRunning,
-                                         MissingJarsError, ValueError, FileNotFoundError, KeyError]
+                                         MissingJarsError, StackError, AirflowError, ValueError, FileNotFoundError,
+                                         KeyError]
     try:
         from kappa.catalog import CatalogError
 
@@ -111,7 +118,7 @@ def view_start(
     view: str,
     version: Optional[int] = typer.Option(None),
     starting: str = typer.Option("latest"),
-    metrics_port: int = typer.Option(9400),
+    metrics_port: Optional[int] = typer.Option(None, help="Prometheus port (default: the version's stable port)."),
 ) -> None:
     """Start a view-version driver in the background (local runner)."""
     from kappa.runners.base import JobSpec
@@ -257,18 +264,78 @@ def produce(
 def up(
     rate: float = typer.Option(200.0, help="Live producer rate (events/s)."),
     airflow: bool = typer.Option(True, help="Also start Airflow standalone."),
+    wait: float = typer.Option(600.0, min=0.0, help="Seconds to wait for every view's first micro-batch (0: do "
+                               "not wait)."),
 ) -> None:
-    """Start the local platform (broker, topics, views, producer, Airflow) and print where things are."""
+    """Start the local platform (broker, topics, views, producer, Airflow); return once it is usable."""
     from kappa import stack
 
     settings = _settings()
-    stack.up(settings, rate=rate, airflow=airflow, echo=lambda m: console.print(m, highlight=False))
+    began = time.monotonic()
+    stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
+    if wait:
+        _wait_views(settings, timeout=wait)
+        console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a micro-batch",
+                      highlight=False)
+    if airflow:  # after the views: they get the machine first (Airflow's first start migrates its database)
+        daemon = stack.start_airflow(settings)
+        console.print(f"airflow    {stack.airflow_url()}  (log {daemon.log_file})", highlight=False)
+        if wait:
+            _wait_airflow(settings, timeout=wait)
+    if wait:
+        console.print(f"\nready in {time.monotonic() - began:.0f} s: every view has committed rows"
+                      + (", Airflow's DAGs can be triggered" if airflow else ""), highlight=False)
+    cli = settings.cli
     console.print(
-        "\n[bold]Next[/bold]\n"
-        "  kappa status                          what runs, metrics URLs, Airflow login\n"
-        "  kappa query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
-        "  kappa replay campaign_window_counts --version 2 --start earliest\n"
-        "  make down                             stop everything (data stays in .kappa/)")
+        "\n[bold]Next[/bold] (from this folder)\n"
+        f"  {cli} status\n"
+        f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
+        f"  {cli} replay campaign_window_counts --version 2 --start earliest\n"
+        f"  {cli} producer stop                      pause the live producer (views keep running)\n"
+        "  make down                                 stop everything (data stays in .kappa/)", highlight=False)
+
+
+def _wait_views(settings, *, timeout: float) -> None:
+    """Show each view's way to its first micro-batch (a live table on a terminal, one line per change
+    otherwise) until every view has committed one."""
+    from rich.live import Live
+
+    from kappa import stack
+
+    def table(rows) -> Table:
+        t = Table("view", "state", "detail", box=None)
+        for r in rows:
+            t.add_row(r.ref, r.state if not r.ready else f"ready {r.ready_after:.0f} s", r.detail)
+        return t
+
+    if console.is_terminal:
+        with Live(table([]), console=console, refresh_per_second=4) as live:
+            stack.wait_ready(settings, timeout=timeout, on_change=lambda rows: live.update(table(rows)))
+    else:
+        seen: dict[str, str] = {}
+
+        def lines(rows) -> None:
+            for r in rows:
+                text = f"{r.state} ({r.detail})" + (f" after {r.ready_after:.0f} s" if r.ready else "")
+                if seen.get(r.ref) != text:
+                    seen[r.ref] = text
+                    console.print(f"view       {r.ref:<28} {text}", highlight=False)
+
+        stack.wait_ready(settings, timeout=timeout, on_change=lines)
+
+
+def _wait_airflow(settings, *, timeout: float) -> None:
+    """Wait until Airflow's API answers, its scheduler is healthy and the DAGs are parsed."""
+    from kappa import stack
+
+    deadline = time.monotonic() + timeout
+    with console.status("waiting for Airflow: API server, scheduler, DAGs parsed"):
+        while not stack.airflow_ready(settings):
+            if time.monotonic() > deadline:
+                raise UserError(f"Airflow did not answer on {stack.airflow_url()} within {timeout:.0f} s; see "
+                                f"{Path(settings.home) / 'logs' / 'airflow.log'}")
+            time.sleep(2)
+    console.print(f"airflow    ready (login admin/{stack.airflow_password(settings)})", highlight=False)
 
 
 @app.command("down")
@@ -279,27 +346,52 @@ def down() -> None:
     stack.down(_settings(), echo=lambda m: console.print(m, highlight=False))
 
 
-@app.command("status")
-def status() -> None:
-    """Processes of the local stack, and the registry of view versions."""
+@producer_app.command("start")
+def producer_start(rate: float = typer.Option(200.0, help="Events/s.")) -> None:
+    """Start the live producer of the local stack (no-op if it runs)."""
     from kappa import stack
 
     settings = _settings()
-    table = Table("component", "state", "where")
-    for row in stack.status(settings):
-        table.add_row(*row)
+    daemon = stack.start_producer(settings, rate=rate)
+    console.print(f"producer running (pid {daemon.pid()}, log {daemon.log_file})", highlight=False)
+
+
+@producer_app.command("stop")
+def producer_stop() -> None:
+    """Stop the live producer; the views keep running and catch up."""
+    from kappa import stack
+
+    console.print("producer stopped" if stack.stop_producer(_settings()) else "producer was not running")
+
+
+@app.command("status")
+def status() -> None:
+    """Processes of the local stack, and the registry of view versions (fits 80 columns: notes are wrapped)."""
+    from kappa import stack
+
+    settings = _settings()
+    table = Table("component", "state", box=None)
+    table.add_column("where", overflow="fold")
+    for component, state, where in stack.status(settings):
+        table.add_row(component, state, where)
     console.print(table)
     try:
         from kappa.registry import Registry
 
         records = Registry(settings.lake_uri).list()
     except Exception as exc:  # noqa: BLE001 - registry not created yet
-        console.print(f"registry: {str(exc).splitlines()[0] if str(exc) else 'empty'}", highlight=False)
+        console.print(f"registry: {one_line(exc) or 'empty'}", highlight=False)
         return
-    reg = Table("view", "version", "state", "by", "updated", "note")
+    if not records:
+        console.print("registry: no replays yet (each view serves its default version)")
+        return
+    console.print()
+    reg = Table("version", "state", "since (UTC)", box=None)
     for r in records:
-        reg.add_row(r.view, str(r.version), r.state, r.state_changed_by, str(r.updated_at)[:19], r.note or "")
+        reg.add_row(r.ref, r.state, str(r.updated_at)[:19])
     console.print(reg)
+    for r in records:  # the notes in full, wrapped: a replay's progress, why it caught up, a failure
+        console.print(f"{r.ref} ({r.state_changed_by}): {r.note or '-'}", highlight=False, soft_wrap=False)
 
 
 @app.command("query")
@@ -338,7 +430,8 @@ def _replay_request(view: str, version: int, **fields):
 def replay_cmd(
     view: str = typer.Argument(..., help="View name (kappa/platform.yaml)."),
     version: int = typer.Option(..., help="Version to build (declared under the view's versions)."),
-    start: str = typer.Option("earliest", help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'."),
+    start: Optional[str] = typer.Option(None, help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'. "
+                                        "Default: earliest for a new version; a version under way keeps its start."),
     end: str = typer.Option("live", help="live (then keep following the log) | ts:<epoch ms> (bounded)."),
     verify: str = typer.Option("strict", help="strict (must equal the plain-Python oracle) | none."),
     promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
@@ -346,20 +439,31 @@ def replay_cmd(
     max_offsets_per_trigger: Optional[int] = typer.Option(None, min=1, help="Bound the replay's micro-batches."),
     max_lag: int = typer.Option(2000, min=0, help="Live: caught up once at most this many records lag behind."),
     timeout: float = typer.Option(0.0, min=0.0, help="Stop waiting after this many seconds (0: no limit)."),
+    detach: bool = typer.Option(False, "--detach", help="Return once the job runs; the same command without "
+                                "--start attaches again (progress, verify, promote)."),
 ) -> None:
-    """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote)."""
+    """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote).
+
+    Interrupting the wait (Ctrl-C) or --detach leaves the job running; rerunning the command follows it."""
     from kappa import replay
 
     settings = _settings()
-    req = _replay_request(view, version, **replay.parse_start(start), **replay.parse_end(end), verify=verify,
-                          auto_promote=promote, keep_hours=keep_hours,
+    req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
+                          verify=verify, auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag)
     runner = replay.runner_from_env(settings)
-    # rerunning the command follows a replay that is already under way (it never starts a second driver)
-    pre = replay.preflight(req, settings, runner, resume=True)
+    # rerunning the command follows a replay that is already under way (it never starts a second driver); an
+    # explicit --start must match the one it runs from
+    pre = replay.preflight(req, settings, runner, resume=True, check_start=start is not None)
     console.print(pre.summary(), highlight=False)
     rec = replay.launch(req, settings, runner, pre)
-    console.print(f"{req.ref}: {rec.state} (app id {rec.app_id})", highlight=False)
+    job = runner.status(view, version)
+    console.print(f"{req.ref}: {rec.state}, job {job.state} (app id {rec.app_id})"
+                  + (f", metrics {job.metrics_url}" if job.metrics_url else ""), highlight=False)
+    if detach:
+        console.print(f"detached; follow it with: {settings.cli} replay {view} --version {version}"
+                      + (" --promote" if promote else ""), highlight=False)
+        return
     _follow(req, settings, runner, timeout=timeout)
     result = replay.verify(view, version, settings, req.verify, by=req.triggered_by,
                            end_timestamp_ms=req.end_timestamp_ms)
@@ -370,7 +474,7 @@ def replay_cmd(
         switched = replay.promote(view, version, settings, runner, by=req.triggered_by, keep_hours=keep_hours)
         console.print(switched.message, highlight=False)
     else:
-        console.print(f"promote it with: kappa promote {view} --version {version}", highlight=False)
+        console.print(f"promote it with: {settings.cli} promote {view} --version {version}", highlight=False)
 
 
 def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_every: float = 10.0) -> None:
@@ -397,9 +501,11 @@ def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_
             samples.append(sample)
             bar.update(task, total=max(sample.total, 1), completed=sample.done,
                        detail=f"lag {sample.lag:,}  ETA {sample.eta_text}")
-            if replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
-                                end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample):
+            caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                                      end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+            if caught:
                 bar.update(task, completed=max(sample.total, 1), detail=f"caught up (lag {sample.lag:,})")
+                bar.console.print(f"{req.ref} caught up: {getattr(caught, 'reason', '')}", highlight=False)
                 return
             if deadline is not None and time.monotonic() > deadline:
                 raise UserError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
@@ -452,6 +558,41 @@ def rollback_cmd(
     settings = _settings()
     result = replay.rollback(view, to, settings, replay.runner_from_env(settings), by=_by(), keep_hours=keep_hours)
     console.print(result.message, highlight=False)
+
+
+# -------------------------------------------------------------------------------------------- airflow
+@airflow_app.command("trigger")
+def airflow_trigger(
+    dag: str = typer.Argument(..., help="DAG id: kappa_replay | kappa_rollback."),
+    conf: str = typer.Option("{}", help="The run's Params as JSON, e.g. '{\"view\": \"campaign_window_counts\", "
+                             "\"version\": 2}'."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (exit 1 if it failed)."),
+    timeout: float = typer.Option(3600.0, min=1.0, help="With --wait: give up after this many seconds."),
+) -> None:
+    """Trigger a DAG of the local Airflow with Params and print the run's URL (REST API, no Airflow CLI)."""
+    from kappa.airflow_client import AirflowAPI
+
+    try:
+        params = json.loads(conf)
+    except ValueError as exc:
+        raise UserError(f"--conf is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise UserError("--conf must be a JSON object of Params")
+    api = AirflowAPI.local(_settings())
+    run_id = api.trigger(dag, params, note=f"triggered by {_by()}")
+    console.print(f"{dag}: run {run_id}\n{api.run_url(dag, run_id)}", highlight=False)
+    if not wait:
+        return
+
+    def show(state) -> None:
+        tasks = "  ".join(f"{task} {st}" for task, st in state.tasks.items())
+        console.print(f"{state.state:<8} {tasks}", highlight=False)
+
+    final = api.wait(dag, run_id, timeout=timeout, on_change=show)
+    if final.state != "success":
+        failed = [t for t, st in final.tasks.items() if st in ("failed", "upstream_failed")]
+        raise UserError(f"{dag} run {run_id} {final.state} (tasks {', '.join(failed) or '-'}); see "
+                        f"{api.run_url(dag, run_id)}")
 
 
 def main(argv: list[str] | None = None) -> None:

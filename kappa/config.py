@@ -13,6 +13,9 @@ environment variables (empty = unset):
 - ``KAPPA_KAFKA_SSL_CA_LOCATION`` -- PEM file of the CA that signed the brokers' certificates (with SSL/SASL_SSL).
 - ``KAPPA_LAKE_URI`` -- root of Delta tables, checkpoints and the view registry. Default ``<home>/lake``.
 - ``KAPPA_REPO_ROOT`` -- repository root (jars, schemas, platform.yaml). Default: parent of the package.
+- ``KAPPA_METRICS_ADDR`` -- address the drivers' ``/metrics`` servers bind. Default ``127.0.0.1`` (loopback);
+  the Helm chart sets ``0.0.0.0`` so Prometheus can scrape the pods.
+- ``KAPPA_CLI`` -- how messages spell the command line (``bin/kappa`` from a checkout, ``kappa`` in images).
 
 Example:
     >>> from kappa.config import Settings
@@ -78,6 +81,9 @@ class Settings:
         sasl_password: SASL password (excluded from ``repr``).
         ssl_ca_location: PEM CA bundle for SSL / SASL_SSL.
         lake_uri: Root URI/path of Delta tables, checkpoints and the view registry.
+        topic_prefix: Prefix of every physical topic name (``KAPPA_TOPIC_PREFIX``).
+        metrics_addr: Bind address of the Prometheus ``/metrics`` servers.
+        cli: The command line as users invoke it, for the commands that messages suggest.
     """
 
     repo_root: Path
@@ -91,6 +97,8 @@ class Settings:
     ssl_ca_location: str | None = None
     lake_uri: str = ""
     topic_prefix: str = ""
+    metrics_addr: str = "127.0.0.1"
+    cli: str = "kappa"
 
     def __post_init__(self) -> None:
         if not self.lake_uri:
@@ -131,6 +139,8 @@ class Settings:
             ssl_ca_location=get("KAPPA_KAFKA_SSL_CA_LOCATION"),
             lake_uri=get("KAPPA_LAKE_URI") or "",
             topic_prefix=get("KAPPA_TOPIC_PREFIX") or "",
+            metrics_addr=get("KAPPA_METRICS_ADDR") or "127.0.0.1",
+            cli=get("KAPPA_CLI") or "kappa",
         )
 
     def replace(self, **changes: Any) -> Settings:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.batch import BatchHandler
+from kappa.checkpoint import last_commit, offsets_of, run_progress
 from kappa.errors import one_line
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
@@ -192,6 +193,7 @@ class ViewJob:
         self.run_id: str | None = None
         self.app_id: str | None = None
         self.start_offsets: dict[int, int] | None = None
+        self.target_offsets: dict[int, int] | None = None  # what the run had to reach when it started
         self.processed_offsets: dict[int, int] = {}
         self.bound_port: int | None = None
         self._recoveries = 0
@@ -274,14 +276,39 @@ class ViewJob:
         self.run_id = info["run_id"]
         self.app_id = f"kappa:{self.view.ref}:{self.run_id}"
         if info.get("start_offsets"):
-            self.start_offsets = {int(p): int(o) for p, o in info["start_offsets"].items()}
+            self.start_offsets = offsets_of(info["start_offsets"])
+        if info.get("target_offsets"):
+            self.target_offsets = offsets_of(info["target_offsets"])
         self._run_file, self._run_info = run_file, info
+        if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
+            processed, _batch = last_commit(f"{self.paths.checkpoint}/main", self.settings.topic(self.view.stream_topic))
+            self.processed_offsets.update(processed)
+
+    def _run_target(self) -> dict[int, int]:
+        """Where this run is complete: the offsets at a bounded run's end timestamp, else the log end now."""
+        from kappa.topics import offsets_for_timestamp, partition_offsets
+
+        topic = self.settings.topic(self.view.stream_topic)
+        if self.end_timestamp_ms is not None:
+            return offsets_for_timestamp(self.settings, topic, self.end_timestamp_ms)
+        return {p: high for p, (_low, high) in partition_offsets(self.settings, topic).items()}
 
     def _remember_start(self, offsets: dict[int, int]) -> None:
+        """Record the run's start offsets and its target in run.json, once per run (progress is measured
+        against them: :func:`kappa.checkpoint.run_progress`)."""
         if self.start_offsets is None:
             self.start_offsets = dict(offsets)
+            try:
+                target = self._run_target()
+            except Exception as exc:  # noqa: BLE001 - Kafka unreachable: progress falls back to the log end
+                log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
+                target = None
+            if target is not None:
+                self.target_offsets = {p: max(o, self.start_offsets.get(p, 0)) for p, o in target.items()}
             if self._run_file is not None:
                 self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
+                if self.target_offsets is not None:
+                    self._run_info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
                 self._run_file.write_text(json.dumps(self._run_info, indent=2))
 
     # ---------------------------------------------------------------------------------------------------
@@ -328,7 +355,7 @@ class ViewJob:
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None:
-            self.bound_port = self.metrics.serve(self.metrics_port)
+            self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
         self._stream = stream
@@ -542,7 +569,7 @@ class ViewJob:
             except Exception as exc:  # Kafka unreachable: keep the last values, say why
                 log.warning("lag poll failed: %s", exc)
                 continue
-            total_lag, total_span, done = 0, 0, 0
+            total_lag = 0
             for partition, (low, high) in ends.items():
                 processed = self.processed_offsets.get(partition, low if self.processed_offsets else None)
                 p = str(partition)
@@ -553,9 +580,6 @@ class ViewJob:
                 total_lag += lag
                 m.g(m.lag, topic=topic, partition=p).set(lag)
                 m.g(m.processed_offset, topic=topic, partition=p).set(processed)
-                start = (self.start_offsets or {}).get(partition, low)
-                total_span += max(0, high - start)
-                done += max(0, processed - start)
             try:  # off the batch path: delta-rs reads the table's log, no Spark job
                 from deltalake import DeltaTable as _RsTable
 
@@ -563,7 +587,9 @@ class ViewJob:
             except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
                 pass
             if self.processed_offsets:
-                m.g(m.progress).set(1.0 if total_span == 0 else min(1.0, done / total_span))
+                start = self.start_offsets or {p: low for p, (low, _high) in ends.items()}
+                target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}
+                m.g(m.progress).set(run_progress(start, target, self.processed_offsets).ratio)
                 rate = m.g(m.processed_rate)._value.get()
                 m.g(m.eta).set(total_lag / rate if rate > 0 else (0.0 if total_lag == 0 else float("inf")))
 

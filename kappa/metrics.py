@@ -104,7 +104,7 @@ class ViewMetrics:
         r.register(self.latency)
         self._server = None
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``port`` (0 picks a free port); returns the port."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self._server = server

@@ -36,7 +36,7 @@ from kappa.registry import (
     open_delta,
 )
 
-__all__ = ["WATERMARKS", "Freshness", "QueryError", "QueryResult", "parse_as_of", "run_query"]
+__all__ = ["WATERMARKS", "Freshness", "QueryError", "QueryResult", "analyst_spark", "parse_as_of", "run_query"]
 
 #: Windowed views: name -> (event-time column, watermark delay). Mirrors the jobs' ``withWatermark`` delays
 #: (jobs/campaign_window_counts/v1.py: 30 s; user_sessions rows are written once closed, so no delay).
@@ -260,3 +260,26 @@ def _execute(con: duckdb.DuckDBPyConnection, sql: str, freshness: dict[str, Fres
                     values[i] = values[i].replace(tzinfo=timezone.utc)
             rows.append(tuple(values))
     return QueryResult(columns=columns, types=types, rows=rows, freshness=freshness, as_of=as_of)
+
+
+def analyst_spark(settings: Any = None, *, database: str = "analytics") -> Any:
+    """A SparkSession for analysts: Delta and the Kafka connector on the classpath, its SQL warehouse under
+    ``$KAPPA_HOME/warehouse``, and ``<database>.<view>`` defined for every view over the version that serves it
+    (:func:`kappa.replay.spark_catalog`) - so ``SELECT * FROM analytics.campaign_window_counts`` follows
+    promotions and needs no path.
+
+    Example:
+        >>> spark = analyst_spark()  # doctest: +SKIP
+        >>> spark.sql("SELECT count(*) FROM analytics.events_raw").show()  # doctest: +SKIP
+    """
+    from pathlib import Path
+
+    from kappa.config import Settings
+    from kappa.replay import spark_catalog
+    from kappa.spark import build_spark
+
+    settings = settings or Settings.from_env()
+    spark = build_spark("kappa-analyst", jars_dir=settings.jars_dir,
+                        warehouse_dir=str(Path(settings.home) / "warehouse"))
+    spark_catalog(spark, settings, database=database)
+    return spark

@@ -48,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from kappa.checkpoint import checkpoint_batches, last_commit, offsets_of, read_text, run_info, run_progress
 from kappa.deltars import is_local_uri, local_path
 from kappa.errors import one_line
 from kappa.lineage import batches_from_history, parse_offset_log
@@ -60,7 +61,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_MAX_LAG",
-    "DEFAULT_THROUGHPUT",
+    "MIN_MEASURED_RECORDS",
+    "THROUGHPUT_HISTORY",
     "END_MODES",
     "START_MODES",
     "VERIFY_MODES",
@@ -72,8 +74,10 @@ __all__ = [
     "VersionBusy",
     "adopt_serving",
     "catalog_sql_path",
+    "CatchUp",
     "caught_up",
     "checkpoint_batches",
+    "committed_offsets",
     "launch",
     "parse_end",
     "parse_start",
@@ -100,8 +104,10 @@ START_MODES: tuple[str, ...] = ("earliest", "timestamp", "offsets")
 END_MODES: tuple[str, ...] = ("live", "timestamp")
 VERIFY_MODES: tuple[str, ...] = ("strict", "none")
 
-#: Replay throughput assumed for the ETA when no earlier replay was measured (records/s).
-DEFAULT_THROUGHPUT = 20_000.0
+#: The preflight's ETA uses the throughput of the last this many replays...
+THROUGHPUT_HISTORY = 3
+#: ... of at least this many records (a tiny replay measures its start-up, not its rate).
+MIN_MEASURED_RECORDS = 10_000
 #: A live replay counts as caught up once at most this many records are left behind the log end.
 DEFAULT_MAX_LAG = 2_000
 #: Records sampled to estimate the average record size.
@@ -149,7 +155,7 @@ class ReplayRequest:
         triggered_by: Who asks (``cli:<user>``, ``airflow:<dag>:<run id>``); recorded in the registry.
         max_offsets_per_trigger: Micro-batch size bound of the replay job (None: Spark's default, unbounded).
         max_lag: A live replay is caught up once at most this many records are left behind the log end.
-        metrics_port: Prometheus port of the job (None: a free port for local runs).
+        metrics_port: Prometheus port of the job (None: the runner's choice, a stable port per version locally).
     """
 
     view: str
@@ -388,67 +394,6 @@ def _alias(settings: Settings) -> Any:
     return ServingAlias(settings.lake_uri)
 
 
-def _fs_read(uri: str) -> str | None:
-    """Text of a file in the lake (local path or any fsspec URL); None if it does not exist."""
-    if is_local_uri(uri):
-        path = Path(local_path(uri))
-        return path.read_text() if path.is_file() else None
-    fs, path = _fsspec(uri)
-    return fs.cat_file(path).decode() if fs.exists(path) else None
-
-
-def _fs_list(uri: str) -> list[str]:
-    """Names in a lake directory (empty if it does not exist)."""
-    if is_local_uri(uri):
-        path = Path(local_path(uri))
-        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-    fs, path = _fsspec(uri)
-    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if fs.exists(path) else []
-
-
-def _fsspec(uri: str) -> tuple[Any, str]:
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec comes with Airflow
-        raise ReplayError(f"reading {uri} needs fsspec and the filesystem's driver (e.g. s3fs)") from None
-    try:
-        fs, path = fsspec.core.url_to_fs(re.sub(r"^s3a://", "s3://", uri))
-    except (ImportError, ValueError) as exc:
-        raise ReplayError(f"cannot read {uri}: {one_line(exc)}") from None
-    return fs, path
-
-
-# ------------------------------------------------------------------------------------------------ checkpoint
-def _batch_ids(folder: str) -> list[int]:
-    return sorted(int(name) for name in _fs_list(folder) if name.isdigit())
-
-
-def checkpoint_batches(checkpoint: str, topic: str, *, upto: int | None = None) -> list[Any]:
-    """Micro-batches recorded in a query checkpoint (``<checkpoint>/offsets``), oldest first.
-
-    Args:
-        checkpoint: The query's checkpoint folder (``<view checkpoint>/main``).
-        topic: Source topic whose offsets are read.
-        upto: Only batches with an id <= this.
-
-    Returns:
-        :class:`kappa.oracle.BatchBoundary` per batch (end offsets, watermark). Spark only keeps the last
-        ``spark.sql.streaming.minBatchesToRetain`` (100) entries; callers needing all of them check ids.
-    """
-    from kappa.oracle import BatchBoundary
-
-    out = []
-    for batch in _batch_ids(f"{checkpoint}/offsets"):
-        if upto is not None and batch > upto:
-            continue
-        text = _fs_read(f"{checkpoint}/offsets/{batch}")
-        if text is None:
-            continue
-        offsets, watermark = parse_offset_log(text, topic)
-        out.append(BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark))
-    return out
-
-
 def _batch_boundaries(settings: Settings, view: str, version: int, table: Any, app_id: str, topic: str,
                       upto: int) -> list[Any]:
     """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.lineage`, complete
@@ -469,24 +414,13 @@ def _batch_boundaries(settings: Settings, view: str, version: int, table: Any, a
     return [merged[b] for b in sorted(merged)]
 
 
-def _processed(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
-    """End offsets of the last *committed* micro-batch of the view's main query (and its id)."""
-    checkpoint = f"{_paths(settings, view, version).checkpoint}/main"
-    committed = _batch_ids(f"{checkpoint}/commits")
-    if not committed:
-        return {}, None
-    batch = committed[-1]
-    text = _fs_read(f"{checkpoint}/offsets/{batch}")
-    return (parse_offset_log(text, topic)[0] if text else {}), batch
+def committed_offsets(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
+    """End offsets of the last *committed* micro-batch of the view version's main query (and its id)."""
+    return last_commit(f"{_paths(settings, view, version).checkpoint}/main", topic)
 
 
 def _run_info(settings: Settings, view: str, version: int) -> dict[str, Any]:
-    paths = _paths(settings, view, version)
-    text = _fs_read(f"{paths.checkpoint}/run.json")
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return {}
+    return run_info(_paths(settings, view, version).checkpoint)
 
 
 def _table_run_id(table: str) -> str | None:
@@ -546,9 +480,9 @@ class Preflight:
         records: Records to replay (``target - start``; live logs keep growing).
         avg_record_bytes: Average key + value size of a sample of the records.
         bytes_estimate: ``records * avg_record_bytes``.
-        throughput: Records/s assumed for the ETA.
-        throughput_source: Where it comes from (an earlier replay, or the default).
-        eta_seconds: ``records / throughput``.
+        throughput: Records/s this platform replayed at (earlier replays), None when not measured yet.
+        throughput_source: Where it comes from, or why it is unknown.
+        eta_seconds: ``records / throughput`` (None: unknown until the replay's first batches give a rate).
         existing_state: Registry state of the version if it was registered already (resume), else None.
         job_state: Runner status of its job.
     """
@@ -563,9 +497,9 @@ class Preflight:
     records: int
     avg_record_bytes: float
     bytes_estimate: int
-    throughput: float
+    throughput: float | None
     throughput_source: str
-    eta_seconds: float
+    eta_seconds: float | None
     existing_state: str | None = None
     job_state: str = "stopped"
 
@@ -579,7 +513,11 @@ class Preflight:
         what = (f"{self.request.ref}: replay {self.records:,} records (~{_human_bytes(self.bytes_estimate)}) of "
                 f"{self.topic} from {_short_offsets(self.start_offsets)}")
         end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
-        eta = f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s ({self.throughput_source})"
+        if self.throughput is None or self.eta_seconds is None:
+            eta = f"; ETA unknown until its first micro-batches ({self.throughput_source})"
+        else:
+            eta = (f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s "
+                   f"({self.throughput_source})")
         resume = f"; resuming ({self.existing_state}, job {self.job_state})" if self.existing_state else ""
         return what + end + eta + resume
 
@@ -624,7 +562,14 @@ def _short_offsets(offsets: Mapping[int, int]) -> str:
     return "{" + ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items())) + "}"
 
 
-def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume: bool = False) -> Preflight:
+def _describe_start(req: ReplayRequest) -> str:
+    if req.start == "timestamp":
+        return f"ts:{req.start_timestamp_ms}"
+    return "offsets" if req.start == "offsets" else "earliest"
+
+
+def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume: bool = False,
+              check_start: bool = True) -> Preflight:
     """Check that a replay can start and estimate its size and duration; changes nothing.
 
     Args:
@@ -633,10 +578,13 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         runner: Job runner (asked whether the version already runs).
         resume: Follow an existing run of the version instead of refusing it (DAG reruns). A version that
             already serves is still reported via :class:`VersionBusy`.
+        check_start: When resuming, refuse a request whose start differs from the one the version was launched
+            with (False: follow the run whatever its start, e.g. ``kappa replay`` without ``--start``).
 
     Raises:
         ReplayError: Invalid request, unknown view/version, version registered with other code, retired
-            version, or a start the topic's retention no longer covers (one line naming every partition's gap).
+            version, a start the topic's retention no longer covers (one line naming every partition's gap), or
+            a start other than the one the version is already building from.
         VersionBusy: The version already runs or is past building (without ``resume``), or already serves.
     """
     from kappa.topics import TopicError, offsets_for_timestamp, partition_offsets
@@ -677,29 +625,42 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
     log_start = {p: lo for p, (lo, _hi) in bounds.items()}
     log_end = {p: hi for p, (_lo, hi) in bounds.items()}
 
+    def requested() -> dict[int, int]:
+        if req.start == "earliest":
+            return dict(log_start)
+        if req.start == "timestamp":
+            return offsets_for_timestamp(settings, topic, int(req.start_timestamp_ms or 0))
+        asked = _parse_offsets(req.start_offsets, (declared, topic))
+        missing = sorted(set(log_end) - set(asked))
+        unknown = sorted(set(asked) - set(log_end))
+        if missing or unknown:
+            raise ReplayError(f"start_offsets must name every partition of {topic} "
+                              f"({', '.join(map(str, sorted(log_end)))}); missing {missing or '-'}, "
+                              f"unknown {unknown or '-'}")
+        beyond = {p: o for p, o in asked.items() if o > log_end[p]}
+        if beyond:
+            raise ReplayError(f"start_offsets beyond the log end of {topic}: " + ", ".join(
+                f"partition {p} -> {o} (end {log_end[p]})" for p, o in sorted(beyond.items())))
+        return asked
+
     resumed = _offsets_from_json(existing.start_offsets) if existing is not None else {}
     if resumed:
         start = resumed
+        if check_start:  # one version, one start: a different one is refused, not silently ignored
+            asked = requested()
+            # "earliest" still matches a run that started at the log start retention has since moved past
+            same = (all(resumed.get(p, 0) <= o for p, o in asked.items()) if req.start == "earliest"
+                    else all(resumed.get(p, 0) == o for p, o in asked.items()))
+            if not same:
+                raise ReplayError(
+                    f"{req.ref} is already {existing.state} from {_short_offsets(resumed)}; the requested start "
+                    f"({_describe_start(req)}) is {_short_offsets(asked)} - one version has one start: follow it "
+                    f"without --start, or replay the new start into version {req.version + 1}")
         # what must still be readable is what the job has not processed yet
-        processed, _batch = _processed(settings, req.view, req.version, topic)
+        processed, _batch = committed_offsets(settings, req.view, req.version, topic)
         needed = {p: max(o, processed.get(p, o)) for p, o in start.items()}
     else:
-        if req.start == "earliest":
-            start = dict(log_start)
-        elif req.start == "timestamp":
-            start = offsets_for_timestamp(settings, topic, int(req.start_timestamp_ms or 0))
-        else:
-            start = _parse_offsets(req.start_offsets, (declared, topic))
-            missing = sorted(set(log_end) - set(start))
-            unknown = sorted(set(start) - set(log_end))
-            if missing or unknown:
-                raise ReplayError(f"start_offsets must name every partition of {topic} "
-                                  f"({', '.join(map(str, sorted(log_end)))}); missing {missing or '-'}, "
-                                  f"unknown {unknown or '-'}")
-            beyond = {p: o for p, o in start.items() if o > log_end[p]}
-            if beyond:
-                raise ReplayError(f"start_offsets beyond the log end of {topic}: " + ", ".join(
-                    f"partition {p} -> {o} (end {log_end[p]})" for p, o in sorted(beyond.items())))
+        start = requested()
         needed = start
     gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
     if gaps:
@@ -721,7 +682,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         request=req, module=module, topic=topic, start_offsets=dict(sorted(start.items())), log_start=log_start,
         log_end=log_end, target_offsets=target, records=records, avg_record_bytes=avg,
         bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
-        eta_seconds=records / rate if rate > 0 else float("inf"),
+        eta_seconds=None if rate is None else records / rate,
         existing_state=existing.state if existing is not None else None, job_state=job.state,
     )
 
@@ -750,16 +711,19 @@ def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
-def _measured_throughput(registry: Registry) -> tuple[float, str]:
-    """Records/s of the most recent replay that reached caught_up (registration -> caught_up), else default."""
+def _measured_throughput(registry: Registry) -> tuple[float | None, str]:
+    """Records/s this platform replayed at: all records over all seconds (registration -> caught_up, start-up
+    included) of the last :data:`THROUGHPUT_HISTORY` replays of at least :data:`MIN_MEASURED_RECORDS` records.
+    (None, why) when there is no such replay: the ETA is then unknown until the replay's own batches give a rate -
+    never a made-up figure."""
     try:
         events = registry.events()
         records = {(r.view, r.version): r for r in registry.list()}
     except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
         log.warning("cannot read replay history for the ETA: %s", one_line(exc))
-        return DEFAULT_THROUGHPUT, "default"
+        return None, f"replay history unreadable: {one_line(exc)}"
     registered: dict[tuple[str, int], datetime] = {}
-    best: tuple[datetime, float, str] | None = None
+    runs: list[tuple[datetime, int, float, str]] = []
     for e in events:
         key = (e.view, e.version)
         if e.from_state is None:
@@ -770,12 +734,15 @@ def _measured_throughput(registry: Registry) -> tuple[float, str]:
                 continue
             start, end = _offsets_from_json(rec.start_offsets), _offsets_from_json(rec.end_offsets)
             done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
-            seconds = (e.at - registered[key]).total_seconds()
-            if done > 0 and seconds > 0 and (best is None or e.at > best[0]):
-                best = (e.at, done / seconds, f"measured on {rec.ref}")
-    if best is None:
-        return DEFAULT_THROUGHPUT, "default"
-    return best[1], best[2]
+            seconds = (e.at - registered.pop(key)).total_seconds()
+            if done >= MIN_MEASURED_RECORDS and seconds > 0:
+                runs.append((e.at, done, seconds, rec.ref))
+    if not runs:
+        return None, f"no replay of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+    last = sorted(runs)[-THROUGHPUT_HISTORY:]
+    rate = sum(r[1] for r in last) / sum(r[2] for r in last)
+    refs = ", ".join(r[3] for r in last)
+    return rate, f"measured here: {len(last)} replay{'s' if len(last) > 1 else ''} ({refs}), start-up included"
 
 
 # ------------------------------------------------------------------------------------------------ launch
@@ -820,12 +787,6 @@ def adopt_serving(view: str, settings: Settings, *, by: str, exclude: int | None
     return registry.get(view, default)
 
 
-def _free_port() -> int:
-    from kappa.broker import free_port
-
-    return free_port()
-
-
 def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Preflight) -> VersionRecord:
     """Register the version (state ``building``) and start its job; idempotent.
 
@@ -862,7 +823,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
     if status.state != "running" and not (status.state == "finished" and req.bounded):
         spec = JobSpec(req.view, req.version, starting=rec.starting, end_timestamp_ms=req.end_timestamp_ms,
                        max_offsets_per_trigger=req.max_offsets_per_trigger,
-                       metrics_port=req.metrics_port if req.metrics_port is not None else _free_port())
+                       metrics_port=req.metrics_port)
         try:
             status = runner.start(spec)
         except Exception as exc:  # noqa: BLE001 - runner errors (process, Kubernetes API) become one line
@@ -882,17 +843,19 @@ class Progress:
         topic: Stream topic.
         start_offsets: Where the run started.
         processed_offsets: End offsets of the last committed micro-batch (start offsets if none yet).
-        target_offsets: Log end (live) or offsets at the end timestamp (bounded).
+        target_offsets: The run's fixed target (:mod:`kappa.checkpoint`): the log end when the run started
+            (live) or the offsets at the end timestamp (bounded).
         batch_id: Last committed micro-batch (None: none yet).
-        done: Records processed since the start.
+        done: Records processed since the start, up to the target.
         total: Records from the start to the target.
-        ratio: ``done / total`` (1.0 when there is nothing to do).
-        lag: Records between the processed offsets and the target.
+        ratio: ``done / total`` (1.0 when there is nothing to do); never goes down for one run.
+        lag: Records between the processed offsets and the log end (live) or the end timestamp (bounded).
         rate: Records/s between the previous sample and this one; when no micro-batch completed in between, the
             average since the version was registered (None when nothing was processed yet).
         eta_seconds: ``lag / rate`` (None when unknown).
         sampled_at: Time of the sample (UTC).
         job_state: Runner status of the job (``running``, ``finished``...), if asked.
+        log_end: The log end now (live) or the offsets at the end timestamp (bounded); ``lag`` is measured to it.
     """
 
     view: str
@@ -910,6 +873,11 @@ class Progress:
     eta_seconds: float | None
     sampled_at: datetime
     job_state: str | None = None
+    log_end: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.log_end:  # a sample built by hand: the target is the log end
+            object.__setattr__(self, "log_end", dict(self.target_offsets))
 
     @property
     def ref(self) -> str:
@@ -944,6 +912,10 @@ def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: i
              previous: Progress | None = None, record: bool = False, by: str = "kappa:progress") -> Progress:
     """Sample a version's progress from its checkpoint and the log.
 
+    ``ratio`` is :func:`kappa.checkpoint.run_progress` against the run's fixed target (``run.json``; the log end
+    now until the job has recorded it), the same number the job exports as ``kappa_replay_progress_ratio``; it
+    never goes down. ``lag`` is what remains to the log end (live) or to the end timestamp (bounded).
+
     Args:
         view: View name.
         version: Version.
@@ -961,44 +933,44 @@ def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: i
     registry = _registry(settings)
     rec = registry.get(view, version)
     bounds = partition_offsets(settings, topic)
+    run = _run_info(settings, view, version)
     start = _offsets_from_json(rec.start_offsets) if rec is not None else {}
     if not start:
-        run_start = _run_info(settings, view, version).get("start_offsets") or {}
-        start = {int(p): int(o) for p, o in run_start.items()} or {p: lo for p, (lo, _hi) in bounds.items()}
+        start = offsets_of(run.get("start_offsets")) or {p: lo for p, (lo, _hi) in bounds.items()}
     if end_timestamp_ms is not None:
         at_end = offsets_for_timestamp(settings, topic, end_timestamp_ms)
-        target = {p: max(start.get(p, 0), at_end.get(p, hi)) for p, (_lo, hi) in bounds.items()}
+        log_end = {p: max(start.get(p, 0), at_end.get(p, hi)) for p, (_lo, hi) in bounds.items()}
     else:
-        target = {p: hi for p, (_lo, hi) in bounds.items()}
-    processed, batch = _processed(settings, view, version, topic)
-    processed = {p: processed.get(p, start.get(p, 0)) for p in target}
-    done = sum(max(0, processed[p] - start.get(p, 0)) for p in target)
-    total = sum(max(0, target[p] - start.get(p, 0)) for p in target)
-    lag = sum(max(0, target[p] - processed[p]) for p in target)
+        log_end = {p: hi for p, (_lo, hi) in bounds.items()}
+    target = offsets_of(run.get("target_offsets")) or dict(log_end)
+    processed, batch = committed_offsets(settings, view, version, topic)
+    processed = {p: processed.get(p, start.get(p, 0)) for p in log_end}
+    counted = run_progress(start, target, processed)
+    lag = sum(max(0, log_end[p] - processed[p]) for p in log_end)
     now = datetime.now(UTC)
 
-    prev_done: int | None = None
+    def consumed(offsets: Mapping[int, int]) -> int:  # records read since the start (for the rate)
+        return sum(max(0, offsets.get(p, start.get(p, 0)) - start.get(p, 0)) for p in log_end)
+
+    prev_consumed: int | None = None
     prev_at: datetime | None = None
     if previous is not None:
-        prev_done, prev_at = previous.done, previous.sampled_at
+        prev_consumed, prev_at = consumed(previous.processed_offsets), previous.sampled_at
     elif rec is not None and rec.end_offsets and rec.state in {"building", "caught_up"}:
-        before = _offsets_from_json(rec.end_offsets)
-        prev_done = sum(max(0, before.get(p, start.get(p, 0)) - start.get(p, 0)) for p in target)
-        prev_at = rec.updated_at
+        prev_consumed, prev_at = consumed(_offsets_from_json(rec.end_offsets)), rec.updated_at
     rate = eta = None
-    if prev_done is not None and prev_at is not None and (now - prev_at).total_seconds() > 0.5:
-        rate = max(0.0, (done - prev_done) / (now - prev_at).total_seconds())
-    if not rate and done > 0 and rec is not None and (now - rec.created_at).total_seconds() > 0:
+    if prev_consumed is not None and prev_at is not None and (now - prev_at).total_seconds() > 0.5:
+        rate = max(0.0, (consumed(processed) - prev_consumed) / (now - prev_at).total_seconds())
+    if not rate and consumed(processed) > 0 and rec is not None and (now - rec.created_at).total_seconds() > 0:
         # no micro-batch since the previous sample (batches are discrete): the average since registration
-        rate = done / (now - rec.created_at).total_seconds()
+        rate = consumed(processed) / (now - rec.created_at).total_seconds()
     if lag == 0:
         eta = 0.0
     elif rate:
         eta = lag / rate
     sample = Progress(view=view, version=version, topic=topic, start_offsets=start, processed_offsets=processed,
-                      target_offsets=target, batch_id=batch, done=done, total=total,
-                      ratio=1.0 if total == 0 else min(1.0, done / total), lag=lag, rate=rate, eta_seconds=eta,
-                      sampled_at=now)
+                      target_offsets=target, batch_id=batch, done=counted.done, total=counted.total,
+                      ratio=counted.ratio, lag=lag, rate=rate, eta_seconds=eta, sampled_at=now, log_end=log_end)
     if record and rec is not None and rec.state in {"building", "caught_up"}:
         fields: dict[str, Any] = {"end_offsets": _spark_offsets(topic, processed)}
         app_id = run_app_id(settings, view, version)
@@ -1012,15 +984,31 @@ def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: i
     return sample
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    """Whether a version has caught up, and why (one line, recorded in the registry and shown to operators).
+
+    It is truthy when caught up, so ``if caught_up(...)`` reads naturally.
+    """
+
+    done: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.done
+
+
 def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
               end_timestamp_ms: int | None = None, max_lag: int = DEFAULT_MAX_LAG,
-              sample: Progress | None = None) -> bool:
-    """True once the version's job has caught up; then the registry row moves to ``caught_up``.
+              sample: Progress | None = None) -> CatchUp:
+    """Whether the version's job has caught up (with the reason); when it has, the registry row moves to
+    ``caught_up`` with the reason in its note.
 
     Live (``end_timestamp_ms`` None): the job runs, committed at least one batch and lags at most ``max_lag``
-    records behind the log end - or no more than the version serving now does (on a loaded cluster the serving
-    version itself may lag more than ``max_lag``; the new one then only has to be as current as what readers
-    see). Bounded: the job finished and processed everything before the end timestamp.
+    records behind the log end. When the version serving now lags more than ``max_lag`` itself (a loaded
+    machine), the new one has caught up once it lags no more than the serving one - and the reason says so,
+    with both lags: it is then as current as what readers see, not within ``max_lag``. Bounded: the job
+    finished and processed everything before the end timestamp.
 
     Raises:
         ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``).
@@ -1030,13 +1018,25 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
     registry = _registry(settings)
     rec = registry.get(view, version)
     ref = f"{view}@v{version}"
-    bounded = end_timestamp_ms is not None
-    reached = all(p.processed_offsets.get(part, 0) >= off for part, off in p.target_offsets.items())
-    if bounded:
+    if end_timestamp_ms is not None:
+        reached = all(p.processed_offsets.get(part, 0) >= off for part, off in p.log_end.items())
         done = status.state == "finished" and reached
+        reason = (f"finished: every record before ts {end_timestamp_ms} processed" if done else
+                  f"bounded run {status.state}, {p.lag:,} records before ts {end_timestamp_ms} left")
+    elif status.state != "running" or p.batch_id is None:
+        done, reason = False, ("no micro-batch committed yet" if status.state == "running" else
+                               f"job {status.state}")
+    elif p.lag <= max_lag:
+        done, reason = True, f"lag {p.lag:,} records <= max_lag {max_lag:,}"
     else:
-        done = status.state == "running" and p.batch_id is not None and (
-            p.lag <= max_lag or p.lag <= _serving_lag(view, version, settings))
+        serving = _serving_lag(view, version, settings)
+        if serving is not None and p.lag <= serving[1]:
+            done, reason = True, (f"lag {p.lag:,} records > max_lag {max_lag:,}, but the serving version "
+                                  f"v{serving[0]} lags {serving[1]:,} itself: {ref} is as current as what readers "
+                                  "see now")
+        else:
+            behind = f" (the serving version v{serving[0]} lags {serving[1]:,})" if serving is not None else ""
+            done, reason = False, f"lag {p.lag:,} records > max_lag {max_lag:,}{behind}"
     stopped = status.state == "failed" or (status.state in {"stopped", "finished"} and not done)
     if stopped:
         reason = f"{ref}: job no longer running ({status.state}: {status.detail}) before catching up; {p.summary()}"
@@ -1045,21 +1045,23 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
         raise ReplayError(reason)
     if done and rec is not None and rec.state in {"building", "caught_up"}:
         registry.set_state(view, version, "caught_up", by=by, expected={"building", "caught_up"},
-                           end_offsets=_spark_offsets(p.topic, p.processed_offsets), note=p.summary())
-    return done
+                           end_offsets=_spark_offsets(p.topic, p.processed_offsets),
+                           note=f"caught up: {reason}; {p.summary()}"[:500])
+    return CatchUp(done, reason)
 
 
-def _serving_lag(view: str, version: int, settings: Settings) -> float:
-    """Records the version serving ``view`` now lags behind the log end (-1 if none, or unknown)."""
+def _serving_lag(view: str, version: int, settings: Settings) -> tuple[int, int] | None:
+    """(version, records it lags behind the log end) of the version serving ``view`` now; None if no other
+    version serves, it has committed nothing yet, or its lag cannot be read."""
     try:
         serving = _registry(settings).serving(view)
         if serving is None or serving.version == version:
-            return -1
+            return None
         sample = progress(view, serving.version, settings)
-        return sample.lag if sample.batch_id is not None else -1
+        return (serving.version, sample.lag) if sample.batch_id is not None else None
     except Exception as exc:  # noqa: BLE001 - only the comparison is lost; max_lag still applies
         log.warning("%s: cannot sample the serving version's lag: %s", view, one_line(exc))
-        return -1
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ verify
@@ -1324,9 +1326,9 @@ def spark_catalog(spark: Any, settings: Settings | None = None, *, refresh: bool
 
         settings = Settings.from_env()
     path = catalog_sql_path(settings)
-    if refresh or (_fs_read(path) is None and is_local_uri(path)):
+    if refresh or (read_text(path) is None and is_local_uri(path)):
         write_catalog_sql(settings, database=database)
-    text = _fs_read(path) if is_local_uri(path) else None
+    text = read_text(path) if is_local_uri(path) else None
     if text is not None:
         body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
         statements = [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
@@ -1401,8 +1403,7 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
     rec = _registry(settings).get(view, result.version)
     if runner.status(view, result.version).state != "running":
         try:
-            runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest",
-                                 metrics_port=_free_port()))
+            runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest"))
         except Exception as exc:  # noqa: BLE001
             raise ReplayError(f"{view}@v{result.version} serves again, but starting its job failed "
                               f"({one_line(exc)}); start it with `kappa view start {view} --version "

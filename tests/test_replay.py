@@ -262,8 +262,27 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
     assert pre.records == 2120, pre.summary()
     try:
         replay.launch(req, settings, runner, pre)
-        _wait_for(lambda: replay.caught_up(view, 1, settings, runner, by="test", end_timestamp_ms=cut), 420,
-                  "the bounded replay to finish")
+        # one version, one start: another start is refused in one line; the same request follows the run
+        other = ReplayRequest(view=view, version=1, start="offsets", start_offsets={str(p): 5 for p in range(4)},
+                              end="timestamp", end_timestamp_ms=cut, triggered_by="test:other")
+        with pytest.raises(ReplayError, match="one version has one start") as refused:
+            replay.preflight(other, settings, runner, resume=True)
+        assert "\n" not in str(refused.value) and "{0:0, 1:0, 2:0, 3:0}" in str(refused.value)
+        assert replay.preflight(req, settings, runner, resume=True).existing_state == "building"
+        assert replay.preflight(other, settings, runner, resume=True, check_start=False).start_offsets == {
+            p: 0 for p in range(4)}, "without an explicit start the run is followed as it is"
+
+        ratios: list[float] = []
+
+        def finished() -> bool:
+            ratios.append(replay.progress(view, 1, settings, end_timestamp_ms=cut).ratio)
+            return bool(replay.caught_up(view, 1, settings, runner, by="test", end_timestamp_ms=cut))
+
+        _wait_for(finished, 420, "the bounded replay to finish")
+        # progress is measured against the run's fixed target: it never goes down and ends at 1
+        assert ratios == sorted(ratios) and ratios[-1] == 1.0 and len(set(ratios)) > 1, ratios
+        run = replay._run_info(settings, view, 1)  # noqa: SLF001
+        assert {int(p): o for p, o in run["target_offsets"].items()} == pre.target_offsets
         status = runner.status(view, 1)
         assert (status.state, status.detail) == ("finished", "bounded run completed")
         assert registry.get(view, 1).state == "caught_up"
@@ -318,9 +337,10 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     pre = replay.preflight(req, settings, runner)
     assert pre.records == 400 and pre.start_offsets == {p: 0 for p in ends} and pre.target_offsets == ends
     assert pre.avg_record_bytes > 100 and pre.bytes_estimate > 400 * 100
-    assert pre.throughput == replay.DEFAULT_THROUGHPUT and pre.eta_seconds == pytest.approx(400 / 20_000)
+    # no replay measured on this platform yet: the ETA is unknown, not a made-up figure
+    assert pre.throughput is None and pre.eta_seconds is None
     assert replay.Preflight.from_dict(pre.to_dict()) == pre
-    assert "replay 400 records" in pre.summary()
+    assert "replay 400 records" in pre.summary() and "ETA unknown until its first micro-batches" in pre.summary()
 
     _delete_records(settings, topic, {0: ends[0] // 2, 2: ends[2]})
     from_zero = ReplayRequest(view=VIEW, version=2, start="offsets", start_offsets={str(p): 0 for p in ends},
@@ -604,8 +624,44 @@ def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_pat
     runner = FakeRunner(running={1, 2})
     assert not replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
     assert registry.get(VIEW, 2).state == "building"
-    lags[1] = 8_000  # the serving version now lags more than the replay
-    assert replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    assert replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000).reason == (
+        "lag 5,000 records > max_lag 2,000 (the serving version v1 lags 3,000)")
+    lags[1] = 8_000  # the serving version now lags more than the replay: caught up, and it says why
+    caught = replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    assert caught and "lag 5,000 records > max_lag 2,000, but the serving version v1 lags 8,000 itself" in caught.reason
     assert registry.get(VIEW, 2).state == "caught_up"
+    assert caught.reason in registry.get(VIEW, 2).note
     lags[2] = 1_000  # and max_lag alone still suffices
-    assert replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    caught = replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
+    assert caught and caught.reason == "lag 1,000 records <= max_lag 2,000"
+
+
+def test_progress_is_measured_against_the_runs_fixed_target():
+    """The ratio every place shows (job metric, CLI, sensor, status) comes from one function: against the target
+    the run recorded when it started, it only grows while the live log keeps growing."""
+    from kappa.checkpoint import run_progress
+
+    start, target = {0: 0, 1: 100}, {0: 1000, 1: 1100}
+    seen = [run_progress(start, target, {0: done, 1: 100 + done}).ratio for done in (0, 250, 500, 1000, 1500)]
+    assert seen == [0.0, 0.25, 0.5, 1.0, 1.0]  # past the target (the live tail) it stays at 1; the lag says more
+    assert run_progress(start, start, start).ratio == 1.0  # nothing to do
+    assert run_progress({}, {0: 10}, {}).done == 0  # nothing processed yet
+
+
+def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
+    """Only replays big enough to measure a rate count; without one the ETA is unknown."""
+    registry = Registry(str(tmp_path / "lake"))
+    rate, why = replay._measured_throughput(registry)  # noqa: SLF001
+    assert rate is None and "no replay of >= 10,000 records measured here yet" in why
+
+    def replayed(version: int, records: int) -> None:
+        registry.register(VIEW, version, code_module=f"jobs.campaign_window_counts.v{min(version, 2)}",
+                          table_path=f"/t{version}", app_id=f"kappa:t{version}", starting="earliest",
+                          triggered_by="test", start_offsets={"0": 0})
+        registry.set_state(VIEW, version, "caught_up", by="test", end_offsets=json.dumps({"t": {"0": records}}))
+
+    replayed(1, 400)  # a tiny replay measures its start-up, not a rate
+    assert replay._measured_throughput(registry)[0] is None  # noqa: SLF001
+    replayed(2, 50_000)
+    rate, why = replay._measured_throughput(registry)  # noqa: SLF001
+    assert rate is not None and rate > 0 and why.startswith(f"measured here: 1 replay ({VIEW}@v2)"), why

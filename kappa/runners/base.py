@@ -18,7 +18,8 @@ class JobSpec:
         starting: ``earliest`` | ``latest`` | ``ts:<epoch ms>`` | JSON offsets (new checkpoints only).
         end_timestamp_ms: bounded backfill - process records before this Kafka timestamp, then stop.
         max_offsets_per_trigger: micro-batch size bound (replays).
-        metrics_port: Prometheus port of the driver.
+        metrics_port: Prometheus port of the driver (None: the runner's choice - the local runner gives every
+            view version a stable port, :func:`kappa.runners.local.metrics_port`).
         env: extra environment for the driver.
     """
 
@@ -27,7 +28,7 @@ class JobSpec:
     starting: str = "latest"
     end_timestamp_ms: int | None = None
     max_offsets_per_trigger: int | None = None
-    metrics_port: int = 9400
+    metrics_port: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -36,8 +37,9 @@ class JobSpec:
 
     def args(self) -> list[str]:
         """Arguments of ``kappa view run`` for this spec."""
-        out = ["view", "run", self.view, "--version", str(self.version), "--starting", self.starting,
-               "--metrics-port", str(self.metrics_port)]
+        out = ["view", "run", self.view, "--version", str(self.version), "--starting", self.starting]
+        if self.metrics_port is not None:
+            out += ["--metrics-port", str(self.metrics_port)]
         if self.end_timestamp_ms is not None:
             out += ["--end-ts", str(self.end_timestamp_ms)]
         if self.max_offsets_per_trigger:

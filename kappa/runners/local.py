@@ -17,14 +17,44 @@ import os
 import signal
 import subprocess
 import sys
+import socket
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kappa.config import Settings
 from kappa.runners.base import JobSpec, JobStatus
 
-__all__ = ["LocalRunner", "MODES", "child_env", "pid_alive", "terminate_group"]
+__all__ = ["LocalRunner", "MODES", "METRICS_BASE_PORT", "child_env", "metrics_port", "pid_alive", "terminate_group"]
+
+#: Metrics port of version 1 of the first view declared in kappa/platform.yaml (see :func:`metrics_port`).
+METRICS_BASE_PORT = 9401
+
+
+def metrics_port(view: str, version: int) -> int:
+    """The local stack's stable metrics port of a view version.
+
+    The i-th view of ``kappa/platform.yaml`` (from 0) serves version N on ``9401 + i + 10 * (N - 1)``: with the
+    shipped views campaign_window_counts v1 on 9401, user_sessions 9402, campaign_catalog 9403, events_raw 9404,
+    campaign_window_counts v2 on 9411. A version keeps its URL across restarts and promotions, so a dashboard or a
+    bookmark made for it stays valid.
+    """
+    from kappa.catalog import load_catalog
+
+    names = list(load_catalog().views)
+    index = names.index(view) if view in names else len(names)
+    stride = 10 if len(names) < 10 else 100
+    return METRICS_BASE_PORT + index + stride * (version - 1)
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:
@@ -151,6 +181,13 @@ class LocalRunner:
         current = self.status(spec.view, spec.version)
         if current.state == "running":
             return current
+        if spec.metrics_port is None:  # the version's stable port; another one if something else holds it
+            port = metrics_port(spec.view, spec.version)
+            if not _port_free(port):
+                from kappa.broker import free_port
+
+                port = free_port()
+            spec = replace(spec, metrics_port=port)
         if self._use_host():
             return self._host_start(spec)
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -177,6 +177,8 @@ def test_spark_kubernetes_mode(all_renders: dict[str, list[dict]]) -> None:
     assert not h.by_kind(local, "Role") or all(r["metadata"]["name"] != "kappa-spark-driver" for r in h.by_kind(local, "Role"))
     assert not [s for s in h.by_kind(local, "Service") if s["metadata"]["name"].endswith("-driver")]
     assert h.configmap_data(local, "kappa-platform-env")["KAPPA_SPARK_MASTER"] == "local[2]"
+    # drivers bind /metrics on loopback unless told otherwise; a pod must be scrapeable on its IP
+    assert h.configmap_data(local, "kappa-platform-env")["KAPPA_METRICS_ADDR"] == "0.0.0.0"
 
 
 # ------------------------------------------------------------------------------------------ pod security
