@@ -27,8 +27,8 @@ from kappa.errors import one_line
 from kappa.lineage import parse_offset_log
 from kappa.oracle import BatchBoundary
 
-__all__ = ["CheckpointError", "RunProgress", "batch_ids", "checkpoint_batches", "last_commit", "list_names", "offsets_of",
-           "read_text", "run_info", "run_progress"]
+__all__ = ["CheckpointError", "RunProgress", "batch_ids", "checkpoint_batches", "last_commit", "list_names",
+           "offsets_of", "read_text", "run_info", "run_progress"]
 
 
 class CheckpointError(ValueError):

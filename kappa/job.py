@@ -281,8 +281,8 @@ class ViewJob:
             self.target_offsets = offsets_of(info["target_offsets"])
         self._run_file, self._run_info = run_file, info
         if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
-            processed, _batch = last_commit(f"{self.paths.checkpoint}/main", self.settings.topic(self.view.stream_topic))
-            self.processed_offsets.update(processed)
+            topic = self.settings.topic(self.view.stream_topic)
+            self.processed_offsets.update(last_commit(f"{self.paths.checkpoint}/main", topic)[0])
 
     def _run_target(self) -> dict[int, int]:
         """Where this run is complete: the offsets at a bounded run's end timestamp, else the log end now."""

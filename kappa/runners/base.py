@@ -40,6 +40,11 @@ class JobSpec:
         out = ["view", "run", self.view, "--version", str(self.version), "--starting", self.starting]
         if self.metrics_port is not None:
             out += ["--metrics-port", str(self.metrics_port)]
+        return out + self.run_options()
+
+    def run_options(self) -> list[str]:
+        """The options of a bounded or batch-size-limited run (what a runner adds to a driver template)."""
+        out: list[str] = []
         if self.end_timestamp_ms is not None:
             out += ["--end-ts", str(self.end_timestamp_ms)]
         if self.max_offsets_per_trigger:

@@ -329,9 +329,7 @@ class KubernetesRunner:
             spec = spec_or_view
             view, version, starting = spec.view, spec.version, starting or spec.starting
             bounded = getattr(spec, "end_timestamp_ms", None) is not None
-            args = [str(a) for a in spec.args()]
-            if "--metrics-port" in args:  # the template already carries everything up to --metrics-port
-                extra_args = args[args.index("--metrics-port") + 2:]
+            extra_args = [str(a) for a in spec.run_options()]  # the template carries view, version, start, port
             extra_env = {str(k): str(v) for k, v in (getattr(spec, "env", None) or {}).items()}
         version = int(version)  # type: ignore[arg-type]
         body = self.job_manifest(view, version, starting) if bounded else self.manifest(view, version, starting)
