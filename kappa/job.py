@@ -279,6 +279,14 @@ class ViewJob:
             self.start_offsets = offsets_of(info["start_offsets"])
         if info.get("target_offsets"):
             self.target_offsets = offsets_of(info["target_offsets"])
+        else:  # the run's target: what the log held when it started (progress is measured against it)
+            try:
+                self.target_offsets = self._run_target()
+            except Exception as exc:  # noqa: BLE001 - Kafka unreachable: progress falls back to the log end
+                log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
+            if self.target_offsets is not None and run_file is not None:
+                info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
+                run_file.write_text(json.dumps(info, indent=2))
         self._run_file, self._run_info = run_file, info
         if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
             topic = self.settings.topic(self.view.stream_topic)
@@ -294,21 +302,12 @@ class ViewJob:
         return {p: high for p, (_low, high) in partition_offsets(self.settings, topic).items()}
 
     def _remember_start(self, offsets: dict[int, int]) -> None:
-        """Record the run's start offsets and its target in run.json, once per run (progress is measured
-        against them: :func:`kappa.checkpoint.run_progress`)."""
+        """Record the run's start offsets in run.json, once per run (progress is measured from them to the
+        run's target: :func:`kappa.checkpoint.run_progress`)."""
         if self.start_offsets is None:
             self.start_offsets = dict(offsets)
-            try:
-                target = self._run_target()
-            except Exception as exc:  # noqa: BLE001 - Kafka unreachable: progress falls back to the log end
-                log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
-                target = None
-            if target is not None:
-                self.target_offsets = {p: max(o, self.start_offsets.get(p, 0)) for p, o in target.items()}
             if self._run_file is not None:
                 self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
-                if self.target_offsets is not None:
-                    self._run_info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
                 self._run_file.write_text(json.dumps(self._run_info, indent=2))
 
     # ---------------------------------------------------------------------------------------------------

@@ -154,8 +154,12 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
                 assert ratios and ratios == sorted(ratios), f"progress went down: {ratios}"
                 # the job's own gauge says what the CLI and the registry say
                 url = re.search(r"metrics (http://127\.0\.0\.1:\d+/metrics)", out).group(1)
-                exported = _gauge(url, "kappa_replay_progress_ratio")
-                assert exported == replay.progress(VIEW, 2, settings).ratio == 1.0, exported
+                deadline, exported, sampled = time.monotonic() + 60, None, None
+                while time.monotonic() < deadline and not exported == sampled == 1.0:  # the job polls every few s
+                    exported = _gauge(url, "kappa_replay_progress_ratio")
+                    sampled = replay.progress(VIEW, 2, settings).ratio
+                    time.sleep(2)
+                assert exported == sampled == 1.0, (exported, sampled)
             if "airflow trigger kappa_replay" in block.text:
                 assert re.search(r"/dags/kappa_replay/runs/\S+", out), out
                 assert re.search(r"^success ", out, re.M), out
