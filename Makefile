@@ -6,10 +6,10 @@ PY := $(VENV)/bin/python
 KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-long test-deploy bench clean lock
+.PHONY: help setup run down status test test-long test-deploy bench clean lock k8s-build k8s-up k8s-down
 
 help: ## list targets
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
 setup: ## install everything (venv, Kafka broker + Spark/Delta jars) into .cache/ -- fast when done
 	@bash infra/local/bootstrap.sh all
@@ -23,7 +23,7 @@ down: ## stop everything `make run` started (data is kept in .kappa/)
 status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
-test: setup ## the test suite (real Kafka, Spark, Delta, Airflow; offline Helm checks)
+test: setup k8s-build ## the test suite (real Kafka, Spark, Delta, Airflow, a real Kubernetes API server; Helm checks)
 	@$(PYTEST) -m "not slow and not bench" tests
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs)
@@ -34,6 +34,15 @@ test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, sc
 
 bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON + PNG in reports/
 	@$(PY) -m kappa.bench
+
+k8s-build: ## build the pinned Kubernetes control plane once (Go module proxy; cached in ~/.cache/kappa, ~15 min cold)
+	@bash infra/k8s/build.sh >/dev/null
+
+k8s-up: k8s-build ## start a Kubernetes API server + KWOK nodes on loopback (.kappa/k8s); prints the KUBECONFIG export
+	@bash infra/k8s/cluster.sh up
+
+k8s-down: ## stop it (its state stays in .kappa/k8s)
+	@bash infra/k8s/cluster.sh down
 
 lock: ## regenerate requirements.lock from infra/versions.env pins
 	@bash infra/local/bootstrap.sh lock

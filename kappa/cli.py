@@ -272,6 +272,9 @@ def up(
 
     settings = _settings()
     began = time.monotonic()
+    # a fresh broker answers the first idempotent producer with "coordinator load in progress, retrying":
+    # librdkafka's warning of a retry that succeeds, not something to act on
+    logging.getLogger("kappa.generator").setLevel(logging.ERROR)
     stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
     if wait:
         _wait_views(settings, timeout=wait)
@@ -291,8 +294,8 @@ def up(
         f"  {cli} status\n"
         f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
         f"  {cli} replay campaign_window_counts --version 2 --start earliest\n"
-        f"  {cli} producer stop                      pause the live producer (views keep running)\n"
-        "  make down                                 stop everything (data stays in .kappa/)", highlight=False)
+        f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
+        f"  {'make down':<26} stop everything (data stays in .kappa/)", highlight=False)
 
 
 def _wait_views(settings, *, timeout: float) -> None:

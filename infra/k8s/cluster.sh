@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback, for the chart's tests and for poking at: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler and KWOK (fake nodes; pods are marked Running, no container runs).
+#
+# Usage: infra/k8s/cluster.sh up|down|status
+#   up      build the binaries once (infra/k8s/build.sh, cached per version), create certificates, start the
+#           five processes, create the fake nodes and PersistentVolumes, wait until the API is ready;
+#           prints `export KUBECONFIG=...`. Idempotent.
+#   down    stop the processes (the state folder stays; `up` starts from it again).
+#   status  what runs.
+#
+# Environment: KAPPA_K8S_HOME (state folder, default <repo>/.kappa/k8s), KAPPA_K8S_PORT (API server port,
+# default 16443), KAPPA_K8S_ETCD_PORT (default 23790; peer = +1), KAPPA_K8S_NODES (fake nodes, default 2),
+# KAPPA_K8S_PVS (pre-created 10Gi PersistentVolumes, default 12: there is no provisioner).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+set -a; . "$ROOT/infra/versions.env"; set +a
+HOME_DIR="${KAPPA_K8S_HOME:-$ROOT/.kappa/k8s}"
+PORT="${KAPPA_K8S_PORT:-16443}"
+ETCD_PORT="${KAPPA_K8S_ETCD_PORT:-23790}"
+NODES="${KAPPA_K8S_NODES:-2}"
+PVS="${KAPPA_K8S_PVS:-12}"
+PKI="$HOME_DIR/pki"; RUN="$HOME_DIR/run"; LOGS="$HOME_DIR/logs"
+KUBECONFIG_FILE="$HOME_DIR/admin.kubeconfig"
+log() { echo "k8s: $*" >&2; }
+die() { echo "k8s: error: $*" >&2; exit 1; }
+
+alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+start() {  # start <name> <binary> [args...]: a background process with a pid file and a log
+    local name="$1"; shift
+    if alive "$name"; then return 0; fi
+    setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
+    echo $! > "$RUN/$name.pid"
+}
+
+certs() {
+    [[ -f "$PKI/admin.crt" ]] && return 0
+    mkdir -p "$PKI"; cd "$PKI"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=kappa-test-ca" 2>/dev/null
+    cat > apiserver.ext <<EOF
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth
+EOF
+    sign() {  # sign <name> <subject> [extfile]
+        openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+        openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 \
+            ${3:+-extfile "$3"} 2>/dev/null
+    }
+    sign apiserver "/CN=kube-apiserver" apiserver.ext
+    printf 'extendedKeyUsage=clientAuth\n' > client.ext
+    sign admin "/O=system:masters/CN=kappa-admin" client.ext
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    cd - >/dev/null
+}
+
+kubeconfig() {
+    cat > "$KUBECONFIG_FILE" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kappa-test
+  cluster: {server: "https://127.0.0.1:$PORT", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: admin
+  user: {client-certificate: "$PKI/admin.crt", client-key: "$PKI/admin.key"}
+contexts:
+- name: kappa-test
+  context: {cluster: kappa-test, user: admin}
+current-context: kappa-test
+EOF
+}
+
+api() {  # api <method> <path> [json body]: the API as the admin, via curl
+    curl -sS --fail-with-body --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+        -X "$1" -H "Content-Type: application/json" ${3:+--data "$3"} "https://127.0.0.1:$PORT$2"
+}
+
+wait_for() {  # wait_for <what> <seconds> <command...>
+    local what="$1" limit="$2"; shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        (( SECONDS < deadline )) || die "$what not ready after ${limit} s (logs in $LOGS)"
+        sleep 1
+    done
+}
+
+up() {
+    local bin
+    bin="$("$ROOT/infra/k8s/build.sh")"
+    mkdir -p "$RUN" "$LOGS" "$HOME_DIR/etcd"
+    certs; kubeconfig
+    start etcd "$bin/etcd" --name kappa --data-dir "$HOME_DIR/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+        --initial-cluster "kappa=http://127.0.0.1:$((ETCD_PORT + 1))" --listen-metrics-urls "" \
+        --quota-backend-bytes 1073741824
+    wait_for etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+    start kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$PORT" \
+        --endpoint-reconciler-type none --service-cluster-ip-range 10.96.0.0/16 \
+        --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+        --service-account-issuer https://kubernetes.default.svc.cluster.local \
+        --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+        --authorization-mode Node,RBAC --allow-privileged=false --profiling=false \
+        --enable-admission-plugins NodeRestriction
+    wait_for kube-apiserver 120 api GET /readyz
+    start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$KUBECONFIG_FILE" \
+        --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+        --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --use-service-account-credentials \
+        --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+        --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+        --controllers '*,-node-ipam-controller'
+    start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$KUBECONFIG_FILE" \
+        --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+        --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false
+    start kwok "$bin/kwok" --kubeconfig "$KUBECONFIG_FILE" --config "$bin/kwok-stages.yaml" \
+        --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+        --node-ip 127.0.0.1 --server-address "127.0.0.1:0"
+    sleep 2
+    local name
+    for name in kube-controller-manager kube-scheduler kwok; do
+        alive "$name" || die "$name exited at start: $(tail -3 "$LOGS/$name.log")"
+    done
+    local i kubectl="$bin/kubectl --kubeconfig $KUBECONFIG_FILE"
+    for ((i = 0; i < NODES; i++)); do
+        cat <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-$i
+  annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels: {kubernetes.io/hostname: kwok-node-$i, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok}
+status:
+  allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
+  capacity: {cpu: "32", memory: 256Gi, pods: "110"}
+---
+EOF
+    done | $kubectl apply -f - >/dev/null
+    for ((i = 0; i < PVS; i++)); do
+        cat <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: kwok-pv-$i}
+spec:
+  capacity: {storage: 100Gi}
+  accessModes: [ReadWriteOnce, ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {path: /tmp/kwok-pv-$i}
+---
+EOF
+    done | $kubectl apply -f - >/dev/null
+    $kubectl wait --for=condition=Ready node --all --timeout=60s >/dev/null \
+        || die "the fake nodes did not become Ready (KWOK log: $LOGS/kwok.log)"
+    log "API server https://127.0.0.1:$PORT ready ($(api GET /version | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])')), $NODES fake nodes, $PVS PVs"
+    echo "export KUBECONFIG=$KUBECONFIG_FILE"
+}
+
+down() {
+    local name
+    for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+        if alive "$name"; then
+            kill -TERM -- "-$(cat "$RUN/$name.pid")" 2>/dev/null || kill -TERM "$(cat "$RUN/$name.pid")" 2>/dev/null || true
+            for _ in $(seq 1 50); do alive "$name" || break; sleep 0.2; done
+            alive "$name" && kill -KILL -- "-$(cat "$RUN/$name.pid")" 2>/dev/null || true
+            log "stopped $name"
+        fi
+        rm -f "$RUN/$name.pid"
+    done
+}
+
+status() {
+    local name
+    for name in etcd kube-apiserver kube-controller-manager kube-scheduler kwok; do
+        if alive "$name"; then echo "$name running (pid $(cat "$RUN/$name.pid"))"; else echo "$name stopped"; fi
+    done
+    echo "export KUBECONFIG=$KUBECONFIG_FILE"
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    *) die "usage: infra/k8s/cluster.sh up|down|status" ;;
+esac
