@@ -1,0 +1,136 @@
+"""The Kubernetes runner of replays and the chart's RBAC, against a real API server, as the Airflow
+ServiceAccount the runner runs under in the cluster (a token from the TokenRequest API, no impersonation).
+
+Covered: what the runner asks of the API (create/read/delete Deployments, Jobs, the view template), what the
+API server admits (Pod Security ``restricted``, RBAC), idempotent starts, stop, bounded replays as Jobs that
+complete (KWOK completes their pods). Not covered (no container runs): the driver process itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kappa.runners.base import JobSpec
+from tests.k8s.conftest import ROOT, Cluster
+
+pytestmark = pytest.mark.k8s
+
+NS = "kappa-runner"
+SA = "kappa-airflow"
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster) -> Iterator[str]:
+    ns = cluster.restricted_namespace(NS)
+    cluster.run("helm", "install", "kappa", str(ROOT / "helm" / "kappa"), "-n", ns, "--wait", "--wait-for-jobs",
+                "--timeout", "3m")
+    yield ns
+    cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m", check=False)
+
+
+@pytest.fixture(scope="module")
+def as_runner(cluster: Cluster, release: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig holding a token of the Airflow ServiceAccount (the identity of the runner in the cluster)."""
+    token = cluster.kubectl("create", "token", SA, "-n", release, "--duration=1h").stdout.strip()
+    path = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "runner",
+        "clusters": [{"name": "c", "cluster": server}],
+        "users": [{"name": SA, "user": {"token": token}}],
+        "contexts": [{"name": "runner", "context": {"cluster": "c", "user": SA, "namespace": release}}]}))
+    return path
+
+
+def _can(cluster: Cluster, kubeconfig: Path, *args: str) -> bool:
+    res = subprocess.run([str(cluster.bin / "kubectl"), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
+                         capture_output=True, text=True)
+    return res.stdout.strip() == "yes"
+
+
+def test_the_runner_account_may_do_what_replays_need_and_nothing_else(cluster: Cluster, release: str,
+                                                                       as_runner: Path):
+    allowed = [("create", "deployments.apps"), ("delete", "deployments.apps"), ("get", "deployments.apps"),
+               ("create", "jobs.batch"), ("delete", "jobs.batch"), ("create", "services"), ("get", "pods"),
+               ("get", "pods", "--subresource=log"), ("get", "configmap/kappa-view-template")]
+    denied = [("get", "secrets"), ("list", "secrets"), ("get", "configmap/kappa-airflow-config"),
+              ("create", "pods"), ("create", "pods", "--subresource=exec"), ("patch", "deployments.apps"),
+              ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io")]
+    for verb, *what in allowed:
+        assert _can(cluster, as_runner, verb, *what, "-n", release), f"the runner needs {verb} {what}"
+    for verb, *what in denied:
+        assert not _can(cluster, as_runner, verb, *what, "-n", release), f"the runner must not {verb} {what}"
+    # nothing in other namespaces, nothing cluster-scoped
+    for verb, what, ns in [("create", "deployments.apps", "default"), ("get", "secrets", "kube-system"),
+                           ("list", "pods", "default")]:
+        assert not _can(cluster, as_runner, verb, what, "-n", ns), f"{verb} {what} in {ns}"
+    for verb, what in [("create", "namespaces"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+                       ("patch", "nodes"), ("delete", "persistentvolumes")]:
+        assert not _can(cluster, as_runner, verb, what), f"cluster-scoped {verb} {what}"
+
+
+def test_pods_that_break_restricted_are_refused(cluster: Cluster, release: str):
+    def create(name: str, container: dict) -> str:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": release},
+               "spec": {"containers": [{"name": "c", "image": "busybox", **container}]}}
+        res = subprocess.run([str(cluster.bin / "kubectl"), "apply", "-f", "-"], input=json.dumps(pod), text=True,
+                             capture_output=True, env=cluster.env())
+        assert res.returncode != 0, f"{name} was admitted"
+        return res.stderr
+
+    # privileged containers are off for the whole API server (--allow-privileged=false)
+    assert "disallowed by cluster policy" in create("privileged", {"securityContext": {"privileged": True}})
+    # a pod without the restricted profile's securityContext is refused by the PodSecurity admission
+    refused = create("plain", {})
+    assert 'violates PodSecurity "restricted:latest"' in refused and "runAsNonRoot" in refused, refused
+
+
+def test_runner_starts_stops_and_bounds_drivers_as_the_airflow_account(cluster: Cluster, release: str,
+                                                                       as_runner: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    from kappa.runners.kubernetes import KubernetesRunner
+
+    data = cluster.get("configmap", "kappa-view-template", "-n", release)["data"]
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(as_runner))
+    monkeypatch.setenv("KAPPA_K8S_NAMESPACE", release)
+    runner = KubernetesRunner.from_env(tmp_path)
+
+    live = JobSpec("campaign_window_counts", 2, starting="earliest")
+    assert runner.status(live.view, live.version).state == "stopped"
+    started = runner.start(live, wait=True, timeout=120)
+    assert started.state == "running" and started.detail.endswith(" ready"), started
+    name = "kappa-view-campaign-window-counts-v2"
+    first = cluster.get("deployment", name, "-n", release)
+    assert first["spec"]["replicas"] == 1 and first["spec"]["strategy"]["type"] == "Recreate"
+    # starting a version that runs creates nothing (one driver per checkpoint)
+    assert runner.start(live).state == "running"
+    assert cluster.get("deployment", name, "-n", release)["metadata"]["uid"] == first["metadata"]["uid"]
+    assert len([d for d in cluster.get("deployments", "-n", release)["items"] if d["metadata"]["name"] == name]) == 1
+    # stop removes exactly that driver; the release's own drivers stay
+    before = {d["metadata"]["name"] for d in cluster.get("deployments", "-n", release)["items"]}
+    runner.stop(live.view, live.version, wait=True, timeout=120)
+    after = {d["metadata"]["name"] for d in cluster.get("deployments", "-n", release)["items"]}
+    assert before - after == {name} and runner.status(live.view, live.version).state == "stopped"
+
+    # the chart's own driver of user_sessions v1 runs: a bounded run of that version must not start beside it
+    runner.start(JobSpec("user_sessions", 1, starting="earliest", end_timestamp_ms=1_700_000_000_000))
+    assert "NotFound" in cluster.kubectl("get", "job", "kappa-view-user-sessions-v1", "-n", release, check=False).stderr
+
+    bounded = JobSpec("campaign_window_counts", 2, starting="earliest", end_timestamp_ms=1_700_000_000_000,
+                      max_offsets_per_trigger=5000)
+    runner.start(bounded)
+    job = cluster.get("job", name, "-n", release)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-4:] == ["--end-ts", "1700000000000", "--max-offsets-per-trigger", "5000"], args
+    finished = runner.wait(bounded.view, bounded.version, timeout=120, poll=1)
+    assert finished.state == "finished", finished
+    runner.stop(bounded.view, bounded.version, wait=True, timeout=120)
+    assert runner.status(bounded.view, bounded.version).state == "stopped"
