@@ -7,14 +7,16 @@ Not covered here, because no container runs: images, probes, the processes insid
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 
 from tests.k8s.conftest import ROOT, Cluster
 
 pytestmark = pytest.mark.k8s
 
 CHART = str(ROOT / "helm" / "kappa")
-LOCAL = str(ROOT / "helm" / "kappa" / "examples" / "local.yaml")
 
 
 def test_control_plane_serves_the_pinned_version_with_fake_nodes(cluster: Cluster):
@@ -27,39 +29,85 @@ def test_control_plane_serves_the_pinned_version_with_fake_nodes(cluster: Cluste
                          for n in nodes)
 
 
-def test_local_example_installs_upgrades_rolls_back_and_uninstalls(cluster: Cluster):
-    ns = cluster.restricted_namespace("kappa-local")
-    install = cluster.run("helm", "install", "kappa", CHART, "-n", ns, "-f", LOCAL, "--wait", "--wait-for-jobs",
+EXAMPLES = {
+    # example: (value changed by the upgrade, the Deployment it changes, the text that shows it in the container)
+    "local": ("viewJobs.groupedDriverMemory=1g", "kappa-views", "1g"),
+    "production": ("viewJobs.resources.limits.memory=5Gi", "kappa-view-campaign-window-counts-v1", "5Gi"),
+    "external-kafka": ("viewJobs.resources.limits.memory=7Gi", "kappa-view-events-raw-v1", "7Gi"),
+}
+
+
+def _prerequisites(cluster: Cluster, example: str, ns: str) -> set[tuple[str, str]]:
+    """What docs/deploy.md asks to create before installing the example; returns the Secrets created."""
+    secrets: dict[str, list[str]] = {}
+    if example == "production":
+        cluster.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "monitoring-namespace.yaml"))  # dashboard
+        _storage(cluster, "gp3", 3, ns)
+        secrets = {"kappa-airflow-secrets": ["fernet-key", "api-secret-key", "jwt-secret", "admin-password"],
+                   "kappa-airflow-db": ["connection"]}
+    if example == "external-kafka":
+        _storage(cluster, "efs-sc", 1, ns)  # the lake's RWX StorageClass
+        secrets = {"kappa-kafka-credentials": ["username", "password"], "kappa-kafka-ca": ["ca.crt"]}
+    for name, keys in secrets.items():
+        cluster.kubectl("create", "secret", "generic", name, "-n", ns, *[f"--from-literal={k}=x" for k in keys])
+    return {("Secret", name) for name in secrets}
+
+
+def _container_text(cluster: Cluster, ns: str, deployment: str) -> str:
+    c = cluster.get("deployment", deployment, "-n", ns)["spec"]["template"]["spec"]["containers"][0]
+    return json.dumps({"args": c.get("args"), "env": c.get("env"), "resources": c.get("resources")})
+
+
+def _kept_by_design(manifest: str) -> set[tuple[str, str]]:
+    """What the release's manifest says survives an uninstall: objects annotated helm.sh/resource-policy: keep,
+    and the claims of every StatefulSet's volumeClaimTemplates (Kubernetes does not delete those)."""
+    kept = set()
+    for doc in yaml.safe_load_all(manifest):
+        if not doc:
+            continue
+        if (doc["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep":
+            kept.add((doc["kind"], doc["metadata"]["name"]))
+        if doc["kind"] == "StatefulSet":
+            for template in doc["spec"].get("volumeClaimTemplates") or []:
+                for i in range(doc["spec"].get("replicas", 1)):
+                    kept.add(("PersistentVolumeClaim", f"{template['metadata']['name']}-{doc['metadata']['name']}-{i}"))
+    return kept
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_example_installs_upgrades_rolls_back_and_uninstalls(cluster: Cluster, example: str):
+    """helm install --wait --wait-for-jobs into a namespace enforcing Pod Security restricted, an upgrade with a
+    changed value, a rollback to the first revision, an uninstall that leaves exactly what is kept by design."""
+    ns = cluster.restricted_namespace(f"kappa-{example}")
+    ours = _prerequisites(cluster, example, ns)
+    values = str(ROOT / "helm" / "kappa" / "examples" / f"{example}.yaml")
+    change, deployment, shows = EXAMPLES[example]
+    install = cluster.run("helm", "install", "kappa", CHART, "-n", ns, "-f", values, "--wait", "--wait-for-jobs",
                           "--timeout", "3m")
     assert "STATUS: deployed" in install.stdout, install.stdout
-    deployments = {d["metadata"]["name"]: d for d in cluster.get("deployments", "-n", ns)["items"]}
-    assert "kappa-views" in deployments, sorted(deployments)
-    assert all(d["status"].get("readyReplicas") == d["spec"]["replicas"] for d in deployments.values())
-    jobs = cluster.get("jobs", "-n", ns)["items"]
-    sets = {s["metadata"]["name"] for s in cluster.get("statefulsets", "-n", ns)["items"]}
-    assert {"kappa-kafka", "kappa-postgresql"} <= sets, sets
+    deployments = cluster.get("deployments", "-n", ns)["items"]
+    assert deployments and all(d["status"].get("readyReplicas") == d["spec"]["replicas"] for d in deployments)
+    for s in cluster.get("statefulsets", "-n", ns)["items"]:
+        assert s["status"].get("readyReplicas") == s["spec"]["replicas"], s["metadata"]["name"]
     pvcs = cluster.get("pvc", "-n", ns)["items"]
-    assert pvcs and all(p["status"]["phase"] == "Bound" for p in pvcs), [p["status"] for p in pvcs]
-    print("jobs after install:", [j["metadata"]["name"] for j in jobs])
+    assert all(p["status"]["phase"] == "Bound" for p in pvcs), [p["status"] for p in pvcs]
+    assert "topics" not in json.dumps([j["metadata"]["name"] for j in cluster.get("jobs", "-n", ns)["items"]]), \
+        "the topics hook Job is deleted once it succeeded"
 
-    upgrade = cluster.run("helm", "upgrade", "kappa", CHART, "-n", ns, "-f", LOCAL, "--set",
-                          "viewJobs.groupedDriverMemory=1g", "--wait", "--wait-for-jobs", "--timeout", "3m")
+    upgrade = cluster.run("helm", "upgrade", "kappa", CHART, "-n", ns, "-f", values, "--set", change, "--wait",
+                          "--wait-for-jobs", "--timeout", "3m")
     assert "has been upgraded" in upgrade.stdout, upgrade.stdout
-    args = cluster.get("deployment", "kappa-views", "-n", ns)["spec"]["template"]["spec"]["containers"][0]
-    assert "1g" in " ".join(args.get("args", []) + [e.get("value", "") for e in args.get("env", [])]), args
-
+    assert shows in _container_text(cluster, ns, deployment)
     cluster.run("helm", "rollback", "kappa", "1", "-n", ns, "--wait", "--timeout", "3m")
-    history = cluster.run("helm", "history", "kappa", "-n", ns, "-o", "json").stdout
-    assert '"revision":3' in history.replace(" ", "") and '"status":"deployed"' in history.replace(" ", "")
-    args = cluster.get("deployment", "kappa-views", "-n", ns)["spec"]["template"]["spec"]["containers"][0]
-    assert "1g" not in " ".join(args.get("args", []) + [e.get("value", "") for e in args.get("env", [])])
+    history = json.loads(cluster.run("helm", "history", "kappa", "-n", ns, "-o", "json").stdout)
+    assert [(h["revision"], h["status"]) for h in history][-1] == (3, "deployed"), history
+    assert shows not in _container_text(cluster, ns, deployment)
 
+    kept = _kept_by_design(cluster.run("helm", "get", "manifest", "kappa", "-n", ns).stdout)
     cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m")
-    # what stays is what docs/deploy.md says stays: the generated Secrets (helm.sh/resource-policy: keep) and the
-    # StatefulSets' data PVCs (Kubernetes keeps volumeClaimTemplates' claims); local.yaml drops the lake PVC
-    assert _leftovers(cluster, ns) == {
-        ("Secret", "kappa-airflow"), ("Secret", "kappa-kafka-kraft"), ("Secret", "kappa-postgresql"),
-        ("PersistentVolumeClaim", "data-kappa-kafka-0"), ("PersistentVolumeClaim", "data-kappa-postgresql-0")}
+    cluster.kubectl("wait", "--for=delete", "pod", "--all", "-n", ns, "--timeout=120s")  # garbage collection
+    left = _leftovers(cluster, ns)
+    assert left - ours == kept, f"left: {sorted(left - ours)}, kept by design: {sorted(kept)}"
 
 
 def _leftovers(cluster: Cluster, ns: str) -> set[tuple[str, str]]:
@@ -85,16 +133,16 @@ def _monitoring_crds(cluster: Cluster) -> list[str]:
     return [f"{folder}/monitoring.coreos.com_{kind}.yaml" for kind in ("podmonitors", "prometheusrules")]
 
 
-def _storage(cluster: Cluster, storage_class: str, count: int) -> None:
+def _storage(cluster: Cluster, storage_class: str, count: int, ns: str) -> None:
     """PersistentVolumes of a StorageClass the example asks for (there is no provisioner)."""
     docs = [f"""apiVersion: v1
 kind: PersistentVolume
-metadata: {{name: {storage_class}-pv-{i}}}
+metadata: {{name: {storage_class}-{ns}-pv-{i}}}
 spec:
   storageClassName: {storage_class}
   capacity: {{storage: 2Ti}}
   accessModes: [ReadWriteOnce, ReadWriteMany]
-  hostPath: {{path: /tmp/{storage_class}-pv-{i}}}
+  hostPath: {{path: /tmp/{storage_class}-{ns}-pv-{i}}}
 """ for i in range(count)]
     import subprocess
 
@@ -105,13 +153,8 @@ spec:
 def test_production_example_without_then_with_the_prometheus_operator(cluster: Cluster):
     """production.yaml on a cluster without the monitoring CRDs installs and says so; once they are served an
     upgrade creates the PodMonitor and PrometheusRule, validated by the API server against the CRDs."""
-    ns = cluster.restricted_namespace("kappa-prod")
-    cluster.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "monitoring-namespace.yaml"))  # dashboard
-    _storage(cluster, "gp3", 4)
-    for name in ("kappa-airflow-secrets", "kappa-airflow-db"):  # the example's prerequisites (docs/deploy.md)
-        cluster.kubectl("create", "secret", "generic", name, "-n", ns, "--from-literal=connection=postgresql://x",
-                        "--from-literal=fernet-key=x", "--from-literal=api-secret-key=x",
-                        "--from-literal=jwt-secret=x", "--from-literal=admin-password=x")
+    ns = cluster.restricted_namespace("kappa-prod-monitoring")
+    _prerequisites(cluster, "production", ns)
     production = str(ROOT / "helm" / "kappa" / "examples" / "production.yaml")
     install = cluster.run("helm", "install", "kappa", CHART, "-n", ns, "-f", production, "--wait",
                           "--wait-for-jobs", "--timeout", "3m")
@@ -127,18 +170,4 @@ def test_production_example_without_then_with_the_prometheus_operator(cluster: C
     assert cluster.get("podmonitors", "-n", ns)["items"] and cluster.get("prometheusrules", "-n", ns)["items"]
     sets = {s["metadata"]["name"]: s for s in cluster.get("statefulsets", "-n", ns)["items"]}
     assert sets["kappa-kafka"]["status"].get("readyReplicas") == 3
-    cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m")
-
-
-def test_external_kafka_example_installs_without_brokers(cluster: Cluster):
-    ns = cluster.restricted_namespace("kappa-ext")
-    _storage(cluster, "efs-sc", 1)  # the example's RWX StorageClass for the lake
-    cluster.kubectl("create", "secret", "generic", "kappa-kafka-credentials", "-n", ns,
-                    "--from-literal=username=kappa", "--from-literal=password=x")
-    cluster.kubectl("create", "secret", "generic", "kappa-kafka-ca", "-n", ns, "--from-literal=ca.crt=x")
-    example = str(ROOT / "helm" / "kappa" / "examples" / "external-kafka.yaml")
-    cluster.run("helm", "install", "kappa", CHART, "-n", ns, "-f", example, "--wait", "--wait-for-jobs",
-                "--timeout", "3m")
-    sets = {s["metadata"]["name"] for s in cluster.get("statefulsets", "-n", ns)["items"]}
-    assert "kappa-kafka" not in sets, "an external cluster: no bundled brokers"
     cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m")
