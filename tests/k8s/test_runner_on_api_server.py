@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,54 @@ def test_runner_starts_stops_and_bounds_drivers_as_the_airflow_account(cluster: 
     assert finished.state == "finished", finished
     runner.stop(bounded.view, bounded.version, wait=True, timeout=120)
     assert runner.status(bounded.view, bounded.version).state == "stopped"
+
+
+def test_promote_rollback_and_retire_act_on_the_right_drivers(cluster: Cluster, release: str, as_runner: Path,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The replay steps (kappa.replay) with the Kubernetes runner: promote stops the replaced version's driver,
+    rollback starts the kept one again and stops the other, retire stops nothing that serves. The registry and
+    alias are a local lake with two tiny tables (no Spark); the drivers are real Deployments."""
+    import duckdb
+    from deltalake import write_deltalake
+
+    from kappa import replay
+    from kappa.config import Settings
+    from kappa.registry import Registry, utcnow
+    from kappa.runners.kubernetes import KubernetesRunner
+
+    for name, text in cluster.get("configmap", "kappa-view-template", "-n", release)["data"].items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(as_runner))
+    monkeypatch.setenv("KAPPA_K8S_NAMESPACE", release)
+    runner = KubernetesRunner.from_env(tmp_path)
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    registry = Registry(settings.lake_uri)
+    view = "campaign_window_counts"
+    names = {v: f"kappa-view-campaign-window-counts-v{v}" for v in (1, 2)}
+
+    def drivers() -> set[str]:
+        return {d["metadata"]["name"] for d in cluster.get("deployments", "-n", release)["items"]} & set(names.values())
+
+    for version in (1, 2):
+        table = replay._paths(settings, view, version).table  # noqa: SLF001
+        write_deltalake(table, duckdb.sql(f"SELECT {version} AS v"))
+        registry.register(view, version, code_module=f"jobs.campaign_window_counts.v{version}", table_path=table,
+                          app_id="kappa:t", starting="earliest", triggered_by="test")
+        for state in ("caught_up", "verified"):
+            registry.set_state(view, version, state, by="test")
+    replay.promote(view, 1, settings, runner, by="test")
+    assert drivers() == {names[1]}, "the chart runs v1 (default version)"
+    runner.start(JobSpec(view, 2, starting="earliest"))
+    assert drivers() == {names[1], names[2]}
+
+    replay.promote(view, 2, settings, runner, by="test", keep_hours=1)
+    cluster.kubectl("wait", "--for=delete", f"deployment/{names[1]}", "-n", release, "--timeout=120s")
+    assert drivers() == {names[2]}
+
+    replay.rollback(view, 1, settings, runner, by="test", keep_hours=1)
+    cluster.kubectl("wait", "--for=delete", f"deployment/{names[2]}", "-n", release, "--timeout=120s")
+    assert drivers() == {names[1]} and runner.status(view, 1).state == "running"
+
+    deleted = replay.retire_expired(settings, runner, by="test", now=utcnow() + timedelta(hours=2))
+    assert [(r.version, r.deleted) for r in deleted] == [(2, True)]
+    assert drivers() == {names[1]}, "retiring v2 leaves the serving v1's driver alone"
