@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 from kappa.checkpoint import checkpoint_batches, last_commit, offsets_of, read_text, run_info, run_progress
 from kappa.deltars import is_local_uri, local_path
 from kappa.errors import one_line
-from kappa.lineage import batches_from_history, parse_offset_log
+from kappa.lineage import batches_from_history
 from kappa.registry import Registry, RegistryError, VersionRecord, code_hash
 
 if TYPE_CHECKING:  # pragma: no cover
