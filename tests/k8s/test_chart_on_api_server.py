@@ -83,8 +83,15 @@ def test_example_installs_upgrades_rolls_back_and_uninstalls(cluster: Cluster, e
     values = str(ROOT / "helm" / "kappa" / "examples" / f"{example}.yaml")
     change, deployment, shows = EXAMPLES[example]
     install = cluster.run("helm", "install", "kappa", CHART, "-n", ns, "-f", values, "--wait", "--wait-for-jobs",
-                          "--timeout", "3m")
+                          "--timeout", "3m", "--debug")
     assert "STATUS: deployed" in install.stdout, install.stdout
+    # order (Helm's own log): every workload Ready and the Airflow migrate Job complete, then the topics hook
+    # Job, deleted once it succeeded
+    log = install.stdout + install.stderr
+    waited = log.index("wait for resources succeeded")
+    hook = log.index("Watching for changes to Job kappa-topics")
+    assert waited < hook < log.rindex('Starting delete for "kappa-topics" Job'), log[-3000:]
+    assert "kappa-airflow-migrate" in cluster.run("helm", "get", "manifest", "kappa", "-n", ns).stdout
     deployments = cluster.get("deployments", "-n", ns)["items"]
     assert deployments and all(d["status"].get("readyReplicas") == d["spec"]["replicas"] for d in deployments)
     for s in cluster.get("statefulsets", "-n", ns)["items"]:
