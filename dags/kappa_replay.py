@@ -19,7 +19,8 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
 `start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `verify` (`strict` \\| `none`),
-`auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag).
+`auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `dry_run`
+(preflight + the plan of steps in its log; every later task skipped, nothing changed).
 
     airflow dags trigger kappa_replay --conf '{"view": "campaign_window_counts", "version": 2, "auto_promote": true}'
 
@@ -112,6 +113,9 @@ def _platform() -> tuple[Any, Any]:
                                          description="Bound the replay's micro-batch size (empty: unbounded)."),
         "max_lag": Param(2000, type="integer", minimum=0, title="Caught up at lag",
                          description="A live replay is caught up once at most this many records lag behind."),
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="Preflight and the plan of steps only (logged); every later task is skipped "
+                                     "and nothing changes."),
     },
 )
 def kappa_replay() -> None:
@@ -130,6 +134,8 @@ def kappa_replay() -> None:
                     raise AirflowSkipException(str(exc)) from None
                 raise
         log.info("%s", pre.summary())
+        for i, step in enumerate(pre.plan(), 1):
+            log.info("plan %s. %s", i, step)
         return pre.to_dict()
 
     @task
@@ -137,6 +143,9 @@ def kappa_replay() -> None:
                run_id: str | None = None) -> dict[str, Any]:
         """Register the version (building) and start its job; a job that already runs is left alone."""
         from kappa import replay
+
+        if (params or {}).get("dry_run"):
+            raise AirflowSkipException("dry run: preflight and plan only (see the preflight log); nothing changed")
 
         with _one_line_failures():
             req = _request(params or {}, run_id)

@@ -444,6 +444,7 @@ def replay_cmd(
     timeout: float = typer.Option(0.0, min=0.0, help="Stop waiting after this many seconds (0: no limit)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the job runs; the same command without "
                                 "--start attaches again (progress, verify, promote)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Preflight and the plan of steps only: change nothing."),
 ) -> None:
     """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote).
 
@@ -459,6 +460,11 @@ def replay_cmd(
     # explicit --start must match the one it runs from
     pre = replay.preflight(req, settings, runner, resume=True, check_start=start is not None)
     console.print(pre.summary(), highlight=False)
+    if dry_run:
+        console.print("dry run - nothing registered, started or written; a replay would:", highlight=False)
+        for i, step in enumerate(pre.plan(), 1):
+            console.print(f"  {i}. {step}", highlight=False)
+        return
     rec = replay.launch(req, settings, runner, pre)
     job = runner.status(view, version)
     console.print(f"{req.ref}: {rec.state}, job {job.state} (app id {rec.app_id})"

@@ -521,6 +521,27 @@ class Preflight:
         resume = f"; resuming ({self.existing_state}, job {self.job_state})" if self.existing_state else ""
         return what + end + eta + resume
 
+    def plan(self) -> list[str]:
+        """The steps a replay of this request would take, one line each (what ``--dry-run`` prints)."""
+        req = self.request
+        if self.existing_state:
+            steps = [f"follow {req.ref}, already {self.existing_state} (job {self.job_state}); register nothing"]
+        else:
+            batches = (f" in micro-batches of at most {req.max_offsets_per_trigger:,} records"
+                       if req.max_offsets_per_trigger else "")
+            steps = [f"register {req.ref} as building in the registry (code {self.module}, start "
+                     f"{_short_offsets(self.start_offsets)})",
+                     f"start its job from those offsets{batches}, writing a table of its own"]
+        steps.append(f"wait until it processed every record before ts {req.end_timestamp_ms} and stopped"
+                     if req.bounded else f"wait until it lags at most {req.max_lag:,} records behind the log end "
+                     "(or no more than the serving version)")
+        steps.append("verify: strict - the table must equal the plain-Python oracle over the offsets it holds"
+                     if req.verify == "strict" else "verify: none - accept the table as it is")
+        steps.append(f"promote: switch readers to {req.ref} in one Delta commit, keep the replaced version "
+                     f"{req.keep_hours:g} h" if req.auto_promote else
+                     f"do not promote (later: kappa promote {req.view} --version {req.version})")
+        return steps
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form (int keys become strings)."""
         out = dataclasses.asdict(self)

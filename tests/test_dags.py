@@ -73,13 +73,13 @@ def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
     schema = {name: dag.params.get_param(name).schema for name in dag.params}
     assert set(schema) == {"view", "version", "start", "start_timestamp_ms", "start_offsets", "end",
                            "end_timestamp_ms", "verify", "auto_promote", "keep_hours", "max_offsets_per_trigger",
-                           "max_lag"}
+                           "max_lag", "dry_run"}
     assert schema["view"]["enum"] == sorted(load_catalog().views)
     assert schema["version"]["type"] == "integer" and schema["version"]["minimum"] == 1
     assert schema["start"]["enum"] == ["earliest", "timestamp", "offsets"]
     assert schema["end"]["enum"] == ["live", "timestamp"]
     assert schema["verify"]["enum"] == ["strict", "none"]
-    assert schema["auto_promote"]["type"] == "boolean"
+    assert schema["auto_promote"]["type"] == "boolean" and schema["dry_run"]["type"] == "boolean"
     assert schema["keep_hours"]["type"] == "number" and schema["keep_hours"]["minimum"] == 0
     assert schema["start_timestamp_ms"]["type"] == ["null", "integer"]
     sensor = dag.task_dict["wait_caught_up"]

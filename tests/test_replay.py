@@ -665,3 +665,34 @@ def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
     replayed(2, 50_000)
     rate, why = replay._measured_throughput(registry)  # noqa: SLF001
     assert rate is not None and rate > 0 and why.startswith(f"measured here: 1 replay ({VIEW}@v2)"), why
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_dry_run_plans_and_changes_nothing(kafka, lake, airflow_home, tmp_path, monkeypatch, capsys):
+    """`kappa replay --dry-run` and the DAG's dry_run Param: preflight + the plan, no registry, table, job or
+    topic change."""
+    from kappa import cli
+    from kappa.topics import list_topics
+
+    settings = lake.replace(home=tmp_path / "home", lake_uri=str(tmp_path / "dry-lake"))
+    _platform_env(monkeypatch, settings)
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=5, campaigns=2)
+    assert generator.produce(settings, topic, generator.events(300, seed=5, universe=u)).delivered == 300
+    topics_before = set(list_topics(settings))
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["replay", VIEW, "--version", "2", "--dry-run", "--max-offsets-per-trigger", "100", "--promote"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    assert "replay 300 records" in out and "dry run - nothing registered, started or written" in out
+    assert "1. register campaign_window_counts@v2 as building" in out
+    assert "in micro-batches of at most 100 records" in out and "5. promote: switch readers" in out
+
+    run = _dag("kappa_replay").test(run_conf={"view": VIEW, "version": 2, "dry_run": True})
+    states = _states(run)
+    assert states["preflight"] == "success" and states["launch"] == "skipped", states
+    assert {states[t] for t in ("wait_caught_up", "verify", "promote_requested", "promote")} == {"skipped"}
+    assert not Path(settings.lake_uri).exists(), "nothing registered, no table, no checkpoint"
+    assert set(list_topics(settings)) == topics_before
