@@ -25,7 +25,8 @@ from pathlib import Path
 from kappa.config import Settings
 from kappa.runners.base import JobSpec, JobStatus
 
-__all__ = ["LocalRunner", "MODES", "METRICS_BASE_PORT", "child_env", "metrics_port", "pid_alive", "terminate_group"]
+__all__ = ["LocalRunner", "MODES", "METRICS_BASE_PORT", "child_env", "group_members", "metrics_port", "pid_alive",
+           "terminate_group"]
 
 #: Metrics port of version 1 of the first view declared in kappa/platform.yaml (see :func:`metrics_port`).
 METRICS_BASE_PORT = 9401
@@ -72,9 +73,24 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def terminate_group(pid: int, timeout: float) -> None:
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp after the command name
+            out.append(int(stat.parent.name))
+    return out
+
+
+def terminate_group(pid: int, timeout: float, *, grace: float = 10.0) -> None:
     """SIGTERM the process-group leader ``pid`` (it shuts its children down itself), wait up to ``timeout`` s,
-    then signal whatever is left of its group (SIGKILL if the leader still lives)."""
+    then SIGTERM whatever is left of its group and SIGKILL what is still there after ``grace`` s (a child the
+    leader left behind, e.g. Airflow standalone's scheduler, must not outlive it). SIGKILL at once if the leader
+    itself did not stop."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -84,6 +100,13 @@ def terminate_group(pid: int, timeout: float) -> None:
         time.sleep(0.2)
     try:
         os.killpg(pid, signal.SIGKILL if pid_alive(pid) else signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
