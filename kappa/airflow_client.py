@@ -137,16 +137,6 @@ class AirflowAPI:
                                    f"see {self.run_url(dag_id, run_id)}")
             time.sleep(poll)
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, *, try_number: int = 1) -> str:
-        """The text of one task try's log (what the UI shows)."""
-        dag, run = urllib.parse.quote(dag_id), urllib.parse.quote(run_id, safe="")
-        answer = self._request("GET", f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances/{task_id}/logs/"
-                                      f"{try_number}?full_content=true")
-        content = answer.get("content")
-        if isinstance(content, list):
-            return "\n".join(str(e.get("event", e)) if isinstance(e, dict) else str(e) for e in content)
-        return str(content or "")
-
 
 def _detail(exc: urllib.error.HTTPError) -> str:
     """Airflow's error detail, one line."""

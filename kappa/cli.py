@@ -514,7 +514,7 @@ def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_
                                       end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
             if caught:
                 bar.update(task, completed=max(sample.total, 1), detail=f"caught up (lag {sample.lag:,})")
-                bar.console.print(f"{req.ref} caught up: {getattr(caught, 'reason', '')}", highlight=False)
+                bar.console.print(f"{req.ref} caught up: {caught.reason}", highlight=False)
                 return
             if deadline is not None and time.monotonic() > deadline:
                 raise UserError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
@@ -575,7 +575,7 @@ def airflow_trigger(
     dag: str = typer.Argument(..., help="DAG id: kappa_replay | kappa_rollback."),
     conf: str = typer.Option("{}", help="The run's Params as JSON, e.g. '{\"view\": \"campaign_window_counts\", "
                              "\"version\": 2}'."),
-    wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (exit 1 if it failed)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (a failed run exits non-zero)."),
     timeout: float = typer.Option(3600.0, min=1.0, help="With --wait: give up after this many seconds."),
 ) -> None:
     """Trigger a DAG of the local Airflow with Params and print the run's URL (REST API, no Airflow CLI)."""

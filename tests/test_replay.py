@@ -571,12 +571,12 @@ def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
                                sampled_at=datetime.now(UTC))
 
     monkeypatch.setattr(replay, "progress", fake_progress)
-    monkeypatch.setattr(replay, "caught_up", lambda *a, sample, **k: sample.lag == 0)
+    monkeypatch.setattr(replay, "caught_up", lambda *a, sample, **k: replay.CatchUp(sample.lag == 0, "lag 0"))
     monkeypatch.setattr(cli.time, "sleep", lambda _s: None)
     req = ReplayRequest(view=VIEW, version=2, triggered_by="test")
     cli._follow(req, settings=None, runner=None, timeout=0)  # noqa: SLF001
     assert calls == [True, False, False]  # the registry records a sample every 10 s, not every poll
-    assert "caught up" in capsys.readouterr().out
+    assert "caught up: lag 0" in capsys.readouterr().out
 
 
 def test_session_oracle_follows_spark_micro_batches():
