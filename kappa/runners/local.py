@@ -90,7 +90,7 @@ def terminate_group(pid: int, timeout: float, *, grace: float = 10.0) -> None:
     """SIGTERM the process-group leader ``pid`` (it shuts its children down itself), wait up to ``timeout`` s,
     then SIGTERM whatever is left of its group and SIGKILL what is still there after ``grace`` s (a child the
     leader left behind, e.g. Airflow standalone's scheduler, must not outlive it). SIGKILL at once if the leader
-    itself did not stop."""
+    itself did not stop. Returns once no live process of the group is left (or 5 s after the SIGKILL)."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -108,7 +108,10 @@ def terminate_group(pid: int, timeout: float, *, grace: float = 10.0) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously: return once the group is gone
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def child_env(settings: Settings) -> dict[str, str]:
