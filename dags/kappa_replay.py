@@ -14,13 +14,15 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 | `preflight` | the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
 | `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs) |
 | `wait_caught_up` | sensor in reschedule mode, logs progress % (the job's `kappa_replay_progress_ratio`), lag, ETA and why it is (not yet) caught up; live: lag <= `max_lag` (or no more than the serving version's own lag - said so), bounded: job finished |
-| `verify` | `strict`: the table equals the plain-Python oracle over the exact offsets it holds; else the version is `failed` and serving is untouched |
+| `verify` | `strict`: the table equals a recompute of the version's own transform over the exact micro-batches it holds (and the plain-Python oracle, for versions that have one); else the version is `failed` (first differing key in the log) and serving is untouched |
 | `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped |
+| `watch` | for `watch_minutes` after the switch: the new version's job runs, the share of records it quarantines stays within `watch_max_quarantine_rate`, its expectations within their limits, its lag within `watch_max_lag`; when it breaks, rolls back to the replaced version (its job restarted) and fails with the reason, also written to the registry's audit log |
 
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
 `start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `verify` (`strict` \\| `none`),
-`auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `dry_run`
-(preflight + the plan of steps in its log; every later task skipped, nothing changed).
+`auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `watch_minutes`
+(default 10; 0: no watch), `watch_max_quarantine_rate` (0.05), `watch_max_lag` (50,000), `dry_run` (preflight +
+the plan of steps in its log; every later task skipped, nothing changed).
 
     airflow dags trigger kappa_replay --conf '{"view": "campaign_window_counts", "version": 2, "auto_promote": true}'
 
@@ -43,13 +45,13 @@ import yaml
 from airflow.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from kappa.catalog import PLATFORM_FILE
+from kappa.catalog import platform_file
 
 log = logging.getLogger(__name__)
 
 DAG_ID = Path(__file__).stem
 #: Views declared in kappa/platform.yaml (a local file, read with yaml only: no network, no Spark).
-VIEWS: list[str] = sorted((yaml.safe_load(PLATFORM_FILE.read_text(encoding="utf-8")) or {}).get("views") or {})
+VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="utf-8")) or {}).get("views") or {})
 POKE_SECONDS = float(os.environ.get("KAPPA_REPLAY_POKE_SECONDS", "60"))
 WAIT_TIMEOUT_SECONDS = float(os.environ.get("KAPPA_REPLAY_TIMEOUT_SECONDS", str(24 * 3600)))
 
@@ -104,7 +106,8 @@ def _platform() -> tuple[Any, Any]:
         "end_timestamp_ms": Param(None, type=["null", "integer"], minimum=0, title="End timestamp (ms)",
                                   description="Epoch milliseconds, with end=timestamp."),
         "verify": Param("strict", type="string", enum=["strict", "none"], title="Verification",
-                        description="strict: must equal the plain-Python oracle; none: accept as is."),
+                        description="strict: must equal a recompute of its own transform (and the oracle, if any); "
+                                    "none: accept as is."),
         "auto_promote": Param(False, type="boolean", title="Promote when verified",
                               description="Switch the serving alias once verified."),
         "keep_hours": Param(24, type="number", minimum=0, title="Keep old version (hours)",
@@ -113,6 +116,15 @@ def _platform() -> tuple[Any, Any]:
                                          description="Bound the replay's micro-batch size (empty: unbounded)."),
         "max_lag": Param(2000, type="integer", minimum=0, title="Caught up at lag",
                          description="A live replay is caught up once at most this many records lag behind."),
+        "watch_minutes": Param(10, type="number", minimum=0, title="Watch after the switch (minutes)",
+                               description="Roll back automatically if the new version breaks within this window "
+                                           "(0: no watch)."),
+        "watch_max_quarantine_rate": Param(0.05, type="number", minimum=0, maximum=1,
+                                           title="Watch: max quarantined share",
+                                           description="Share of the records read since the switch that may go "
+                                                       "to the quarantine."),
+        "watch_max_lag": Param(50000, type="integer", minimum=0, title="Watch: max lag",
+                               description="Records the new version may lag behind (for several checks in a row)."),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Preflight and the plan of steps only (logged); every later task is skipped "
                                      "and nothing changes."),
@@ -177,7 +189,8 @@ def kappa_replay() -> None:
     @task
     def verify(caught: dict[str, Any], params: dict[str, Any] | None = None,
                run_id: str | None = None) -> dict[str, Any]:
-        """Strict equality with the oracle over the exact offsets the table holds (or verify=none)."""
+        """Strict equality with a recompute of the version's own transform over the exact micro-batches the table
+        holds, and with the plain-Python oracle when one exists (or verify=none)."""
         from kappa import replay
 
         with _one_line_failures():
@@ -188,6 +201,13 @@ def kappa_replay() -> None:
         log.info("%s", result.message)
         for example in result.examples:
             log.info("  %s", example)
+        if result.report:  # what changes for readers: judge the logic change before promoting (also in XCom)
+            from kappa.diffreport import DiffReport
+
+            report = DiffReport(**result.report)
+            log.info("%s", report.summary())
+            for line in report.lines():
+                log.info("  %s", line)
         if not result.passed:
             raise AirflowFailException(result.message)
         return result.to_dict()
@@ -212,9 +232,33 @@ def kappa_replay() -> None:
         return {"view": result.view, "version": result.version, "previous_version": result.previous_version,
                 "changed": result.changed, "message": result.message}
 
+    @task
+    def watch(switched: dict[str, Any], params: dict[str, Any] | None = None,
+              run_id: str | None = None) -> dict[str, Any]:
+        """Watch window after the switch; roll back to the replaced version when the new one breaks."""
+        from kappa.watch import watch as watch_version
+
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            settings, runner = _platform()
+            policy = req.watch_policy()
+        previous = switched.get("previous_version")
+        if policy.minutes == 0 or previous in (None, req.version):
+            why = "watch_minutes is 0" if policy.minutes == 0 else "no earlier version to roll back to"
+            log.info("no watch: %s", why)
+            return {"healthy": True, "watched": False, "reason": why}
+        result = watch_version(req.view, req.version, settings, runner, previous_version=previous, policy=policy,
+                               by=req.triggered_by)
+        log.info("%s", result.message)
+        if not result.healthy:
+            raise AirflowFailException(result.message)
+        return {**result.to_dict(), "watched": True}
+
     checked = verify(wait_caught_up(launch(preflight())))
     gate = promote_requested(checked)
-    gate >> promote(checked)
+    switched = promote(checked)
+    gate >> switched
+    watch(switched)
 
 
 kappa_replay()

@@ -23,13 +23,13 @@ import yaml
 from airflow.exceptions import AirflowFailException
 from airflow.sdk import Param, dag, task
 
-from kappa.catalog import PLATFORM_FILE
+from kappa.catalog import platform_file
 
 log = logging.getLogger(__name__)
 
 DAG_ID = Path(__file__).stem
 #: Views declared in kappa/platform.yaml (a local file, read with yaml only: no network, no Spark).
-VIEWS: list[str] = sorted((yaml.safe_load(PLATFORM_FILE.read_text(encoding="utf-8")) or {}).get("views") or {})
+VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="utf-8")) or {}).get("views") or {})
 
 
 @dag(

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from kappa.lineage import with_expectations
 from kappa.metrics import LATENCY_BUCKETS
 from kappa.plan import KIND, OUT, SIDE, SIDE_COLUMNS, split_batch
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.sink import DeltaSink, QuarantineSink
     from kappa.view import ViewDefinition
 
-__all__ = ["BatchHandler", "BatchStats", "PhaseTimes", "fault"]
+__all__ = ["BatchHandler", "BatchStats", "ExpectationFailed", "PhaseTimes", "fault"]
 
 log = logging.getLogger("kappa.batch")
 
@@ -53,6 +54,56 @@ def fault(phase: str, batch_id: int) -> None:
     if spec and spec == f"{phase}@{batch_id}":
         log.warning("fault injection: killing driver at %s of batch %s", phase, batch_id)
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class ExpectationFailed(RuntimeError):
+    """A ``fail`` expectation of the view version broke: the micro-batch was not written, the job stops."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of a micro-batch's expectations: rows to write, rows dropped into the quarantine, counts."""
+
+    output: "DataFrame"
+    dropped: "DataFrame | None"
+    rows: int
+    dropped_rows: int
+    violations: dict[str, int]
+
+
+def check_expectations(view: "ViewDefinition", output: "DataFrame", batch_id: int, *, topic: str) -> Checked:
+    """Count each expectation's violations over ``output`` (one aggregation), stop on a ``fail`` rule that broke
+    (:class:`ExpectationFailed`, before anything of the batch is written) and split off the rows a ``drop`` rule
+    keeps out of the table, shaped as quarantine rows (the row as JSON in ``raw_value``)."""
+    from pyspark.sql import functions as F
+
+    rules = view.expectations
+    drops = [r for r in rules if r.on_violation == "drop"]
+    dropped_flag = F.lit(False)
+    for r in drops:
+        dropped_flag = dropped_flag | r.violated()
+    counts = output.agg(F.count(F.lit(1)).alias("_rows"), F.sum(F.when(dropped_flag, 1).otherwise(0)).alias("_drop"),
+                        *[F.sum(F.when(r.violated(), 1).otherwise(0)).alias(f"_v{i}")
+                          for i, r in enumerate(rules)]).collect()[0]
+    rows, n_dropped = int(counts["_rows"]), int(counts["_drop"] or 0)
+    violations = {r.name: int(counts[f"_v{i}"] or 0) for i, r in enumerate(rules)}
+    for rule in rules:
+        if rule.on_violation == "fail" and violations[rule.name]:
+            example = output.where(rule.violated()).limit(1).collect()[0].asDict()
+            raise ExpectationFailed(
+                f"{view.ref}: expectation {rule.name} ({rule.condition}) failed on {violations[rule.name]} of "
+                f"{rows} rows of micro-batch {batch_id}, e.g. {example}; nothing of this batch was written")
+    if not n_dropped:
+        return Checked(output=output, dropped=None, rows=rows, dropped_rows=0, violations=violations)
+    reason = F.coalesce(*[F.when(r.violated(), F.lit(r.reason)) for r in drops])
+    flagged = output.withColumn("_kappa_reason", reason)
+    dropped = flagged.where(F.col("_kappa_reason").isNotNull()).select(
+        F.lit(topic).alias("topic"), F.lit(None).cast("int").alias("partition"),
+        F.lit(None).cast("bigint").alias("offset"), F.lit(None).cast("timestamp").alias("kafka_timestamp"),
+        F.lit(None).cast("binary").alias("raw_key"), F.to_json(F.struct(*output.columns)).cast("binary").alias("raw_value"),
+        F.col("_kappa_reason").alias("error"))
+    kept = flagged.where(F.col("_kappa_reason").isNull()).drop("_kappa_reason")
+    return Checked(output=kept, dropped=dropped, rows=rows, dropped_rows=n_dropped, violations=violations)
 
 
 @dataclass
@@ -160,6 +211,8 @@ class BatchHandler:
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
     late_rows: Callable[[Any, int], "DataFrame | None"] = lambda _session, _batch_id: None
+    #: physical topic of the view's stream (the quarantine rows of dropped output rows name it)
+    topic: str = ""
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -167,6 +220,14 @@ class BatchHandler:
         except Exception:
             self.metrics.g(self.metrics.batches_failed).inc()
             raise
+
+    def _count_expectations(self, checked: Checked) -> None:
+        m = self.metrics
+        m.g(m.expectation_rows).inc(checked.rows)
+        for rule in self.view.expectations:
+            if checked.violations.get(rule.name):
+                m.g(m.expectation_violations, expectation=rule.name,
+                    action=rule.on_violation).inc(checked.violations[rule.name])
 
     def _frames(self, batch: "DataFrame") -> "tuple[DataFrame, DataFrame]":
         """(output rows, bad records) of the persisted micro-batch."""
@@ -184,6 +245,11 @@ class BatchHandler:
         try:
             with times.phase("compute"):
                 output, side = self._frames(batch)
+                checked = None
+                if view.expectations:
+                    checked = check_expectations(view, output, batch_id, topic=self.topic)
+                    output = checked.output
+                    self._count_expectations(checked)
                 fin = view.finality
                 stats = batch_stats(output, side, latency_column=view.latency_column,
                                     event_max_column=fin.event_max_column if fin else None,
@@ -191,6 +257,8 @@ class BatchHandler:
             with times.phase("write"):
                 session = batch.sparkSession
                 lineage = self.lineage(session, batch_id)
+                if checked is not None:
+                    lineage = with_expectations(lineage, checked.rows, checked.violations)
                 behind = self.sink.bulk(session) and self.catching_up(session, batch_id)
                 fault("before_write", batch_id)
                 done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
@@ -202,10 +270,14 @@ class BatchHandler:
                 fault("between_commits", batch_id)
             with times.phase("quarantine"):
                 late = self.late_rows(session, batch_id)
-                if stats.bad or late is not None:
-                    written = self.quarantine.write(side if late is None else side.unionByName(late), batch_id)
+                dropped = checked.dropped if checked is not None else None
+                if stats.bad or late is not None or dropped is not None:
+                    kept = side
+                    for more in (late, dropped):
+                        kept = kept if more is None else kept.unionByName(more)
+                    written = self.quarantine.write(kept, batch_id)
                     m.g(m.quarantined).inc(stats.bad)
-                    m.g(m.late_kept).inc(written - stats.bad)
+                    m.g(m.late_kept).inc(written - stats.bad - (checked.dropped_rows if dropped is not None else 0))
                 fault("after_commit", batch_id)
             committed_at = time.time()
             with times.phase("bookkeeping"):

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "PLATFORM_ENV",
     "PLATFORM_FILE",
+    "platform_file",
     "Catalog",
     "CatalogError",
     "TopicSpec",
@@ -35,6 +38,14 @@ __all__ = [
 
 #: Default declaration file, next to this module.
 PLATFORM_FILE: Path = Path(__file__).resolve().parent / "platform.yaml"
+#: Environment variable naming another declaration file: a team's own views (a copy of ``platform.yaml`` with its
+#: views added, their modules on ``PYTHONPATH``) without editing the package.
+PLATFORM_ENV = "KAPPA_PLATFORM"
+
+
+def platform_file() -> Path:
+    """The declaration file in use: ``$KAPPA_PLATFORM`` when set, else :data:`PLATFORM_FILE`."""
+    return Path(os.environ.get(PLATFORM_ENV) or PLATFORM_FILE)
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -136,13 +147,13 @@ def load_catalog(path: Path | str | None = None) -> Catalog:
     """Load and validate ``platform.yaml``.
 
     Args:
-        path: File to read; defaults to :data:`PLATFORM_FILE` (``kappa/platform.yaml``).
+        path: File to read; defaults to :func:`platform_file` (``$KAPPA_PLATFORM``, else ``kappa/platform.yaml``).
 
     Raises:
         CatalogError: With every validation problem found.
         FileNotFoundError: If the file does not exist.
     """
-    p = Path(path) if path is not None else PLATFORM_FILE
+    p = Path(path) if path is not None else platform_file()
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

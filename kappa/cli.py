@@ -436,9 +436,12 @@ def replay_cmd(
     start: Optional[str] = typer.Option(None, help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'. "
                                         "Default: earliest for a new version; a version under way keeps its start."),
     end: str = typer.Option("live", help="live (then keep following the log) | ts:<epoch ms> (bounded)."),
-    verify: str = typer.Option("strict", help="strict (must equal the plain-Python oracle) | none."),
+    verify: str = typer.Option("strict", help="strict (must equal a recompute of its own transform over the same "
+                               "micro-batches, and the plain-Python oracle where one exists) | none."),
     promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
     keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+    watch_minutes: float = typer.Option(10.0, min=0.0, help="With --promote: watch the new version this long and "
+                                        "roll back if it breaks (0: no watch)."),
     max_offsets_per_trigger: Optional[int] = typer.Option(None, min=1, help="Bound the replay's micro-batches."),
     max_lag: int = typer.Option(2000, min=0, help="Live: caught up once at most this many records lag behind."),
     timeout: float = typer.Option(0.0, min=0.0, help="Stop waiting after this many seconds (0: no limit)."),
@@ -454,7 +457,8 @@ def replay_cmd(
     settings = _settings()
     req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
                           verify=verify, auto_promote=promote, keep_hours=keep_hours,
-                          max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag)
+                          max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
+                          watch_minutes=watch_minutes)
     runner = replay.runner_from_env(settings)
     # rerunning the command follows a replay that is already under way (it never starts a second driver); an
     # explicit --start must match the one it runs from
@@ -476,14 +480,31 @@ def replay_cmd(
     _follow(req, settings, runner, timeout=timeout)
     result = replay.verify(view, version, settings, req.verify, by=req.triggered_by,
                            end_timestamp_ms=req.end_timestamp_ms)
-    console.print(result.message, highlight=False)
+    _print_verification(result)
     if not result.passed:
         raise UserError(f"{req.ref} failed verification; serving unchanged")
     if req.auto_promote:
         switched = replay.promote(view, version, settings, runner, by=req.triggered_by, keep_hours=keep_hours)
         console.print(switched.message, highlight=False)
+        _watch(req, settings, runner, switched.previous_version)
     else:
         console.print(f"promote it with: {settings.cli} promote {view} --version {version}", highlight=False)
+
+
+def _watch(req, settings, runner, previous: int | None) -> None:
+    """The watch window after a switch (kappa.watch): roll back when the new version breaks."""
+    from kappa.watch import watch
+
+    policy = req.watch_policy()
+    if policy.minutes == 0 or previous in (None, req.version):
+        return
+    console.print(f"watching {req.ref} for {policy.minutes:g} min (rolls back to v{previous} if it breaks; "
+                  "Ctrl-C stops watching, the switch stays)", highlight=False)
+    result = watch(req.view, req.version, settings, runner, previous_version=previous, policy=policy,
+                   by=req.triggered_by)
+    console.print(result.message, highlight=False)
+    if not result.healthy:
+        raise UserError(result.message)
 
 
 def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_every: float = 10.0) -> None:
@@ -526,18 +547,31 @@ def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_
 def verify_cmd(
     view: str = typer.Argument(..., help="View name."),
     version: int = typer.Option(..., help="Version to check (must have caught up)."),
-    mode: str = typer.Option("strict", help="strict (equal to the plain-Python oracle) | none."),
+    mode: str = typer.Option("strict", help="strict (equal to a recompute of its own transform, and to the "
+                             "plain-Python oracle where one exists) | none."),
     end_ts: Optional[int] = typer.Option(None, help="Bounded replays: their end timestamp (ms)."),
 ) -> None:
-    """Check a caught-up version against the independent oracle (-> verified or failed)."""
+    """Check a caught-up version: recompute of its own transform, plus the oracle if any (-> verified or failed)."""
     from kappa import replay
 
     result = replay.verify(view, version, _settings(), mode, by=_by(), end_timestamp_ms=end_ts)
+    _print_verification(result)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def _print_verification(result) -> None:
+    """The verification's line, its differences and the diff report against the serving version (paths)."""
+    from kappa.diffreport import DiffReport
+
     console.print(result.message, highlight=False)
     for example in result.examples:
         console.print(f"  {example}", highlight=False)
-    if not result.passed:
-        raise typer.Exit(1)
+    if result.report:
+        report = DiffReport(**result.report)
+        console.print(report.summary(), highlight=False)
+        for line in report.lines():
+            console.print(f"  {line}", highlight=False)
 
 
 @app.command("promote")
@@ -609,7 +643,9 @@ def main(argv: list[str] | None = None) -> None:
     exit_file = os.environ.get("KAPPA_EXIT_FILE")
     code = 0
     try:
-        app(args=argv, standalone_mode=False)
+        returned = app(args=argv, standalone_mode=False)
+        if isinstance(returned, int):  # typer.Exit(n) outside standalone mode is returned, not raised
+            code = returned
     except SystemExit as exc:  # typer/click exits (help, usage errors already printed)
         code = exc.code if isinstance(exc.code, int) else 1
     except typer.Abort:

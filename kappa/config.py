@@ -171,8 +171,10 @@ class Settings:
 
     @property
     def platform_file(self) -> Path:
-        """The platform declaration file, ``kappa/platform.yaml``."""
-        return self.repo_root / "kappa" / "platform.yaml"
+        """The platform declaration file: ``$KAPPA_PLATFORM``, else ``kappa/platform.yaml``."""
+        from kappa.catalog import platform_file
+
+        return platform_file()
 
     @property
     def schemas_dir(self) -> Path:

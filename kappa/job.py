@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kappa.config import Settings
 
-__all__ = ["ViewJob", "ViewPaths", "RunMismatch", "starting_options"]
+__all__ = ["ViewJob", "ViewPaths", "RunMismatch", "failure_line", "starting_options"]
 
 log = logging.getLogger("kappa.job")
 
@@ -138,6 +139,25 @@ def _offsets_json(text: str | None) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Failed|Exit)): (.+)$")
+
+
+def failure_line(text: str) -> str:
+    """One line for a query failure: the last Python ``<Error>: <message>`` line of an embedded traceback (the
+    error of the user's code in ``foreachBatch``), else the first line."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if starts:  # the traceback's frames are indented; its first unindented line is the error
+        for line in lines[starts[-1] + 1:]:
+            if line[:1].isspace():
+                continue
+            found = _PYTHON_ERROR.match(line.strip())
+            if found:
+                return f"{found.group(1)}: {found.group(2)}"
+            break
+    return lines[0] if lines else text
 
 
 class ViewJob:
@@ -350,7 +370,7 @@ class ViewJob:
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
                                     catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
-                                    late_rows=self._late_rows)
+                                    late_rows=self._late_rows, topic=self.settings.topic(view.stream_topic))
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None:
@@ -436,6 +456,16 @@ class ViewJob:
             return False
         topic = self.settings.topic(self.view.stream_topic)
         return any(high > end.get(p, high) for p, (_low, high) in partition_offsets(self.settings, topic).items())
+
+    def _initial_offsets(self, topic: str) -> dict[int, int] | None:
+        """The offsets the query started from (``sources/0/0`` of its checkpoint: ``v1`` then JSON)."""
+        try:
+            text = self._checkpoint_text(self.spark, "sources/0/0") or ""
+            first = json.loads(text.splitlines()[-1]) if text.strip() else {}
+            return {int(p): int(o) for p, o in (first.get(topic) or {}).items()} or None
+        except Exception as exc:  # noqa: BLE001 - progress falls back to the first batch's end offsets
+            log.warning("%s: cannot read the query's initial offsets: %s", self.view.ref, one_line(exc))
+            return None
 
     def _batch_range(self, spark: "SparkSession", batch_id: int) -> tuple[dict[int, int], dict[int, int], int]:
         """Micro-batch ``batch_id`` from the offset log: (start offsets, end offsets, the watermark of the
@@ -554,7 +584,9 @@ class ViewJob:
                 first = {int(p): int(o) for p, o in start.get(topic, {}).items()}
                 self._remember_start(first)
             elif self.start_offsets is None and offsets and progress.numInputRows:
-                self._remember_start({p: o for p, o in offsets.items()})
+                # the query's first batch reports no start: it began at the initial offsets in its checkpoint
+                initial = self._initial_offsets(topic)
+                self._remember_start(initial if initial is not None else {p: o for p, o in offsets.items()})
             self.processed_offsets.update(offsets)
 
     def _poll_lag(self) -> None:
@@ -616,11 +648,12 @@ class ViewJob:
             return True
 
     def failure(self) -> str | None:
-        """The first query failure message, if any query died."""
+        """The first query failure message, if any query died: the Python error raised in ``foreachBatch`` when
+        there is one (e.g. a ``fail`` expectation), not the JVM's wrapper around it."""
         for query in self.queries:
             exc = query.exception()
             if exc is not None:
-                return str(exc).splitlines()[0]
+                return failure_line(str(exc))
         return None
 
     def run_forever(self, on_tick: Callable[["ViewJob"], None] | None = None) -> None:

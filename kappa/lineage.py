@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping
 
 from kappa.oracle import BatchBoundary
 
-__all__ = ["batch_metadata", "batches_from_history", "parse_offset_log"]
+__all__ = ["batch_metadata", "batches_from_history", "expectations_from_history", "parse_offset_log",
+           "with_expectations"]
 
 
 def parse_offset_log(text: str, topic: str) -> tuple[dict[int, int], int]:
@@ -63,6 +64,44 @@ def batch_metadata(*, app_id: str, batch_id: int, topic: str, end_offsets: Mappi
     return json.dumps({"kappa": meta}, separators=(",", ":"), sort_keys=True)
 
 
+def with_expectations(user_metadata: str | None, rows: int, violations: Mapping[str, int]) -> str | None:
+    """``user_metadata`` plus the batch's expectation counts (``"expectations": {"rows": n, "violations": {...}}``):
+    they commit atomically with the batch, so a run's totals are exact across restarts and re-runs."""
+    if user_metadata is None:
+        return None
+    data = json.loads(user_metadata)
+    data["kappa"]["expectations"] = {"rows": int(rows), "violations": {k: int(v) for k, v in sorted(violations.items())}}
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def expectations_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
+                              upto: int | None = None) -> tuple[int, dict[str, int]]:
+    """(rows checked, violations per expectation) over the batches of ``app_id`` recorded in a Delta table's
+    commit history (each batch once, like :func:`batches_from_history`)."""
+    found: dict[int, tuple[int, dict[str, int]]] = {}
+    for commit in history:
+        text = commit.get("userMetadata")
+        if not text or '"expectations"' not in text:
+            continue
+        try:
+            meta = json.loads(text)["kappa"]
+            if meta.get("app_id") != app_id:
+                continue
+            batch = int(meta["batch"])
+            counts = meta["expectations"]
+            entry = (int(counts["rows"]), {str(k): int(v) for k, v in counts["violations"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if upto is None or batch <= upto:
+            found[batch] = entry
+    rows, violations = 0, {}
+    for n, per in found.values():
+        rows += n
+        for name, v in per.items():
+            violations[name] = violations.get(name, 0) + v
+    return rows, violations
+
+
 def batches_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
                          upto: int | None = None) -> list[BatchBoundary]:
     """Batch boundaries of ``app_id`` recorded in a Delta table's commit history, oldest batch first.
@@ -87,8 +126,11 @@ def batches_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
             batch = int(meta["batch"])
             offsets = {int(p): int(o) for p, o in meta["end_offsets"].items()}
             watermark = int(meta.get("watermark_ms") or 0)
+            lookups = {str(name): {int(p): int(o) for p, o in ends.items()}
+                       for name, ends in (meta.get("lookups") or {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
         if upto is None or batch <= upto:
-            found[batch] = BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark)
+            found[batch] = BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark,
+                                         lookups=lookups)
     return [found[b] for b in sorted(found)]

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING
 from kappa.parsing import CAMPAIGNS, RecordFormat, decode, valid_rows
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
+
     from pyspark.sql import DataFrame, SparkSession
 
     from kappa.config import Settings
 
-__all__ = ["Lookup", "LOOKUPS", "LookupCache"]
+__all__ = ["Lookup", "LOOKUPS", "LookupCache", "lookup_frame"]
 
 log = logging.getLogger("kappa.lookups")
 
@@ -117,15 +119,34 @@ class LookupCache:
         log.info("lookup %s: %d keys at offsets %s", name, rows, ends)
 
     def _build(self, lookup: Lookup) -> "DataFrame":
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
+        return lookup_frame(self.spark, self.settings, lookup)
 
-        raw = (self.spark.read.format("kafka").options(**self.settings.spark_kafka_options())
-               .option("subscribe", self.settings.topic(lookup.topic)).option("startingOffsets", "earliest")
-               .option("endingOffsets", "latest").option("failOnDataLoss", "false").load())
-        decoded = valid_rows(decode(raw, lookup.format))
-        key = lookup.columns[0]
-        latest = (decoded.withColumn("_rn", F.row_number().over(
-            Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
-            .where("_rn = 1"))
-        return latest.where(~F.col("is_tombstone")).select(*lookup.columns).coalesce(1)
+
+def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: "Lookup | str",
+                 ends: "Mapping[int, int] | None" = None) -> "DataFrame":
+    """A lookup's latest valid value per key, as of the topic's end offsets ``ends`` (default: the log end now).
+
+    With ``ends`` it is the mapping a micro-batch joined against, as its lineage recorded it (:mod:`kappa.lineage`):
+    the verification by recompute (:mod:`kappa.recompute`) joins exactly that.
+    """
+    import json
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    lookup = LOOKUPS[lookup] if isinstance(lookup, str) else lookup
+    topic = settings.topic(lookup.topic)
+    ending = json.dumps({topic: {str(p): int(o) for p, o in ends.items()}}) if ends else "latest"
+    reader = spark.read.format("kafka").options(**settings.spark_kafka_options())
+    if ends:
+        reader = reader.option("assign", json.dumps({topic: sorted(int(p) for p in ends)}))
+    else:
+        reader = reader.option("subscribe", topic)
+    raw = (reader.option("startingOffsets", "earliest").option("endingOffsets", ending)
+           .option("failOnDataLoss", "false").load())
+    decoded = valid_rows(decode(raw, lookup.format))
+    key = lookup.columns[0]
+    latest = (decoded.withColumn("_rn", F.row_number().over(
+        Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
+        .where("_rn = 1"))
+    return latest.where(~F.col("is_tombstone")).select(*lookup.columns).coalesce(1)

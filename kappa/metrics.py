@@ -87,6 +87,11 @@ class ViewMetrics:
                                     "it counts partially aggregated rows).", names, registry=r)
         self.late_kept = Counter("kappa_late_records_kept", "Late records the watermark dropped that were kept in "
                                  "the quarantine (reason late; views that declare a late bound).", names, registry=r)
+        self.expectation_rows = Counter("kappa_expectation_rows_checked", "Output rows checked against the view "
+                                        "version's expectations.", names, registry=r)
+        self.expectation_violations = Counter(
+            "kappa_expectation_violations", "Output rows that broke an expectation (action: warn = written anyway, "
+            "drop = quarantined, fail = the job stopped).", names + ["expectation", "action"], registry=r)
         self.lag = gauge("kappa_partition_lag_records", "Log end offset minus processed offset.",
                          ("topic", "partition"))
         self.log_end = gauge("kappa_partition_log_end_offset", "Log end offset.", ("topic", "partition"))

@@ -265,11 +265,14 @@ class BatchBoundary:
         batch_id: Micro-batch id.
         end_offsets: Partition -> first offset *not* in the batch (Spark's ``offsets/<batch>`` entry).
         watermark_ms: Event-time watermark the batch ran with (``batchWatermarkMs``).
+        lookups: Lookup name -> end offsets of its topic when the lookup the batch joined was read (from the
+            Delta commit's lineage; empty when not recorded, e.g. a boundary read from the checkpoint).
     """
 
     batch_id: int
     end_offsets: Mapping[int, int]
     watermark_ms: int = 0
+    lookups: Mapping[str, Mapping[int, int]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

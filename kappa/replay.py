@@ -14,9 +14,12 @@ The flow::
     progress   processed offsets from the job's checkpoint vs. the log end (live) or the end timestamp (bounded)
     caught_up  live: lag small; bounded: the job finished and processed everything before the end -> caught_up
     verify     read the new table at its latest Delta version, find the micro-batch it holds (Delta txn of the
-               version's appId), recompute that exact offset range with the plain-Python oracle and require
-               equality -> verified (or failed, serving untouched); also diff it against the serving version
+               version's appId), re-run the version's own transform over exactly those micro-batches
+               (kappa.recompute) and, where one exists, the plain-Python oracle; require equality and the
+               version's expectations within their limits -> verified (or failed, serving untouched); write the
+               diff report against the serving version (kappa.diffreport)
     promote    switch the alias (kappa.serving), stop the old version's job, refresh the Spark SQL catalog views
+    watch      for a while after the switch, roll back when the new version breaks (kappa.watch)
     rollback   alias back to a kept version, restart its job, stop the other one
     retire     delete the tables of retired versions whose keep period passed
 
@@ -78,6 +81,7 @@ __all__ = [
     "caught_up",
     "checkpoint_batches",
     "committed_offsets",
+    "expectations_check",
     "launch",
     "parse_end",
     "parse_start",
@@ -149,13 +153,18 @@ class ReplayRequest:
         end: ``live`` (keep running; caught up = small lag) or ``timestamp`` (bounded: records with a Kafka
             timestamp before ``end_timestamp_ms``, then the job stops).
         end_timestamp_ms: End time (epoch ms) for ``end="timestamp"``.
-        verify: ``strict`` (equality with the plain-Python oracle) or ``none``.
+        verify: ``strict`` (equality with a recompute of its own transform, and with the plain-Python oracle where
+            one exists) or ``none``.
         auto_promote: Switch the serving alias once verified.
         keep_hours: How long the replaced version's table is kept for rollback.
         triggered_by: Who asks (``cli:<user>``, ``airflow:<dag>:<run id>``); recorded in the registry.
         max_offsets_per_trigger: Micro-batch size bound of the replay job (None: Spark's default, unbounded).
         max_lag: A live replay is caught up once at most this many records are left behind the log end.
         metrics_port: Prometheus port of the job (None: the runner's choice, a stable port per version locally).
+        watch_minutes: After an automatic promotion, watch the new version this long and roll back when it breaks
+            (:mod:`kappa.watch`; 0: no watch).
+        watch_max_quarantine_rate: The watch's limit on the share of records quarantined since the switch.
+        watch_max_lag: The watch's limit on the records the new version lags behind (for several checks).
     """
 
     view: str
@@ -172,6 +181,9 @@ class ReplayRequest:
     max_offsets_per_trigger: int | None = None
     max_lag: int = DEFAULT_MAX_LAG
     metrics_port: int | None = None
+    watch_minutes: float = 10.0
+    watch_max_quarantine_rate: float = 0.05
+    watch_max_lag: int = 50_000
 
     @property
     def ref(self) -> str:
@@ -232,9 +244,26 @@ class ReplayRequest:
             raise ReplayError(f"max_lag {self.max_lag!r}: expected an integer >= 0 (records)")
         if self.metrics_port is not None and (not integer(self.metrics_port) or not 0 <= self.metrics_port < 65536):
             raise ReplayError(f"metrics_port {self.metrics_port!r}: expected a TCP port")
+        number = (int, float)
+        if isinstance(self.watch_minutes, bool) or not isinstance(self.watch_minutes, number) or self.watch_minutes < 0:
+            raise ReplayError(f"watch_minutes {self.watch_minutes!r}: expected a number >= 0 (0: no watch)")
+        if (isinstance(self.watch_max_quarantine_rate, bool) or not isinstance(self.watch_max_quarantine_rate, number)
+                or not 0 <= self.watch_max_quarantine_rate <= 1):
+            raise ReplayError(f"watch_max_quarantine_rate {self.watch_max_quarantine_rate!r}: expected a share "
+                              "within [0, 1]")
+        if not integer(self.watch_max_lag) or self.watch_max_lag < 0:
+            raise ReplayError(f"watch_max_lag {self.watch_max_lag!r}: expected an integer >= 0 (records)")
         if not isinstance(self.triggered_by, str) or not self.triggered_by.strip():
             raise ReplayError("triggered_by is required (e.g. cli:<user> or airflow:<dag>:<run id>)")
         return self
+
+    def watch_policy(self, poll_seconds: float | None = None) -> Any:
+        """The :class:`kappa.watch.WatchPolicy` of this request (poll every ``KAPPA_WATCH_POLL_SECONDS``, 15)."""
+        from kappa.watch import WatchPolicy
+
+        poll = poll_seconds or float(os.environ.get("KAPPA_WATCH_POLL_SECONDS", "15"))
+        return WatchPolicy(minutes=float(self.watch_minutes), poll_seconds=poll, max_lag=self.watch_max_lag,
+                           max_quarantine_rate=float(self.watch_max_quarantine_rate))
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], *, triggered_by: str) -> ReplayRequest:
@@ -399,19 +428,60 @@ def _batch_boundaries(settings: Settings, view: str, version: int, table: Any, a
     """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.lineage`, complete
     for the table's history; batches of a bulk catch-up are commits of the run's staging table), else from the
     checkpoint (only its last ``minBatchesToRetain`` batches)."""
-    from deltalake import DeltaTable
-
-    commits = list(table.history())
-    staging = _paths(settings, view, version).staging
-    if DeltaTable.is_deltatable(staging):
-        commits += DeltaTable(staging).history()
-    history = batches_from_history(commits, app_id, upto=upto)
+    history = batches_from_history(_run_commits(settings, view, version, table), app_id, upto=upto)
     if [b.batch_id for b in history] == list(range(upto + 1)):
         return history
     checkpoint = checkpoint_batches(f"{_paths(settings, view, version).checkpoint}/main", topic, upto=upto)
     merged = {b.batch_id: b for b in checkpoint}
     merged.update({b.batch_id: b for b in history})
     return [merged[b] for b in sorted(merged)]
+
+
+def _run_commits(settings: Settings, view: str, version: int, table: Any) -> list[dict[str, Any]]:
+    """Commit infos of the version's table and of its staging table (bulk catch-up), any order."""
+    from deltalake import DeltaTable
+
+    commits = list(table.history())
+    staging = _paths(settings, view, version).staging
+    if DeltaTable.is_deltatable(staging):
+        commits += DeltaTable(staging).history()
+    return commits
+
+
+def expectations_check(settings: Settings, view: str, version: int, *, upto: int | None = None) -> Any:
+    """The version's expectation counts over its run (from the Delta commits' lineage) against the declared
+    limits, as a :class:`kappa.recompute.Check` named ``expectations`` (None: the version declares none)."""
+    from deltalake import DeltaTable
+
+    from kappa.lineage import expectations_from_history
+    from kappa.recompute import Check
+    from kappa.view import load_view
+
+    definition = load_view(_module(view, version))
+    if not definition.expectations:
+        return None
+    table_path = _paths(settings, view, version).table
+    rows, violations = 0, {}
+    if DeltaTable.is_deltatable(table_path):
+        table = DeltaTable(table_path)
+        app_id = run_app_id(settings, view, version) or ""
+        rows, violations = expectations_from_history(_run_commits(settings, view, version, table), app_id, upto=upto)
+    broken, parts = [], []
+    for rule in definition.expectations:
+        n = violations.get(rule.name, 0)
+        rate = n / rows if rows else 0.0
+        limit = 0.0 if rule.on_violation == "fail" else rule.max_violation_rate
+        text = f"{rule.name} ({rule.on_violation}) {n:,} of {rows:,} rows ({rate:.1%}"
+        text += f", max {limit:.1%})" if limit is not None else ")"
+        parts.append(text)
+        if limit is not None and rate > limit:
+            broken.append(text)
+    message = ("expectations over their limit: " + "; ".join(broken)) if broken else \
+        ("expectations: " + "; ".join(parts))
+    return Check(name="expectations", passed=not broken, rows=rows, message=message,
+                 details={"rows": rows, "violations": violations,
+                          "limits": {r.name: (0.0 if r.on_violation == "fail" else r.max_violation_rate)
+                                     for r in definition.expectations}})
 
 
 def committed_offsets(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
@@ -1094,22 +1164,29 @@ class Verification:
         view: View name.
         version: Version verified.
         mode: ``strict`` or ``none``.
-        passed: The table equals the oracle (always True for ``none``).
+        passed: Every check passed (always True for ``none``).
         delta_version: Delta version of the table that was checked.
         batch_id: Micro-batch that Delta version holds (txnVersion of the version's appId).
-        start_offsets: Start of the recomputed offset range.
-        end_offsets: End (exclusive) of the recomputed offset range (that batch's end offsets).
+        start_offsets: Start of the checked offset range.
+        end_offsets: End (exclusive) of the checked offset range (that batch's end offsets).
         rows: Rows in the table at ``delta_version``.
-        expected_rows: Rows the oracle computed.
-        missing: Keys the oracle has and the table lacks.
-        extra: Keys the table has and the oracle lacks.
-        different: Keys present in both with different values.
+        expected_rows: Rows the recompute produced.
+        missing: Keys expected and absent from the table (the largest count of the checks).
+        extra: Keys in the table and not expected (idem).
+        different: Keys present in both with different values (idem).
         duplicates: Keys present more than once in the table.
-        examples: Up to 5 differences ``"key: table=... oracle=..."``.
+        examples: Up to 5 differences per check, ``"<check>: <key>: ..."``.
+        first_difference: The first differing key of the first failed check.
+        recompute: The recompute of the version's own transform (:mod:`kappa.recompute`), as a dict.
+        oracle: The plain-Python oracle's check (:mod:`kappa.oracle`) when one exists for the version, else None.
+        expectations: Violations per expectation over the run and their limits (:func:`expectations_check`),
+            None for a version without expectations.
         compared_with: Version serving when verified (None if none, or this version itself).
         only_new: Keys only in this version's table (vs. ``compared_with``).
         only_old: Keys only in the serving version's table.
         changed: Keys in both with different values in the columns both tables have.
+        report: The diff report against the serving version (:class:`kappa.diffreport.DiffReport`, with the paths
+            of its JSON and PNG files), None when no other version serves.
         message: One human line.
     """
 
@@ -1128,10 +1205,15 @@ class Verification:
     different: int = 0
     duplicates: int = 0
     examples: tuple[str, ...] = ()
+    first_difference: str | None = None
+    recompute: dict[str, Any] | None = None
+    oracle: dict[str, Any] | None = None
+    expectations: dict[str, Any] | None = None
     compared_with: int | None = None
     only_new: int = 0
     only_old: int = 0
     changed: int = 0
+    report: dict[str, Any] | None = None
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -1151,61 +1233,112 @@ def _table_rows(table: Any) -> tuple[list[str], list[dict[str, Any]]]:
     return names, [dict(zip(names, values)) for values in zip(*columns)]
 
 
-def _diff_serving(view: str, version: int, settings: Settings, spec: Any,
-                  rows: list[dict[str, Any]]) -> tuple[int | None, int, int, int]:
-    """(serving version, only in new, only in old, changed) between ``rows`` and the serving version's table."""
+def _report_dir(settings: Settings, view: str, version: int) -> Path:
+    """Where a version's reports go: ``views/<view>/v<N>/reports`` on a local lake, else under ``$KAPPA_HOME``."""
+    paths = _paths(settings, view, version)
+    if paths.is_local:
+        return Path(local_path(paths.root)) / "reports"
+    return Path(settings.home) / "reports" / view / f"v{version}"
+
+
+def _diff_against_serving(spark: Any, view: str, version: int, settings: Settings, keys: tuple[str, ...],
+                          delta_version: int) -> Any:
+    """The diff report against the serving version (:mod:`kappa.diffreport`), or None when none serves (or this
+    version does)."""
     from deltalake import DeltaTable
+
+    from kappa.diffreport import diff_report
 
     try:
         target = _alias(settings).target(view)
     except RegistryError:
-        return None, 0, 0, 0
+        return None
     if target.version == version or not DeltaTable.is_deltatable(target.table_path):
-        return None, 0, 0, 0
-    names, old_rows = _table_rows(DeltaTable(target.table_path))
-    keys = [k for k in spec.keys if k in names]
-    if len(keys) != len(spec.keys):
-        return target.version, len(rows), len(old_rows), 0
-    common = [c for c in rows[0].keys() if c in names and c not in keys] if rows else []
+        return None
+    return diff_report(spark, view=view, version=version, table=_paths(settings, view, version).table,
+                       delta_version=delta_version, serving_version=target.version,
+                       serving_table=target.table_path, keys=keys, out_dir=_report_dir(settings, view, version))
 
-    def index(table_rows: list[dict[str, Any]]) -> dict[tuple, tuple]:
-        return {tuple(r[k] for k in keys): tuple(r[c] for c in common) for r in table_rows}
 
-    new, old = index(rows), index(old_rows)
-    changed = sum(1 for k in new.keys() & old.keys() if new[k] != old[k])
-    return target.version, len(new.keys() - old.keys()), len(old.keys() - new.keys()), changed
+def _oracle_check(spec: Any, settings: Settings, *, start: Mapping[int, int], end: Mapping[int, int],
+                  batches: list[Any], end_timestamp_ms: int | None, rows: list[dict[str, Any]]) -> Any:
+    """The plain-Python oracle's recomputation of ``[start, end)`` against the table's ``rows``."""
+    from kappa import oracle
+    from kappa.recompute import Check
+
+    def validated(records: list[Any], name: str) -> list[Any]:
+        fmt = oracle.TOPIC_FORMATS.get(name)
+        if fmt is None:
+            raise ReplayError(f"the oracle has no record format for topic {name!r} (kappa.oracle.TOPIC_FORMATS)")
+        return oracle.validate_records(records, fmt.subject, key_field=fmt.key_field, tombstones=fmt.tombstones)
+
+    topic = settings.topic(spec.stream_topic)
+    records = oracle.read_log(settings, topic, start=start or None, end=end)
+    if end_timestamp_ms is not None:
+        records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
+    lookups = {name: validated(oracle.read_log(settings, settings.topic(declared)), declared)
+               for name, declared in spec.lookups.items()}
+    expected = spec.compute(oracle.OracleInput(events=validated(records, spec.stream_topic), lookups=lookups,
+                                               batches=batches if spec.uses_batches else None))
+    actual: dict[tuple, tuple] = {}
+    duplicates = 0
+    for row in rows:
+        key, value = spec.adapt(row)
+        duplicates += key in actual
+        actual[key] = value
+    missing = expected.keys() - actual.keys()
+    extra = actual.keys() - expected.keys()
+    different = [k for k in expected.keys() & actual.keys() if expected[k] != actual[k]]
+    found = sorted([(k, f"{k}: missing from the table, oracle={expected[k]}") for k in missing]
+                   + [(k, f"{k}: in the table only, table={actual[k]}") for k in extra]
+                   + [(k, f"{k}: table={actual[k]} oracle={expected[k]}") for k in different], key=lambda x: str(x[0]))
+    examples = tuple(text for _k, text in found[:5])
+    passed = not (missing or extra or different or duplicates)
+    message = (f"{len(rows):,} rows equal the oracle" if passed else
+               f"differs from the oracle: {len(missing)} missing, {len(extra)} extra, {len(different)} different, "
+               f"{duplicates} duplicated keys; first differing key {examples[0] if examples else '-'}")
+    return Check(name="oracle", passed=passed, rows=len(rows), expected_rows=len(expected), missing=len(missing),
+                 extra=len(extra), different=len(different), duplicates=duplicates,
+                 first_difference=examples[0] if examples else None, examples=examples, message=message)
 
 
 def verify(view: str, version: int, settings: Settings, mode: str = "strict", *, by: str,
            end_timestamp_ms: int | None = None) -> Verification:
-    """Check a caught-up version against the independent oracle; ``verified`` or ``failed`` in the registry.
+    """Check a caught-up version; ``verified`` or ``failed`` in the registry.
 
     ``strict``: open the version's table at its latest Delta version, find the micro-batch it holds (the Delta
-    txn of the version's appId), read that batch's end offsets (and, for event-time views, every batch's
-    boundaries and watermark) from the Delta commits (:mod:`kappa.lineage`; the checkpoint's offset log as a
-    fallback), recompute ``[start, end)`` of the log with the
-    plain-Python oracle (:data:`kappa.oracle.ORACLES`) and require exact equality of keys and values, with no
-    duplicated key. ``none``: no check, the registry note says so. The serving alias is never touched; a
-    failure marks the version ``failed`` with the reason. Also reports how the table differs from the version
-    currently serving (keys only in the new one, only in the old one, changed values).
+    txn of the version's appId) and every batch boundary of the run before it (end offsets, watermark, lookup
+    offsets: :mod:`kappa.lineage`, the checkpoint's offset log as a fallback), then
+
+    * **recompute** (every version): Spark re-runs the version's own transform over exactly those micro-batches
+      of the log and the view's write semantics over its output (:mod:`kappa.recompute`); the table must hold
+      the same keys with the same values, no duplicated key, and the quarantine every invalid record once;
+    * **oracle** (versions with an entry in :data:`kappa.oracle.ORACLES`): the independent plain-Python
+      recomputation of the same range must equal the table too.
+
+    ``none``: no check, the registry note says so. The serving alias is never touched; a failure marks the
+    version ``failed`` with the reason (the first differing key). A serving or failed version is re-checked
+    read-only (its state stays). Also reports how the table differs from the
+    version currently serving (keys only in the new one, only in the old one, changed values).
 
     Raises:
-        ReplayError: Unknown/unregistered version, not caught up yet, no oracle for a strict check, or the
-            checkpoint no longer has the batch history the check needs.
+        ReplayError: Unknown/unregistered version, not caught up yet, or nothing processed yet.
     """
     from deltalake import DeltaTable
 
     from kappa import oracle
+    from kappa.recompute import recompute, spark_session
+    from kappa.view import load_view
 
     if mode not in VERIFY_MODES:
         raise ReplayError(f"verify mode {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
-    _module(view, version)
+    definition = load_view(_module(view, version))
     ref = f"{view}@v{version}"
     registry = _registry(settings)
     rec = registry.get(view, version)
     if rec is None:
         raise ReplayError(f"{ref} is not registered; replay it first (`kappa replay {view} --version {version}`)")
-    if rec.state in {"building", "failed", "retired"}:
+    if rec.state in {"building", "retired"}:
         raise ReplayError(f"{ref} is {rec.state}; only a caught-up version can be verified")
     record_state = rec.state in {"caught_up", "verified"}
 
@@ -1217,76 +1350,67 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
                                note=result.message)
         return result
 
-    spec = oracle.ORACLES.get((view, version))
-    if spec is None:
-        raise ReplayError(f"no oracle recomputes {ref} (kappa.oracle.ORACLES); replay it with verify=none")
-    table_path = _paths(settings, view, version).table
-    if not DeltaTable.is_deltatable(table_path):
-        raise ReplayError(f"{ref}: no Delta table at {table_path} yet")
-    table = DeltaTable(table_path)
+    paths = _paths(settings, view, version)
+    if not DeltaTable.is_deltatable(paths.table):
+        raise ReplayError(f"{ref}: no Delta table at {paths.table} yet")
+    table = DeltaTable(paths.table)
     delta_version = table.version()
     run_id = table.metadata().configuration.get("kappa.runId")
     app_id = f"kappa:{ref}:{run_id}" if run_id else rec.app_id
     batch = table.transaction_version(app_id)
     if batch is None:
-        raise ReplayError(f"{ref}: Delta version {delta_version} of {table_path} has no commit of {app_id}; "
+        raise ReplayError(f"{ref}: Delta version {delta_version} of {paths.table} has no commit of {app_id}; "
                           "nothing processed yet")
-    topic = settings.topic(spec.stream_topic)
+    topic = settings.topic(definition.stream_topic)
     batches = _batch_boundaries(settings, view, version, table, app_id, topic, batch)
     if not batches or batches[-1].batch_id != batch:
         raise ReplayError(f"{ref}: neither the Delta history nor the checkpoint has the offsets of batch {batch} "
                           f"(Delta version {delta_version})")
-    if spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
-        first = batches[0].batch_id
-        raise ReplayError(f"{ref}: only batches {first}..{batch} have known boundaries (Delta history and "
-                          "checkpoint both purged older ones); a strict check of an event-time view needs every "
-                          "batch from 0 - verify=none, or replay again")
     end = dict(batches[-1].end_offsets)
     start = _offsets_from_json(rec.start_offsets) or {
         int(p): int(o) for p, o in (_run_info(settings, view, version).get("start_offsets") or {}).items()}
 
-    def validated(records: list[Any], name: str) -> list[Any]:
-        fmt = oracle.TOPIC_FORMATS.get(name)
-        if fmt is None:
-            raise ReplayError(f"the oracle has no record format for topic {name!r} (kappa.oracle.TOPIC_FORMATS)")
-        return oracle.validate_records(records, fmt.subject, key_field=fmt.key_field, tombstones=fmt.tombstones)
-
-    records = oracle.read_log(settings, topic, start=start or None, end=end)
-    if end_timestamp_ms is not None:
-        records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
-    lookups = {name: validated(oracle.read_log(settings, settings.topic(declared)), declared)
-               for name, declared in spec.lookups.items()}
-    expected = spec.compute(oracle.OracleInput(events=validated(records, spec.stream_topic), lookups=lookups,
-                                               batches=batches if spec.uses_batches else None))
+    spec = oracle.ORACLES.get((view, version))
+    if spec is not None and spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
+        raise ReplayError(f"{ref}: only batches {batches[0].batch_id}..{batch} have known boundaries (Delta "
+                          "history and checkpoint both purged older ones); a strict check of an event-time "
+                          "view needs every batch from 0 - verify=none, or replay again")
+    with spark_session(settings) as spark:
+        checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
+                            batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
+                            quarantine_path=paths.quarantine, spark=spark)]
+        report = _diff_against_serving(spark, view, version, settings, definition.keys, delta_version)
+    expectations = expectations_check(settings, view, version, upto=batch)
+    if expectations is not None:
+        checks.append(expectations)
     _names, rows = _table_rows(table)
-    actual: dict[tuple, tuple] = {}
-    duplicates = 0
-    for row in rows:
-        key, value = spec.adapt(row)
-        duplicates += key in actual
-        actual[key] = value
-    missing = expected.keys() - actual.keys()
-    extra = actual.keys() - expected.keys()
-    different = [k for k in expected.keys() & actual.keys() if expected[k] != actual[k]]
-    examples = tuple(
-        [f"{k}: missing, oracle={expected[k]}" for k in sorted(missing, key=str)[:2]]
-        + [f"{k}: extra, table={actual[k]}" for k in sorted(extra, key=str)[:2]]
-        + [f"{k}: table={actual[k]} oracle={expected[k]}" for k in sorted(different, key=str)[:3]])[:5]
-    passed = not (missing or extra or different or duplicates)
-    compared, only_new, only_old, changed = _diff_serving(view, version, settings, spec, rows)
-    versus = (f"; vs serving v{compared}: {only_new} keys only here, {only_old} only there, {changed} changed"
-              if compared is not None else "")
+    if spec is not None:
+        checks.append(_oracle_check(spec, settings, start=start, end=end, batches=batches,
+                                    end_timestamp_ms=end_timestamp_ms, rows=rows))
+    passed = all(c.passed for c in checks)
+    failed = [c for c in checks if not c.passed]
+    versus = (f"; vs serving v{report.serving_version}: {report.added} keys only here, {report.removed} only "
+              f"there, {report.changed} changed (diff report {report.json_path})" if report is not None else "")
     where = f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+    names = " and the ".join(c.name for c in checks if c.name != "expectations")
+    quality = f"; {expectations.message}" if expectations is not None else ""
     if passed:
-        message = f"{ref}: {len(rows):,} rows equal the oracle ({where}){versus}"
+        message = f"{ref}: {len(rows):,} rows equal the {names} ({where}){quality}{versus}"
     else:
-        message = (f"{ref}: differs from the oracle ({where}): {len(missing)} missing, {len(extra)} extra, "
-                   f"{len(different)} different, {duplicates} duplicated keys; e.g. {examples[0] if examples else '-'}")
+        message = f"{ref}: " + "; ".join(f.message for f in failed) + f" ({where}){versus}"
+    by_name = {c.name: c for c in checks}
     result = Verification(
         view=view, version=version, mode="strict", passed=passed, delta_version=delta_version, batch_id=batch,
-        start_offsets=start, end_offsets=end, rows=len(rows), expected_rows=len(expected), missing=len(missing),
-        extra=len(extra), different=len(different), duplicates=duplicates, examples=examples,
-        compared_with=compared, only_new=only_new, only_old=only_old, changed=changed, message=message)
+        start_offsets=start, end_offsets=end, rows=len(rows), expected_rows=checks[0].expected_rows,
+        missing=max(c.missing for c in checks), extra=max(c.extra for c in checks),
+        different=max(c.different for c in checks), duplicates=max(c.duplicates for c in checks),
+        examples=tuple(f"{c.name}: {e}" for c in checks for e in c.examples),
+        first_difference=failed[0].first_difference if failed else None,
+        recompute=by_name["recompute"].to_dict(), oracle=by_name["oracle"].to_dict() if "oracle" in by_name else None,
+        expectations=expectations.to_dict() if expectations is not None else None,
+        compared_with=report.serving_version if report else None, only_new=report.added if report else 0,
+        only_old=report.removed if report else 0, changed=report.changed if report else 0,
+        report=report.to_dict() if report else None, message=message)
     if record_state:
         fields: dict[str, Any] = {"end_offsets": _spark_offsets(topic, end)}
         if app_id != rec.app_id:
@@ -1384,10 +1508,19 @@ def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: 
     version's job is stopped and ``<lake>/_registry/catalog.sql`` is rewritten. Promoting the version that
     already serves changes nothing.
 
+    A version whose expectations broke their declared limits is refused (also one accepted with
+    ``verify=none``).
+
     Raises:
-        ReplayError: Not verified, table missing, a concurrent switch won, or stopping the old job failed.
+        ReplayError: Not verified, expectations over their limits, table missing, a concurrent switch won, or
+            stopping the old job failed.
     """
     _module(view, version)
+    current = _registry(settings).get(view, version)
+    if current is None or current.state != "serving":
+        quality = expectations_check(settings, view, version)
+        if quality is not None and not quality.passed:
+            raise ReplayError(f"{view}@v{version} cannot be promoted: {quality.message}")
     try:
         adopt_serving(view, settings, by=by, exclude=version)
         result = _alias(settings).promote(view, version, by=by, keep=timedelta(hours=keep_hours))

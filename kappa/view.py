@@ -10,6 +10,7 @@ decode/quarantine -> transform -> idempotent Delta write keyed by ``(app_id, bat
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, Mapping
 
@@ -18,9 +19,56 @@ from kappa.parsing import RecordFormat
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["ViewDefinition", "Finality", "load_view", "tumbling_window_end", "view_ref"]
+__all__ = ["Expectation", "ViewDefinition", "Finality", "load_view", "tumbling_window_end", "view_ref"]
 
 WriteMode = Literal["append", "merge", "upsert_delete"]
+OnViolation = Literal["warn", "drop", "fail"]
+_EXPECTATION_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A data-quality rule over the rows a view version writes (its transform's output).
+
+    Attributes:
+        name: ``lower_snake_case``; the label of its metrics and the reason of the rows it quarantines.
+        condition: Spark SQL boolean expression over an output row that holds for a good row (NULL counts as a
+            violation), e.g. ``"view_count >= 0"``.
+        on_violation: ``warn`` - count the rows and write them; ``drop`` - keep them out of the table and put them
+            in the quarantine (reason ``expectation <name>: <condition>``, the row as JSON in ``raw_value``);
+            ``fail`` - stop the job before the micro-batch is written, with the rule and an offending row.
+        max_violation_rate: The version cannot be verified nor promoted once more than this fraction of its
+            checked rows violated the rule (``None``: no limit; a ``fail`` rule allows none).
+
+    Counts per rule go to the metrics (``kappa_expectation_violations_total``), to each Delta commit's lineage
+    (so the totals of a run are exact across restarts), to the verification result and the registry's audit log.
+    """
+
+    name: str
+    condition: str
+    on_violation: OnViolation = "warn"
+    max_violation_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _EXPECTATION_NAME.match(self.name):
+            raise ValueError(f"expectation name {self.name!r}: use lower_snake_case")
+        if self.on_violation not in ("warn", "drop", "fail"):
+            raise ValueError(f"expectation {self.name}: on_violation {self.on_violation!r}: use warn, drop or fail")
+        if not self.condition.strip():
+            raise ValueError(f"expectation {self.name}: empty condition")
+        if self.max_violation_rate is not None and not 0.0 <= self.max_violation_rate <= 1.0:
+            raise ValueError(f"expectation {self.name}: max_violation_rate must be within [0, 1]")
+
+    @property
+    def reason(self) -> str:
+        """Quarantine reason of a row this rule dropped."""
+        return f"expectation {self.name}: {self.condition}"
+
+    def violated(self) -> "Column":
+        """True for a row that breaks the rule (NULL counts as broken)."""
+        from pyspark.sql import functions as F
+
+        return ~F.coalesce(F.expr(self.condition).cast("boolean"), F.lit(False))
 
 
 @dataclass(frozen=True)
@@ -68,6 +116,7 @@ class ViewDefinition:
             view does not aggregate. Rows whose bound the previous batch's watermark passed are kept in the
             quarantine with reason ``late`` (:mod:`kappa.late`; Spark still drops them from the view). ``None``:
             dropped rows are only counted (``kappa_late_rows_dropped_total``).
+        expectations: data-quality rules over the output rows (:class:`Expectation`).
     """
 
     name: str
@@ -86,6 +135,12 @@ class ViewDefinition:
     partition_by: tuple[str, ...] = ()
     stateful: bool = False
     late_bound: Callable[[], "Column"] | None = None
+    expectations: tuple[Expectation, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [e.name for e in self.expectations]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.ref}: expectation names must be unique ({', '.join(names)})")
 
     @property
     def ref(self) -> str:

@@ -229,6 +229,7 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "KAPPA_REPLAY_POKE_SECONDS": AIRFLOW_TEST_POKE_SECONDS,
+        "KAPPA_WATCH_POLL_SECONDS": AIRFLOW_TEST_POKE_SECONDS,
     }
     if "airflow.configuration" in sys.modules:  # imported earlier with another home: fail loudly, not oddly
         from airflow.configuration import conf

@@ -86,11 +86,12 @@ def _stack_rss(settings: Settings) -> float:
     return total / 2**20
 
 
-def _gauge(url: str, name: str) -> float:
-    """The value of one gauge on a /metrics page."""
+def _gauge(url: str, name: str) -> float | None:
+    """The value of one gauge on a /metrics page (None while the job has not set it yet)."""
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    return float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
+    found = re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
 
 
 def _ratios(registry: Registry, version: int) -> list[float]:

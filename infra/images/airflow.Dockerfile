@@ -3,6 +3,8 @@
 # Airflow image of the platform: the official apache/airflow image (AIRFLOW_VERSION, Python PYTHON_VERSION) with
 # the project's DAGs (dags/, the AIRFLOW__CORE__DAGS_FOLDER the chart sets) and the kappa package installed
 # from /opt/kappa, resolved against requirements.lock. Runs as the image's non-root user airflow (50000).
+# The verify task recomputes a view version with Spark (kappa.recompute): a Java 17 runtime from Debian and the
+# Spark jars of the view-job image of the same project version (KAPPA_VERSION, built first) come with it.
 #
 #   docker build -f infra/images/airflow.Dockerfile -t kappa/airflow:0.1.0 .        (from the repository root)
 #
@@ -10,12 +12,20 @@
 
 ARG AIRFLOW_VERSION=3.1.8
 ARG PYTHON_VERSION=3.11
+ARG KAPPA_VERSION=0.1.0
+
+FROM kappa/view-job:${KAPPA_VERSION} AS viewjob
 
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 ARG AIRFLOW_VERSION=3.1.8
 
 USER root
-RUN install -d -o airflow -g 0 -m 0775 /opt/kappa
+RUN set -eu; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless procps; \
+    rm -rf /var/lib/apt/lists/*; \
+    ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java; \
+    install -d -o airflow -g 0 -m 0775 /opt/kappa
 USER airflow
 WORKDIR /opt/kappa
 COPY --chown=airflow:0 pyproject.toml requirements.lock ./
@@ -24,11 +34,13 @@ COPY --chown=airflow:0 schemas/ schemas/
 COPY --chown=airflow:0 jobs/ jobs/
 COPY --chown=airflow:0 kappa/ kappa/
 COPY --chown=airflow:0 dags/ dags/
+COPY --from=viewjob --chown=airflow:0 /opt/kappa/.cache/jars/spark/ .cache/jars/spark/
 # Airflow stays at AIRFLOW_VERSION; everything else resolves to the project's tested versions (the lock as
 # constraints). The kubernetes client for the Kubernetes runner comes with the image's cncf.kubernetes provider.
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" --constraint requirements.lock -e /opt/kappa \
  && python -c "import airflow, kappa.runners.kubernetes, kubernetes; assert airflow.__version__ == '${AIRFLOW_VERSION}', airflow.__version__"
 ENV KAPPA_REPO_ROOT=/opt/kappa \
+    JAVA_HOME=/opt/java \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/kappa/dags \
     AIRFLOW__CORE__LOAD_EXAMPLES=False \
     PYTHONDONTWRITEBYTECODE=1

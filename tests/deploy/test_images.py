@@ -147,6 +147,7 @@ def test_chart_image_defaults_follow_versions_env() -> None:
     assert ann["kappa.io/airflow-version"] == pins["AIRFLOW_VERSION"]
     project = re.search(r'^version = "([^"]+)"', (h.ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert chart["appVersion"] == project, "images are tagged with the project version (the chart appVersion)"
+    assert pins["KAPPA_VERSION"] == project, "the Airflow image copies the jars of the view-job image of this tag"
 
 
 # ------------------------------------------------------------------------------------------ entrypoint

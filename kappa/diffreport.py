@@ -1,0 +1,195 @@
+"""The diff report before a promotion: how a verified view version's table differs from the serving one's.
+
+Verification proves the new table is what its transform computes from the log; whether that is the *intended*
+logic change is a human judgement. The report gives the operator what to judge by, per key:
+
+* ``added`` (keys only in the new table), ``removed`` (only in the serving one), ``changed`` (in both, a value
+  differs in a column both tables have), ``unchanged``;
+* the same counts per bucket of the first time key (``window_start``, ``session_start``: truncated to the
+  minute, hour or day so that at most ~48 buckets remain), else per value (or first character) of the first key;
+* up to 5 examples per kind with the old and new values;
+* a PNG (stacked bars of added / removed / changed per bucket).
+
+Written as ``diff-v<new>-vs-v<serving>.json`` and ``.png`` under the version's folder (``views/<view>/v<N>/
+reports/`` on a local lake, else ``$KAPPA_HOME/reports/<view>/v<N>/``); the CLI prints the paths, the Airflow
+``verify`` task logs the summary per bucket and returns the report in its XCom.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["DiffReport", "diff_report"]
+
+log = logging.getLogger("kappa.diffreport")
+
+#: At most about this many buckets in the breakdown.
+MAX_BUCKETS = 48
+_UNITS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400), ("week", 7 * 86400), ("month", 31 * 86400),
+          ("year", 366 * 86400))
+_KINDS = {"missing": "added", "extra": "removed", "different": "changed"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffReport:
+    """What changes for readers if ``version`` replaces ``serving_version`` (see the module doc)."""
+
+    view: str
+    version: int
+    serving_version: int
+    delta_version: int
+    serving_delta_version: int
+    keys: list[str]
+    compared: list[str]
+    only_new_columns: list[str]
+    only_old_columns: list[str]
+    rows_new: int
+    rows_old: int
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    bucket_by: str | None
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    json_path: str = ""
+    png_path: str | None = None
+
+    def summary(self) -> str:
+        """One line: the counts and where the report is."""
+        return (f"diff v{self.version} vs serving v{self.serving_version}: {self.added:,} keys added, "
+                f"{self.removed:,} removed, {self.changed:,} changed, {self.unchanged:,} unchanged "
+                f"(report {self.json_path}" + (f", plot {self.png_path}" if self.png_path else "") + ")")
+
+    def lines(self) -> list[str]:
+        """The breakdown and the examples, for a task log or a terminal."""
+        out = [f"{'bucket (' + (self.bucket_by or '-') + ')':<40} {'added':>9} {'removed':>9} {'changed':>9}"]
+        out += [f"{b['bucket']:<40} {b['added']:>9,} {b['removed']:>9,} {b['changed']:>9,}" for b in self.buckets]
+        for kind, examples in self.examples.items():
+            out += [f"{kind}: {e}" for e in examples]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diff_report(spark: "SparkSession", *, view: str, version: int, table: str, delta_version: int,
+                serving_version: int, serving_table: str, keys: Sequence[str], out_dir: Path) -> DiffReport:
+    """Compare ``table`` at ``delta_version`` with the serving version's table (latest) and write the report."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from kappa.recompute import diff_frame
+
+    new = spark.read.format("delta").option("versionAsOf", delta_version).load(table)
+    old = spark.read.format("delta").load(serving_table)
+    serving_delta = int(DeltaTable.forPath(spark, serving_table).history(1).collect()[0]["version"])
+    shared_keys = [k for k in keys if k in old.columns]
+    compared = [c for c in new.columns if c in old.columns and c not in keys]
+    rows_new, rows_old = new.count(), old.count()
+    common = dict(view=view, version=version, serving_version=serving_version, delta_version=delta_version,
+                  serving_delta_version=serving_delta, keys=list(keys), compared=compared,
+                  only_new_columns=[c for c in new.columns if c not in old.columns],
+                  only_old_columns=[c for c in old.columns if c not in new.columns], rows_new=rows_new,
+                  rows_old=rows_old)
+    stem = out_dir / f"diff-v{version}-vs-v{serving_version}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not keys or len(shared_keys) != len(keys):
+        report = DiffReport(**common, added=rows_new, removed=rows_old, changed=0, unchanged=0, bucket_by=None,
+                            examples={"note": ["the tables share no key: every row counts as added or removed"]},
+                            json_path=f"{stem}.json")
+        Path(report.json_path).write_text(json.dumps(report.to_dict(), indent=2, default=str))
+        return report
+    diffs = diff_frame(new.dropDuplicates(list(keys)), old.dropDuplicates(list(keys)), keys=list(keys),
+                       values=compared).persist()
+    try:
+        bucket_col, bucket = _bucket(diffs, keys[0], new.schema[keys[0]].dataType)
+        per = (diffs.withColumn("_bucket", bucket).groupBy("_bucket", "_kind").count().orderBy("_bucket").collect())
+        counts = {kind: 0 for kind in _KINDS.values()}
+        buckets: dict[str, dict[str, Any]] = {}
+        for r in per:
+            name = _text(r["_bucket"])
+            slot = buckets.setdefault(name, {"bucket": name, "added": 0, "removed": 0, "changed": 0})
+            slot[_KINDS[r["_kind"]]] += r["count"]
+            counts[_KINDS[r["_kind"]]] += r["count"]
+        examples: dict[str, list[str]] = {}
+        for kind, label in _KINDS.items():
+            rows = diffs.where(F.col("_kind") == kind).orderBy(*keys).limit(5).collect()
+            examples[label] = [_example(r, keys, compared, kind) for r in rows]
+    finally:
+        diffs.unpersist()
+    unchanged = rows_new - counts["added"] - counts["changed"]
+    report = DiffReport(**common, added=counts["added"], removed=counts["removed"], changed=counts["changed"],
+                        unchanged=max(0, unchanged), bucket_by=bucket_col, buckets=list(buckets.values()),
+                        examples={k: v for k, v in examples.items() if v}, json_path=f"{stem}.json",
+                        png_path=_plot(list(buckets.values()), f"{stem}.png", view, version, serving_version,
+                                       bucket_col))
+    Path(report.json_path).write_text(json.dumps(report.to_dict(), indent=2, default=str))
+    return report
+
+
+def _bucket(diffs: "DataFrame", column: str, dtype: Any) -> tuple[str, Any]:
+    """(description, Column) of the breakdown: a time key truncated to a unit giving <= ~48 buckets, else the
+    key's value (few distinct) or its first character."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    if isinstance(dtype, (TimestampType, TimestampNTZType, DateType)):
+        low, high = diffs.agg(F.min(column), F.max(column)).collect()[0]
+        span = (high - low).total_seconds() if low is not None and high is not None else 0
+        unit = next((u for u, seconds in _UNITS if span / seconds <= MAX_BUCKETS), "year")
+        return f"{column} per {unit}", F.date_trunc(unit, F.col(column)).cast("string")
+    distinct = diffs.select(column).distinct().limit(MAX_BUCKETS + 1).count()
+    if distinct <= MAX_BUCKETS:
+        return column, F.col(column).cast("string")
+    return f"{column} by first character", F.substring(F.col(column).cast("string"), 1, 1)
+
+
+def _text(value: Any) -> str:
+    return "(null)" if value is None else str(value)
+
+
+def _example(row: Any, keys: Sequence[str], compared: Sequence[str], kind: str) -> str:
+    key = ", ".join(f"{k}={_text(row[k])}" for k in keys)
+    if kind == "missing":
+        return f"({key}) new: " + ", ".join(f"{c}={_text(row[f'e_{c}'])}" for c in compared)
+    if kind == "extra":
+        return f"({key}) old: " + ", ".join(f"{c}={_text(row[f't_{c}'])}" for c in compared)
+    changed = [c for c in compared if row[f"e_{c}"] != row[f"t_{c}"]]
+    return f"({key}) " + ", ".join(f"{c}: {_text(row[f't_{c}'])} -> {_text(row[f'e_{c}'])}" for c in changed)
+
+
+def _plot(buckets: list[dict[str, Any]], path: str, view: str, version: int, serving: int,
+          bucket_by: str) -> str | None:
+    """Stacked bars of added / removed / changed keys per bucket."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a dependency; the JSON report stands alone
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    names = [b["bucket"] for b in buckets] or ["(no difference)"]
+    bottom = [0] * len(names)
+    for kind, color in (("added", "#2e7d32"), ("removed", "#c62828"), ("changed", "#f9a825")):
+        heights = [b[kind] for b in buckets] or [0]
+        ax.bar(range(len(names)), heights, bottom=bottom, color=color, label=kind)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("keys")
+    ax.set_xlabel(bucket_by)
+    ax.set_title(f"{view}: v{version} vs serving v{serving}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
