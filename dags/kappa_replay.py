@@ -202,7 +202,7 @@ def kappa_replay() -> None:
         for example in result.examples:
             log.info("  %s", example)
         if result.report:  # what changes for readers: judge the logic change before promoting (also in XCom)
-            from kappa.diffreport import DiffReport
+            from kappa.replay.diffreport import DiffReport
 
             report = DiffReport(**result.report)
             log.info("%s", report.summary())
@@ -236,7 +236,7 @@ def kappa_replay() -> None:
     def watch(switched: dict[str, Any], params: dict[str, Any] | None = None,
               run_id: str | None = None) -> dict[str, Any]:
         """Watch window after the switch; roll back to the replaced version when the new one breaks."""
-        from kappa.watch import watch as watch_version
+        from kappa.replay.watch import watch as watch_version
 
         with _one_line_failures():
             req = _request(params or {}, run_id)

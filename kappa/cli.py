@@ -492,8 +492,8 @@ def replay_cmd(
 
 
 def _watch(req, settings, runner, previous: int | None) -> None:
-    """The watch window after a switch (kappa.watch): roll back when the new version breaks."""
-    from kappa.watch import watch
+    """The watch window after a switch (kappa.replay.watch): roll back when the new version breaks."""
+    from kappa.replay.watch import watch
 
     policy = req.watch_policy()
     if policy.minutes == 0 or previous in (None, req.version):
@@ -562,7 +562,7 @@ def verify_cmd(
 
 def _print_verification(result) -> None:
     """The verification's line, its differences and the diff report against the serving version (paths)."""
-    from kappa.diffreport import DiffReport
+    from kappa.replay.diffreport import DiffReport
 
     console.print(result.message, highlight=False)
     for example in result.examples:

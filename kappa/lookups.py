@@ -127,7 +127,7 @@ def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: "Lookup | 
     """A lookup's latest valid value per key, as of the topic's end offsets ``ends`` (default: the log end now).
 
     With ``ends`` it is the mapping a micro-batch joined against, as its lineage recorded it (:mod:`kappa.lineage`):
-    the verification by recompute (:mod:`kappa.recompute`) joins exactly that.
+    the verification by recompute (:mod:`kappa.replay.recompute`) joins exactly that.
     """
     import json
 

@@ -8,9 +8,9 @@ import pytest
 
 from kappa.lineage import batch_metadata, batches_from_history, expectations_from_history, with_expectations
 from kappa.oracle import BatchBoundary
-from kappa.recompute import RecomputeError, _plan, _ranges
+from kappa.replay.recompute import RecomputeError, _plan, _ranges
 from kappa.view import Expectation
-from kappa.watch import WatchPolicy, _judge
+from kappa.replay.watch import WatchPolicy, _judge
 
 APP = "kappa:v@v1:run"
 

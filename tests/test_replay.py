@@ -116,7 +116,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
     runner = LocalRunner(settings)
     registry = Registry(settings.lake_uri)
     alias = ServingAlias(settings.lake_uri)
-    paths = {v: replay._paths(settings, VIEW, v).table for v in (1, 2)}  # noqa: SLF001
+    paths = {v: replay.ViewVersion.resolve(VIEW, v, settings).paths.table for v in (1, 2)}
     events_topic = settings.topic("ad-events")
 
     u = generator.universe(seed=21, campaigns=8, users=300)
@@ -139,7 +139,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
 
         # three micro-batches: the last one filters late rows with a watermark past the burst's window
         conf = {"view": VIEW, "version": 2, "start": "earliest", "verify": "strict", "auto_promote": True,
-                "watch_minutes": 0.5,
+                "watch_minutes": 0.25,
                 "keep_hours": 1, "max_offsets_per_trigger": 1800, "max_lag": 0}
         started = time.monotonic()
         run = _dag("kappa_replay").test(run_conf=conf)
@@ -170,8 +170,8 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         assert report["added"] + report["changed"] == report["rows_new"] and report["unchanged"] == 0, report
         assert report["only_new_columns"] == ["click_count"] and "view_count" in report["compared"], report
         assert sum(b["removed"] for b in report["buckets"]) == report["removed"] and Path(report["png_path"]).is_file()
-        assert v2.app_id == f"kappa:{VIEW}@v2:{replay._run_info(settings, VIEW, 2)['run_id']}"  # noqa: SLF001
-        start = replay._offsets_from_json(v2.start_offsets)  # noqa: SLF001
+        assert v2.app_id == f"kappa:{VIEW}@v2:{replay.ViewVersion.resolve(VIEW, 2, settings).run_info()['run_id']}"
+        start = replay.offsets_from_json(v2.start_offsets)
         assert start == {p: 0 for p in range(4)}
 
         # the replay ran in several micro-batches and the watermark dropped the very late burst: still equal
@@ -179,11 +179,11 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         assert check.passed, check.message
         assert check.rows == verified_rows and check.batch_id >= 2, check
         assert registry.get(VIEW, 2).revision == v2.revision  # a serving version's row is not touched
-        purged = replay.checkpoint_batches(f"{replay._paths(settings, VIEW, 2).checkpoint}/main",  # noqa: SLF001
+        purged = replay.checkpoint_batches(f"{replay.ViewVersion.resolve(VIEW, 2, settings).paths.checkpoint}/main",
                                            events_topic)
         assert purged[0].batch_id > 0, "Spark kept the whole offset log; the lineage path was not exercised"
         # the first two batches stopped at the bound with more to read: staged (bulk catch-up), not merged
-        staging = replay._paths(settings, VIEW, 2).staging  # noqa: SLF001
+        staging = replay.ViewVersion.resolve(VIEW, 2, settings).paths.staging
         batches = lineage.batches_from_history([*DeltaTable(paths[2]).history(), *DeltaTable(staging).history()],
                                                v2.app_id)
         assert [b.batch_id for b in lineage.batches_from_history(DeltaTable(staging).history(), v2.app_id)] == [0, 1]
@@ -196,7 +196,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         lookups = {"campaigns": oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")),
                                                         "campaign", key_field=None, tombstones=True)}
         no_drops = expected_window_counts_v2(OracleInput(log, lookups))
-        table = dict(oracle.ORACLES[(VIEW, 2)].adapt(r) for r in replay._table_rows(  # noqa: SLF001
+        table = dict(oracle.ORACLES[(VIEW, 2)].adapt(r) for r in replay.table_rows(
             DeltaTable(paths[2]))[1])
         assert sum(n[0] + n[1] for n in no_drops.values()) > sum(n[0] + n[1] for n in table.values())
 
@@ -292,7 +292,7 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
         _wait_for(finished, 420, "the bounded replay to finish")
         # progress is measured against the run's fixed target: it never goes down and ends at 1
         assert ratios == sorted(ratios) and ratios[-1] == 1.0 and len(set(ratios)) > 1, ratios
-        run = replay._run_info(settings, view, 1)  # noqa: SLF001
+        run = replay.ViewVersion.resolve(view, 1, settings).run_info()
         assert {int(p): o for p, o in run["target_offsets"].items()} == pre.target_offsets
         status = runner.status(view, 1)
         assert (status.state, status.detail) == ("finished", "bounded run completed")
@@ -304,8 +304,8 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
         assert check.rows == check.expected_rows > 50 and check.batch_id >= 3, check
 
         # the micro-batch semantics mattered: a recomputation that ignores them disagrees with the table
-        table = DeltaTable(replay._paths(settings, view, 1).table)  # noqa: SLF001
-        rows = dict(oracle.ORACLES[(view, 1)].adapt(r) for r in replay._table_rows(table)[1])  # noqa: SLF001
+        table = DeltaTable(replay.ViewVersion.resolve(view, 1, settings).paths.table)
+        rows = dict(oracle.ORACLES[(view, 1)].adapt(r) for r in replay.table_rows(table)[1])
         log = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
         before_cut = [v for v in log if v.record.timestamp_ms < cut]
         unbatched = oracle.expected_sessions(before_cut, closed_only=False)
@@ -486,10 +486,11 @@ def test_spark_catalog_views_follow_the_serving_alias(spark, tmp_path):
     settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
     registry = Registry(settings.lake_uri)
     for version, rows in ((1, 3), (2, 5)):
-        path = replay._paths(settings, VIEW, version).table  # noqa: SLF001
+        path = replay.ViewVersion.resolve(VIEW, version, settings).paths.table
         write_deltalake(path, duckdb.sql(f"SELECT i::BIGINT AS n, {version} AS v FROM range({rows}) t(i)"))
-    registry.register(VIEW, 2, code_module="jobs.campaign_window_counts.v2", table_path=replay._paths(  # noqa: SLF001
-        settings, VIEW, 2).table, app_id="kappa:t", starting="earliest", triggered_by="test")
+    registry.register(VIEW, 2, code_module="jobs.campaign_window_counts.v2",
+                      table_path=replay.ViewVersion.resolve(VIEW, 2, settings).paths.table, app_id="kappa:t",
+                      starting="earliest", triggered_by="test")
     for state in ("caught_up", "verified"):
         registry.set_state(VIEW, 2, state, by="test")
     runner = FakeRunner(running={1, 2})
@@ -542,7 +543,7 @@ def test_retire_expired_stops_and_deletes_only_versions_past_their_keep(tmp_path
 
     settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
     registry = Registry(settings.lake_uri)
-    tables = {v: replay._paths(settings, VIEW, v).table for v in (1, 2)}  # noqa: SLF001
+    tables = {v: replay.ViewVersion.resolve(VIEW, v, settings).paths.table for v in (1, 2)}
     for version in (1, 2):
         write_deltalake(tables[version], duckdb.sql(f"SELECT {version} AS v"))
         registry.register(VIEW, version, code_module=f"jobs.campaign_window_counts.v{version}",
@@ -631,7 +632,9 @@ def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_pat
                                done=100_000, total=100_000 + lag, ratio=100_000 / (100_000 + lag), lag=lag, rate=None,
                                eta_seconds=None, sampled_at=datetime.now(UTC))
 
-    monkeypatch.setattr(replay, "progress", sample)
+    from kappa.replay import following
+
+    monkeypatch.setattr(following, "_sample", lambda vv, **kw: sample(vv.name, vv.version, vv.settings))
     runner = FakeRunner(running={1, 2})
     assert not replay.caught_up(VIEW, 2, settings, runner, by="test", max_lag=2_000)
     assert registry.get(VIEW, 2).state == "building"
@@ -662,7 +665,7 @@ def test_progress_is_measured_against_the_runs_fixed_target():
 def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
     """Only replays big enough to measure a rate count; without one the ETA is unknown."""
     registry = Registry(str(tmp_path / "lake"))
-    rate, why = replay._measured_throughput(registry)  # noqa: SLF001
+    rate, why = replay.measured_throughput(registry)
     assert rate is None and "no replay of >= 10,000 records measured here yet" in why
 
     def replayed(version: int, records: int) -> None:
@@ -672,9 +675,9 @@ def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
         registry.set_state(VIEW, version, "caught_up", by="test", end_offsets=json.dumps({"t": {"0": records}}))
 
     replayed(1, 400)  # a tiny replay measures its start-up, not a rate
-    assert replay._measured_throughput(registry)[0] is None  # noqa: SLF001
+    assert replay.measured_throughput(registry)[0] is None
     replayed(2, 50_000)
-    rate, why = replay._measured_throughput(registry)  # noqa: SLF001
+    rate, why = replay.measured_throughput(registry)
     assert rate is not None and rate > 0 and why.startswith(f"measured here: 1 replay ({VIEW}@v2)"), why
 
 

@@ -10,7 +10,7 @@ copy of the platform file (``KAPPA_PLATFORM``) - nothing in ``kappa/`` changes a
   produce on purpose - one batch dropped, one batch applied twice, one value corrupted - fail verification
   with a message naming the first differing key; the serving version stays v1;
 * ``kappa replay --promote`` builds v2 from the CLI while v1 serves: verified, diff-reported against v1 (JSON +
-  PNG), promoted; ``kappa verify`` says the same for a good and a faulty version (exit 0 / 1);
+  PNG), promoted; ``kappa verify`` of a faulty version names the first differing key and exits 1;
 * every verification against a serving version writes the diff report, which shows the faults too.
 """
 
@@ -119,9 +119,7 @@ def team_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KAPPA_PLATFORM", str(root / "platform.yaml"))
     monkeypatch.setenv("PYTHONPATH", f"{root}:{REPO}")
     monkeypatch.syspath_prepend(str(root))
-    replay.stream_topic.cache_clear()
     yield root
-    replay.stream_topic.cache_clear()
     for name in [m for m in sys.modules if m.startswith("teamviews")]:
         del sys.modules[name]
 
@@ -196,11 +194,11 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
     assert recomputed["details"]["quarantine_expected"] > 30, "the malformed records were checked too"
     assert "equal the recompute" in verification["message"], verification["message"]
     assert registry.get(VIEW, 1).state == "serving"
-    table_path = replay._paths(settings, VIEW, 1).table  # noqa: SLF001
+    table_path = replay.ViewVersion.resolve(VIEW, 1, settings).paths.table
     assert alias.resolve(VIEW) == table_path
 
     # independent of the transform: a plain-Python count of the raw records agrees on every window written
-    rows = replay._table_rows(DeltaTable(table_path))[1]  # noqa: SLF001
+    rows = replay.table_rows(DeltaTable(table_path))[1]
     expected = _plain_python_counts(settings)
     got = {(r["ad_type"], int(r["window_start"].timestamp() * 1000)): (r["events"], r["clicks"]) for r in rows}
     assert len(got) == len(rows) > 20
@@ -220,9 +218,9 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rows equal the recompute" in out.stdout, out.stdout
     assert "diff v2 vs serving v1: 0 keys added, 0 removed, 0 changed" in out.stdout, out.stdout
-    png = replay._report_dir(settings, VIEW, 2) / "diff-v2-vs-v1.png"  # noqa: SLF001
+    png = replay.ViewVersion.resolve(VIEW, 2, settings).report_dir() / "diff-v2-vs-v1.png"
     assert f"plot {png}" in out.stdout and png.read_bytes()[:4] == b"\x89PNG", out.stdout
-    assert alias.resolve(VIEW) == replay._paths(settings, VIEW, 2).table  # noqa: SLF001
+    assert alias.resolve(VIEW) == replay.ViewVersion.resolve(VIEW, 2, settings).paths.table
     assert registry.get(VIEW, 1).state == "retired"
 
 
@@ -284,7 +282,7 @@ def _run_version(spark: Any, settings: Settings, version: int, cut: int, *, view
         return failure
     registry = Registry(settings.lake_uri)
     registry.register(view_name, version, code_module=module,
-                      table_path=replay._paths(settings, view_name, version).table,  # noqa: SLF001
+                      table_path=replay.ViewVersion.resolve(view_name, version, settings).paths.table,
                       app_id=job.app_id, starting="earliest", triggered_by="test",
                       start_offsets=json.dumps({str(p): o for p, o in (job.start_offsets or {}).items()}))
     registry.set_state(view_name, version, "caught_up", by="test")
@@ -341,12 +339,9 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
             old_value, new_value = map(int, example.removeprefix(prefix).split(" -> "))
             assert new_value == old_value + 1, example
 
-    # the CLI says the same in one line per check: a good version passes, a faulty one exits 1
+    # the CLI says the same and exits non-zero (a good version passing on the CLI: the first test's replay of v2)
     env = {**subprocess_env(settings), "KAPPA_PLATFORM": str(team_view / "platform.yaml"),
            "PYTHONPATH": f"{team_view}:{REPO}"}
-    ok = subprocess.run([str(REPO / "bin" / "kappa"), "verify", VIEW, "--version", "1", "--end-ts", str(cut)],
-                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert ok.returncode == 0 and "rows equal the recompute" in ok.stdout, ok.stdout + ok.stderr
     bad = subprocess.run([str(REPO / "bin" / "kappa"), "verify", VIEW, "--version", "4", "--end-ts", str(cut)],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert bad.returncode != 0 and "first differing key (ad_type=" in bad.stdout, bad.stdout + bad.stderr
@@ -388,11 +383,11 @@ def test_expectations_warn_drop_fail_are_counted_and_block_promotion(kafka, lake
                    'action="drop"') == len(mobile), text
 
     # drop: the mobile events are not in the table but in the quarantine, once each, with the rule as reason
-    paths = replay._paths(settings, CHECKED_VIEW, 1)  # noqa: SLF001
-    table = replay._table_rows(DeltaTable(paths.table))[1]  # noqa: SLF001
+    paths = replay.ViewVersion.resolve(CHECKED_VIEW, 1, settings).paths
+    table = replay.table_rows(DeltaTable(paths.table))[1]
     assert {(r["partition"], r["offset"]) for r in table} == {(v.record.partition, v.record.offset)
                                                               for v in valid} - mobile
-    quarantine = replay._table_rows(DeltaTable(paths.quarantine))[1]  # noqa: SLF001
+    quarantine = replay.table_rows(DeltaTable(paths.quarantine))[1]
     kept = [r for r in quarantine if r["view"] == CHECKED_VIEW and r["error"].startswith("expectation ")]
     assert {r["error"] for r in kept} == {"expectation no_mobile_ads: ad_type <> 'mobile'"}
     rows = [json.loads(bytes(r["raw_value"])) for r in kept]
@@ -417,7 +412,7 @@ def test_expectations_warn_drop_fail_are_counted_and_block_promotion(kafka, lake
     # fail: the job stops at the first batch with a mobile ad, naming the rule and a row; nothing of it lands
     failure = _run_version(spark, settings, 3, cut, view_name=CHECKED_VIEW)
     assert failure is not None and "expectation no_mobile_ever (ad_type <> 'mobile') failed on" in failure, failure
-    third = DeltaTable(replay._paths(settings, CHECKED_VIEW, 3).table)  # noqa: SLF001
+    third = DeltaTable(replay.ViewVersion.resolve(CHECKED_VIEW, 3, settings).paths.table)
     assert third.scan().read_all().num_rows == 0
 
 
@@ -448,7 +443,7 @@ def test_a_promoted_version_that_breaks_is_rolled_back_automatically(kafka, lake
     _produce(settings, seed=53)
     runner = LocalRunner(settings)
     registry, alias = Registry(settings.lake_uri), ServingAlias(settings.lake_uri)
-    paths = {v: replay._paths(settings, VIEW, v).table for v in (1, 2)}  # noqa: SLF001
+    paths = {v: replay.ViewVersion.resolve(VIEW, v, settings).paths.table for v in (1, 2)}
     stop = threading.Event()
     bursts: list[int] = []
 
@@ -483,6 +478,13 @@ def test_a_promoted_version_that_breaks_is_rolled_back_automatically(kafka, lake
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
         assert states["promote"] == "success" and states["watch"] == "failed", states
         assert bursts, "the log turned bad after the switch"
+        # before the switch, the verify task had diff-reported v2 against the serving v1 (XCom + files)
+        verification = next(ti for ti in run.get_task_instances() if ti.task_id == "verify").xcom_pull(
+            task_ids="verify")
+        report = verification["report"]
+        assert verification["passed"] and report["serving_version"] == 1, verification
+        assert (report["added"], report["removed"], report["changed"]) == (0, 0, 0), report
+        assert Path(report["png_path"]).is_file() and Path(report["json_path"]).is_file()
 
         # rolled back: v1 serves again with its job running, v2 is retired and its job stopped; the audit says why
         assert alias.resolve(VIEW) == paths[1]

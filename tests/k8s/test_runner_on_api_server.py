@@ -164,7 +164,7 @@ def test_promote_rollback_and_retire_act_on_the_right_drivers(cluster: Cluster, 
         return {d["metadata"]["name"] for d in cluster.get("deployments", "-n", release)["items"]} & set(names.values())
 
     for version in (1, 2):
-        table = replay._paths(settings, view, version).table  # noqa: SLF001
+        table = replay.ViewVersion.resolve(view, version, settings).paths.table
         write_deltalake(table, duckdb.sql(f"SELECT {version} AS v"))
         registry.register(view, version, code_module=f"jobs.campaign_window_counts.v{version}", table_path=table,
                           app_id="kappa:t", starting="earliest", triggered_by="test")

@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Check", "RecomputeError", "compare", "diff_frame", "recompute", "spark_session"]
 
-log = logging.getLogger("kappa.recompute")
+log = logging.getLogger("kappa.replay.recompute")
 
 #: Column tagging a recomputed row with the recorded micro-batch (position) that produced it.
 BATCH = "_kappa_batch"
@@ -331,6 +331,8 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     def position(partition: int, offset: int) -> int:
         return bisect.bisect_right(ends[partition], offset)
 
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
     staged, feed, out = scratch / "batches", scratch / "feed", scratch / "out"
     feed.mkdir()
     valid = valid_rows(decoded).withColumn(BATCH, F.udf(position, IntegerType())("partition", "offset"))
@@ -339,6 +341,7 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     empty = scratch / "empty"
     spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
     empty_file = next(iter(sorted(empty.glob("*.parquet"))))
+    phases["read_and_stage"], mark = round(time.monotonic() - mark, 1), time.monotonic()
 
     lookups_for = _Lookups(spark, settings, view, steps)
     feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty_file,
@@ -373,6 +376,7 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     if not feeder.done.is_set():
         raise RecomputeError(f"the re-run stopped after {feeder.batches_run} of {len(steps)} batches")
 
+    phases["rerun"], mark = round(time.monotonic() - mark, 1), time.monotonic()
     outputs = spark.read.schema(out_schema.add(BATCH, IntegerType())).parquet(str(out))
     expected = _apply_writes(view, outputs)
     table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
@@ -384,7 +388,10 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
         quarantine = _quarantine_check(spark, view, quarantine_path, invalid_rows(decoded),
                                        last_batch=steps[-1].pos)
         details.update(quarantine)
+    phases["compare"] = round(time.monotonic() - mark, 1)
+    details["phases_seconds"] = phases
     details["seconds"] = round(time.monotonic() - t0, 1)
+    log.info("recompute of %s: %s batches, phases %s", view.ref, len(steps), phases)
     passed = check.passed and (quarantine is None or quarantine["quarantine_passed"])
     message = check.message
     if quarantine is not None and not quarantine["quarantine_passed"]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DiffReport", "diff_report"]
 
-log = logging.getLogger("kappa.diffreport")
+log = logging.getLogger("kappa.replay.diffreport")
 
 #: At most about this many buckets in the breakdown.
 MAX_BUCKETS = 48
@@ -86,7 +86,7 @@ def diff_report(spark: "SparkSession", *, view: str, version: int, table: str, d
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from kappa.recompute import diff_frame
+    from kappa.replay.recompute import diff_frame
 
     new = spark.read.format("delta").option("versionAsOf", delta_version).load(table)
     old = spark.read.format("delta").load(serving_table)

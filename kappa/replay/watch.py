@@ -11,7 +11,7 @@ what comes next. For ``minutes`` after a promotion the watch polls the new versi
   (``kappa_partition_lag_records``, summed); a lag over ``max_lag`` or an unreachable endpoint breaks it after
   ``strikes`` polls in a row, so one slow batch does not;
 
-and when it breaks, rolls back to the version that served before (:func:`kappa.replay.rollback`: alias back,
+and when it breaks, rolls back to the version that served before (:func:`kappa.replay.switch.rollback`: alias back,
 its job restarted from its checkpoint, the new one stopped) and records why in the registry's audit log.
 """
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["WatchPolicy", "WatchResult", "watch"]
 
-log = logging.getLogger("kappa.watch")
+log = logging.getLogger("kappa.replay.watch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,11 +111,11 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
     """Watch ``view@v<version>`` (just promoted, replacing ``previous_version``) for ``policy.minutes``; roll back
     to ``previous_version`` when it breaks (see the module doc). Without a previous version nothing can be rolled
     back to: a break is only reported."""
-    from kappa import replay
-    from kappa.view import load_view
+    from kappa.replay.switch import rollback
+    from kappa.replay.version import ViewVersion, registry_of
 
-    limits = {e.name: e.max_violation_rate for e in load_view(replay._module(view, version)).expectations  # noqa: SLF001
-              if e.max_violation_rate is not None}
+    vv = ViewVersion.resolve(view, version, settings)
+    limits = {e.name: e.max_violation_rate for e in vv.definition.expectations if e.max_violation_rate is not None}
     started = time.monotonic()
     deadline = started + policy.minutes * 60
     baseline: dict[str, float] | None = None
@@ -164,9 +164,9 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
     log.warning("%s@v%s broke %.0f s after the switch: %s", view, version, seconds, reason)
     rolled = None
     if previous_version is not None and previous_version != version:
-        replay.rollback(view, previous_version, settings, runner, by=by)
+        rollback(view, previous_version, settings, runner, by=by)
         rolled = previous_version
-        replay._registry(settings).set_state(  # noqa: SLF001 - the audit line saying why
+        registry_of(settings).set_state(  # the audit line saying why
             view, version, "retired", by=by, expected={"retired"},
             note=f"rolled back to v{previous_version} automatically: {reason}"[:1000])
     return WatchResult(view=view, version=version, healthy=False, reason=reason, rolled_back_to=rolled, polls=polls,

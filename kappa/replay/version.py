@@ -1,0 +1,215 @@
+"""A view version resolved once: the names, code, topic, paths and run identity every replay step needs.
+
+``ViewVersion.resolve(view, version, settings)`` checks the declaration (``platform.yaml``, or
+``$KAPPA_PLATFORM``) and loads the version's module once; the steps then pass the value along instead of
+re-deriving paths, topic, module, run id and Delta appId from strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kappa.checkpoint import checkpoint_batches, last_commit, run_info
+from kappa.deltars import local_path
+from kappa.lineage import batches_from_history
+from kappa.registry import Registry, VersionRecord
+from kappa.replay.request import ReplayError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.job import ViewPaths
+    from kappa.oracle import BatchBoundary
+    from kappa.runners.base import Runner
+    from kappa.serving import ServingAlias
+    from kappa.view import ViewDefinition
+
+__all__ = ["ViewVersion", "alias_of", "committed_offsets", "module_of", "registry_of", "run_app_id",
+           "runner_from_env", "stream_topic"]
+
+
+def runner_from_env(settings: Settings) -> Runner:
+    """The job runner chosen by ``KAPPA_RUNNER``: ``local`` (default, processes) or ``kubernetes``."""
+    kind = os.environ.get("KAPPA_RUNNER", "local").strip().lower() or "local"
+    if kind == "local":
+        from kappa.runners.local import LocalRunner
+
+        return LocalRunner(settings)
+    if kind == "kubernetes":
+        from kappa.runners.kubernetes import KubernetesRunner
+
+        return KubernetesRunner.from_env()  # type: ignore[return-value]
+    raise ReplayError(f"KAPPA_RUNNER={kind!r}: expected local or kubernetes")
+
+
+def module_of(view: str, version: int) -> str:
+    """Module of a declared view version, or a one-line ReplayError naming what is declared."""
+    from kappa.catalog import PLATFORM_FILE, load_catalog, platform_file
+
+    views = load_catalog().views
+    if view not in views:
+        raise ReplayError(f"unknown view {view!r}; declared views: {', '.join(sorted(views))}")
+    spec = views[view]
+    if version not in spec.versions:
+        where = "kappa/platform.yaml" if platform_file() == PLATFORM_FILE else str(platform_file())
+        raise ReplayError(f"{view} has no version {version} in {where} "
+                          f"(declared: {', '.join(map(str, sorted(spec.versions)))})")
+    return spec.versions[version]
+
+
+def stream_topic(view: str, version: int) -> str:
+    """The declared topic a view version streams from (its ``ViewDefinition.stream_topic``)."""
+    from kappa.view import load_view
+
+    return load_view(module_of(view, version)).stream_topic
+
+
+def registry_of(settings: Settings) -> Registry:
+    return Registry(settings.lake_uri)
+
+
+def alias_of(settings: Settings) -> ServingAlias:
+    from kappa.serving import ServingAlias
+
+    return ServingAlias(settings.lake_uri)
+
+
+def committed_offsets(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
+    """End offsets of the last *committed* micro-batch of the view version's main query (and its id)."""
+    from kappa.job import ViewPaths
+
+    return last_commit(f"{ViewPaths(settings.lake_uri, view, version).checkpoint}/main", topic)
+
+
+def run_app_id(settings: Settings, view: str, version: int) -> str | None:
+    """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
+    return ViewVersion.resolve(view, version, settings).app_id()
+
+
+@dataclass(frozen=True)
+class ViewVersion:
+    """One declared version of one view, resolved once.
+
+    Attributes:
+        name: View name.
+        version: Version number.
+        module: Module implementing it (``VIEW = ViewDefinition(...)``).
+        stream_topic: The declared topic it streams from.
+        topic: The physical Kafka topic (``KAPPA_TOPIC_PREFIX`` applied).
+        paths: Its table, checkpoint, staging table and the shared quarantine (:class:`kappa.job.ViewPaths`).
+        settings: The platform settings it was resolved with.
+    """
+
+    name: str
+    version: int
+    module: str
+    stream_topic: str
+    topic: str
+    paths: ViewPaths
+    settings: Settings = field(repr=False, compare=False)
+
+    @classmethod
+    def resolve(cls, view: str, version: int, settings: Settings) -> ViewVersion:
+        """Check the declaration and load the module once.
+
+        Raises:
+            ReplayError: Unknown view or version (one line naming what is declared).
+        """
+        from kappa.job import ViewPaths
+        from kappa.view import load_view
+
+        module = module_of(view, version)
+        declared = load_view(module).stream_topic
+        return cls(name=view, version=version, module=module, stream_topic=declared,
+                   topic=settings.topic(declared), paths=ViewPaths(settings.lake_uri, view, version),
+                   settings=settings)
+
+    @property
+    def ref(self) -> str:
+        """``<view>@v<N>``."""
+        return f"{self.name}@v{self.version}"
+
+    @property
+    def definition(self) -> ViewDefinition:
+        """The version's :class:`kappa.view.ViewDefinition` (its transform, keys, expectations...)."""
+        from kappa.view import load_view
+
+        return load_view(self.module)
+
+    # run identity ------------------------------------------------------------------------------------
+    def run_info(self) -> dict[str, Any]:
+        """The checkpoint's ``run.json`` (run id, start and target offsets; empty before the first run)."""
+        return run_info(self.paths.checkpoint)
+
+    def table_run_id(self) -> str | None:
+        """``kappa.runId`` property the job stamped on its Delta table (None if no table yet)."""
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(self.paths.table):
+            return None
+        return DeltaTable(self.paths.table).metadata().configuration.get("kappa.runId") or None
+
+    def app_id(self) -> str | None:
+        """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
+        run = self.table_run_id() or self.run_info().get("run_id")
+        return f"kappa:{self.ref}:{run}" if run else None
+
+    def ensure_run_id(self, record: VersionRecord | None) -> str:
+        """The run id the version's job will use; for local lakes written to run.json before the job starts.
+
+        The job reads ``run.json`` from its checkpoint when it exists, so the registry row can carry the exact
+        Delta appId from the start. On object-store lakes the job picks its own id; the progress sampling
+        records it later.
+        """
+        known = self.table_run_id() or self.run_info().get("run_id")
+        if known:
+            return str(known)
+        if record is not None and not record.app_id.endswith(":pending"):
+            run_id = record.app_id.rsplit(":", 1)[-1]
+        else:
+            run_id = uuid.uuid4().hex[:12]
+        if self.paths.is_local:
+            run_file = self.paths.local("run.json")
+            run_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = run_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"run_id": run_id, "view": self.name, "version": self.version,
+                                       "created": time.time(), "created_by": "kappa.replay"}, indent=2))
+            os.replace(tmp, run_file)
+            return run_id
+        return "pending"
+
+    def committed_offsets(self) -> tuple[dict[int, int], int | None]:
+        """End offsets of the last committed micro-batch of its query (and the batch id)."""
+        return last_commit(f"{self.paths.checkpoint}/main", self.topic)
+
+    # what its Delta commits recorded -----------------------------------------------------------------
+    def run_commits(self, table: Any) -> list[dict[str, Any]]:
+        """Commit infos of its table (a delta-rs ``DeltaTable``) and of its staging table (bulk catch-up)."""
+        from deltalake import DeltaTable
+
+        commits = list(table.history())
+        if DeltaTable.is_deltatable(self.paths.staging):
+            commits += DeltaTable(self.paths.staging).history()
+        return commits
+
+    def batch_boundaries(self, table: Any, app_id: str, upto: int) -> list[BatchBoundary]:
+        """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.lineage`, complete
+        for the table's history; batches of a bulk catch-up are commits of the run's staging table), else from
+        the checkpoint (only its last ``minBatchesToRetain`` batches)."""
+        history = batches_from_history(self.run_commits(table), app_id, upto=upto)
+        if [b.batch_id for b in history] == list(range(upto + 1)):
+            return history
+        merged = {b.batch_id: b for b in checkpoint_batches(f"{self.paths.checkpoint}/main", self.topic, upto=upto)}
+        merged.update({b.batch_id: b for b in history})
+        return [merged[b] for b in sorted(merged)]
+
+    def report_dir(self) -> Path:
+        """Where its reports go: ``views/<view>/v<N>/reports`` on a local lake, else under ``$KAPPA_HOME``."""
+        if self.paths.is_local:
+            return Path(local_path(self.paths.root)) / "reports"
+        return Path(self.settings.home) / "reports" / self.name / f"v{self.version}"
