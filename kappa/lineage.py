@@ -21,9 +21,11 @@ N contain" for anyone auditing a view.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from kappa.oracle import BatchBoundary
+
+T = TypeVar("T")
 
 __all__ = ["batch_metadata", "batches_from_history", "expectations_from_history", "parse_offset_log",
            "with_expectations"]
@@ -74,28 +76,41 @@ def with_expectations(user_metadata: str | None, rows: int, violations: Mapping[
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
-def expectations_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
-                              upto: int | None = None) -> tuple[int, dict[str, int]]:
-    """(rows checked, violations per expectation) over the batches of ``app_id`` recorded in a Delta table's
-    commit history (each batch once, like :func:`batches_from_history`)."""
-    found: dict[int, tuple[int, dict[str, int]]] = {}
+def _run_batches(history: Iterable[Mapping[str, Any]], app_id: str, upto: int | None,
+                 parse: Callable[[Mapping[str, Any]], T]) -> dict[int, T]:
+    """``parse(meta)`` of each batch of ``app_id`` (id <= ``upto``) recorded in a commit history, by batch id.
+
+    A batch Spark re-ran after a crash was skipped by Delta (same appId/txnVersion), so each id appears once;
+    should it appear twice (the view's and the staging table's history), the entries are identical and one is
+    kept. Commits without our metadata, or whose metadata ``parse`` cannot read, are skipped.
+    """
+    found: dict[int, T] = {}
     for commit in history:
         text = commit.get("userMetadata")
-        if not text or '"expectations"' not in text:
+        if not text or '"kappa"' not in text:
             continue
         try:
             meta = json.loads(text)["kappa"]
             if meta.get("app_id") != app_id:
                 continue
             batch = int(meta["batch"])
-            counts = meta["expectations"]
-            entry = (int(counts["rows"]), {str(k): int(v) for k, v in counts["violations"].items()})
+            if upto is None or batch <= upto:
+                found[batch] = parse(meta)
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if upto is None or batch <= upto:
-            found[batch] = entry
+    return found
+
+
+def expectations_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
+                              upto: int | None = None) -> tuple[int, dict[str, int]]:
+    """(rows checked, violations per expectation) over the batches of ``app_id`` recorded in a Delta table's
+    commit history (each batch once, like :func:`batches_from_history`)."""
+    def parse(meta: Mapping[str, Any]) -> tuple[int, dict[str, int]]:
+        counts = meta["expectations"]
+        return int(counts["rows"]), {str(k): int(v) for k, v in counts["violations"].items()}
+
     rows, violations = 0, {}
-    for n, per in found.values():
+    for n, per in _run_batches(history, app_id, upto, parse).values():
         rows += n
         for name, v in per.items():
             violations[name] = violations.get(name, 0) + v
@@ -110,27 +125,13 @@ def batches_from_history(history: Iterable[Mapping[str, Any]], app_id: str, *,
         history: Commit infos (``deltalake.DeltaTable.history()``), in any order.
         app_id: Only commits of this run.
         upto: Only batches with an id <= this.
-
-    A batch Spark re-ran after a crash was skipped by Delta (same appId/txnVersion), so each id appears once;
-    should a boundary appear twice, the entries are identical (the offset log is immutable) and one is kept.
     """
-    found: dict[int, BatchBoundary] = {}
-    for commit in history:
-        text = commit.get("userMetadata")
-        if not text or '"kappa"' not in text:
-            continue
-        try:
-            meta = json.loads(text)["kappa"]
-            if meta.get("app_id") != app_id:
-                continue
-            batch = int(meta["batch"])
-            offsets = {int(p): int(o) for p, o in meta["end_offsets"].items()}
-            watermark = int(meta.get("watermark_ms") or 0)
-            lookups = {str(name): {int(p): int(o) for p, o in ends.items()}
-                       for name, ends in (meta.get("lookups") or {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if upto is None or batch <= upto:
-            found[batch] = BatchBoundary(batch_id=batch, end_offsets=offsets, watermark_ms=watermark,
-                                         lookups=lookups)
+    def parse(meta: Mapping[str, Any]) -> BatchBoundary:
+        return BatchBoundary(
+            batch_id=int(meta["batch"]), end_offsets={int(p): int(o) for p, o in meta["end_offsets"].items()},
+            watermark_ms=int(meta.get("watermark_ms") or 0),
+            lookups={str(name): {int(p): int(o) for p, o in ends.items()}
+                     for name, ends in (meta.get("lookups") or {}).items()})
+
+    found = _run_batches(history, app_id, upto, parse)
     return [found[b] for b in sorted(found)]
