@@ -24,7 +24,7 @@ status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
 test: setup k8s-build ## the test suite (real Kafka, Spark, Delta, Airflow, a real Kubernetes API server; Helm checks)
-	@$(PYTEST) -m "not slow and not bench" tests
+	@$(PYTEST) -m "not slow and not bench" --durations=25 tests
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs)
 	@$(PYTEST) -m slow -rP tests

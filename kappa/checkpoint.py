@@ -28,7 +28,7 @@ from kappa.lineage import parse_offset_log
 from kappa.oracle import BatchBoundary
 
 __all__ = ["CheckpointError", "RunProgress", "batch_ids", "checkpoint_batches", "last_commit", "list_names",
-           "offsets_of", "read_text", "run_info", "run_progress"]
+           "offsets_of", "pending_watermark", "read_text", "run_info", "run_progress"]
 
 
 class CheckpointError(ValueError):
@@ -103,6 +103,30 @@ def last_commit(checkpoint: str, topic: str) -> tuple[dict[int, int], int | None
     batch = committed[-1]
     text = read_text(f"{checkpoint}/offsets/{batch}")
     return (parse_offset_log(text, topic)[0] if text else {}), batch
+
+
+def pending_watermark(checkpoint: str) -> tuple[int, int] | None:
+    """``(watermark the last committed batch ran with, watermark it set for the next one)`` when the next is
+    later, else None (no commit yet, no watermark, or nothing pending).
+
+    Spark records both in the checkpoint (``offsets/<N>``: ``batchWatermarkMs``; ``commits/<N>``:
+    ``nextBatchWatermarkMs``). When the next is later, a stateful query still owes a batch - a no-data batch
+    if no record arrives - that emits the windows the new watermark closes and evicts their state: until it
+    ran, the table does not hold everything the records read so far make final.
+    """
+    committed = batch_ids(f"{checkpoint}/commits")
+    if not committed:
+        return None
+    batch = committed[-1]
+    commit, offsets = read_text(f"{checkpoint}/commits/{batch}"), read_text(f"{checkpoint}/offsets/{batch}")
+    if not commit or not offsets:
+        return None
+    try:
+        nxt = int(json.loads(commit.splitlines()[1]).get("nextBatchWatermarkMs", 0) or 0)
+    except (IndexError, ValueError):
+        return None
+    current = parse_offset_log(offsets, "")[1]
+    return (current, nxt) if nxt > current else None
 
 
 def run_info(view_checkpoint: str) -> dict[str, Any]:

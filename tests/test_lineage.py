@@ -37,3 +37,24 @@ def test_history_gives_back_every_batch_of_one_run_in_order() -> None:
     meta = json.loads(history[0]["userMetadata"])["kappa"]
     assert meta == {"app_id": "kappa:v@v2:r1", "batch": 3, "topic": "t", "end_offsets": {"0": 30, "1": 31},
                     "watermark_ms": 3000}
+
+
+def test_a_raised_watermark_the_engine_has_not_applied_yet_is_pending(tmp_path) -> None:
+    """The checkpoint layout Spark writes: offsets/<N> has the batch's watermark, commits/<N> the next one."""
+    from kappa.checkpoint import pending_watermark
+
+    main = tmp_path / "main"
+    assert pending_watermark(str(main)) is None  # nothing committed yet
+    (main / "offsets").mkdir(parents=True)
+    (main / "commits").mkdir()
+
+    def batch(n: int, watermark: int, nxt: int) -> None:
+        (main / "offsets" / str(n)).write_text(OFFSET_LOG.replace("1700000040000", str(watermark)))
+        (main / "commits" / str(n)).write_text("v1\n" + json.dumps({"nextBatchWatermarkMs": nxt}))
+
+    batch(0, 0, 1700000064950)  # one big batch read everything: its windows close only in the next batch
+    assert pending_watermark(str(main)) == (0, 1700000064950)
+    (main / "offsets" / "1").write_text(OFFSET_LOG.replace("1700000040000", "1700000064950"))
+    assert pending_watermark(str(main)) == (0, 1700000064950)  # planned, not committed: still owed
+    batch(1, 1700000064950, 1700000064950)  # the no-data batch ran
+    assert pending_watermark(str(main)) is None

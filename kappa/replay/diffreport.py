@@ -110,7 +110,8 @@ def diff_report(spark: "SparkSession", *, view: str, version: int, table: str, d
     diffs = diff_frame(new.dropDuplicates(list(keys)), old.dropDuplicates(list(keys)), keys=list(keys),
                        values=compared).persist()
     try:
-        bucket_col, bucket = _bucket(diffs, keys[0], new.schema[keys[0]].dataType)
+        by = next((k for k in keys if _is_time(new.schema[k].dataType)), keys[0])
+        bucket_col, bucket = _bucket(diffs, by, new.schema[by].dataType)
         per = (diffs.withColumn("_bucket", bucket).groupBy("_bucket", "_kind").count().orderBy("_bucket").collect())
         counts = {kind: 0 for kind in _KINDS.values()}
         buckets: dict[str, dict[str, Any]] = {}
@@ -135,13 +136,18 @@ def diff_report(spark: "SparkSession", *, view: str, version: int, table: str, d
     return report
 
 
+def _is_time(dtype: Any) -> bool:
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    return isinstance(dtype, (TimestampType, TimestampNTZType, DateType))
+
+
 def _bucket(diffs: "DataFrame", column: str, dtype: Any) -> tuple[str, Any]:
     """(description, Column) of the breakdown: a time key truncated to a unit giving <= ~48 buckets, else the
     key's value (few distinct) or its first character."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
 
-    if isinstance(dtype, (TimestampType, TimestampNTZType, DateType)):
+    if _is_time(dtype):
         low, high = diffs.agg(F.min(column), F.max(column)).collect()[0]
         span = (high - low).total_seconds() if low is not None and high is not None else 0
         unit = next((u for u, seconds in _UNITS if span / seconds <= MAX_BUCKETS), "year")

@@ -201,10 +201,12 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
     ``caught_up`` with the reason in its note.
 
     Live (``end_timestamp_ms`` None): the job runs, committed at least one batch and lags at most ``max_lag``
-    records behind the log end. When the version serving now lags more than ``max_lag`` itself (a loaded
-    machine), the new one has caught up once it lags no more than the serving one - and the reason says so,
-    with both lags: it is then as current as what readers see, not within ``max_lag``. Bounded: the job
-    finished and processed everything before the end timestamp.
+    records behind the log end; a stateful version that read everything must also have applied the watermark
+    its last batch raised (Spark's no-data batch), else the windows it closes are not in the table yet. When the
+    version serving now lags more than ``max_lag`` itself (a loaded machine), the new one has caught up once it
+    lags no more than the serving one - and the reason says so, with both lags: it is then as current as what
+    readers see, not within ``max_lag``. Bounded: the job finished and processed everything before the end
+    timestamp.
 
     Raises:
         ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``).
@@ -223,6 +225,8 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
     elif status.state != "running" or p.batch_id is None:
         done, reason = False, ("no micro-batch committed yet" if status.state == "running" else
                                f"job {status.state}")
+    elif p.lag == 0 and (owed := _owed_output(vv)):
+        done, reason = False, owed
     elif p.lag <= max_lag:
         done, reason = True, f"lag {p.lag:,} records <= max_lag {max_lag:,}"
     else:
@@ -245,6 +249,21 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
                            end_offsets=spark_offsets(p.topic, p.processed_offsets),
                            note=f"caught up: {reason}; {p.summary()}"[:500])
     return CatchUp(done, reason)
+
+
+def _owed_output(vv: ViewVersion) -> str | None:
+    """Why a stateful version that read everything is not current yet: its engine still owes the no-data batch
+    that applies the watermark its last batch raised (the windows it closes are not in the table yet); None
+    when nothing is owed."""
+    pending = vv.pending_watermark()
+    if pending is None or not vv.definition.stateful:
+        return None
+    return (f"every record read, but the watermark its last batch raised ({_utc(pending[0])} -> {_utc(pending[1])}) "
+            "is not applied yet: the no-data batch that emits the windows it closes has not run")
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S") if ms else "none"
 
 
 def _serving_lag(view: str, version: int, settings: Settings) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kappa.checkpoint import checkpoint_batches, last_commit, run_info
+from kappa.checkpoint import checkpoint_batches, last_commit, pending_watermark, run_info
 from kappa.deltars import local_path
 from kappa.lineage import batches_from_history
 from kappa.registry import Registry, VersionRecord
@@ -186,6 +186,11 @@ class ViewVersion:
     def committed_offsets(self) -> tuple[dict[int, int], int | None]:
         """End offsets of the last committed micro-batch of its query (and the batch id)."""
         return last_commit(f"{self.paths.checkpoint}/main", self.topic)
+
+    def pending_watermark(self) -> tuple[int, int] | None:
+        """(watermark of the last committed batch, the later one it set for the next) when output is still owed
+        (:func:`kappa.checkpoint.pending_watermark`)."""
+        return pending_watermark(f"{self.paths.checkpoint}/main")
 
     # what its Delta commits recorded -----------------------------------------------------------------
     def run_commits(self, table: Any) -> list[dict[str, Any]]:
