@@ -46,6 +46,8 @@ from airflow.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from kappa.catalog import platform_file
+from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,7 @@ def _one_line_failures() -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        text = str(exc).strip()
-        raise AirflowFailException(text.splitlines()[0] if text else type(exc).__name__) from None
+        raise AirflowFailException(one_line(exc)) from None
 
 
 def _request(params: dict[str, Any], run_id: str | None) -> Any:
@@ -110,7 +111,7 @@ def _platform() -> tuple[Any, Any]:
                                     "none: accept as is."),
         "auto_promote": Param(False, type="boolean", title="Promote when verified",
                               description="Switch the serving alias once verified."),
-        "keep_hours": Param(24, type="number", minimum=0, title="Keep old version (hours)",
+        "keep_hours": Param(DEFAULT_KEEP_HOURS, type="number", minimum=0, title="Keep old version (hours)",
                             description="How long the replaced version's table is kept for rollback."),
         "max_offsets_per_trigger": Param(None, type=["null", "integer"], minimum=1, title="Max offsets per batch",
                                          description="Bound the replay's micro-batch size (empty: unbounded)."),

@@ -24,6 +24,8 @@ from airflow.exceptions import AirflowFailException
 from airflow.sdk import Param, dag, task
 
 from kappa.catalog import platform_file
+from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="ut
         "view": Param(type="string", enum=VIEWS, title="View", description="View of kappa/platform.yaml."),
         "to_version": Param(type="integer", minimum=1, title="Version to serve again",
                             description="A retired version whose table is still kept."),
-        "keep_hours": Param(24, type="number", minimum=0, title="Keep replaced version (hours)",
+        "keep_hours": Param(DEFAULT_KEEP_HOURS, type="number", minimum=0, title="Keep replaced version (hours)",
                             description="How long the replaced version's table is kept."),
     },
 )
@@ -61,10 +63,9 @@ def kappa_rollback() -> None:
             settings = Settings.from_env()
             result = replay.rollback(params["view"], int(params["to_version"]), settings,
                                      replay.runner_from_env(settings), by=f"airflow:{DAG_ID}:{run_id}",
-                                     keep_hours=float(params.get("keep_hours", 24)))
+                                     keep_hours=float(params.get("keep_hours", DEFAULT_KEEP_HOURS)))
         except ValueError as exc:  # refused by the platform: fail at once, one line, no retries
-            text = str(exc).strip()
-            raise AirflowFailException(text.splitlines()[0] if text else type(exc).__name__) from None
+            raise AirflowFailException(one_line(exc)) from None
         log.info("%s", result.message)
         return {"view": result.view, "version": result.version, "previous_version": result.previous_version,
                 "changed": result.changed, "message": result.message}

@@ -19,13 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kappa.errors import KappaError
+
 __all__ = ["AirflowAPI", "AirflowError", "RunState"]
 
 #: Run states after which nothing changes any more.
 FINISHED = frozenset({"success", "failed"})
 
 
-class AirflowError(RuntimeError):
+class AirflowError(KappaError, RuntimeError):
     """Airflow is unreachable or refused the request (one line)."""
 
 

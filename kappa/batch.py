@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from kappa.lineage import with_expectations
 from kappa.metrics import LATENCY_BUCKETS
 from kappa.plan import KIND, OUT, SIDE, SIDE_COLUMNS, split_batch
+from kappa.errors import KappaError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -56,7 +57,7 @@ def fault(phase: str, batch_id: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-class ExpectationFailed(RuntimeError):
+class ExpectationFailed(KappaError, RuntimeError):
     """A ``fail`` expectation of the view version broke: the micro-batch was not written, the job stops."""
 
 
@@ -235,7 +236,7 @@ class BatchHandler:
             return split_batch(batch, self.output_columns)
         from kappa.parsing import invalid_rows, valid_rows
 
-        output = self.view.transform(valid_rows(batch), **self.lookups.frames(list(self.view.lookups)))
+        output = self.view.transform(valid_rows(batch), **self.lookups.frames(self.view.lookups))
         side = invalid_rows(batch).withColumnRenamed("_error", "error").select(*SIDE_COLUMNS)
         return output, side
 
@@ -286,7 +287,7 @@ class BatchHandler:
                 m.g(m.rows_written).inc(stats.rows)
                 if view.latency_column and stats.event_groups:
                     m.latency.add(*latency_buckets(stats.event_groups, committed_at))
-                refreshed = self.lookups.refresh(list(view.lookups)) if view.lookups else []
+                refreshed = self.lookups.refresh(view.lookups.values()) if view.lookups else []
                 if refreshed:
                     log.info("%s: lookups %s changed; the next batch joins the new values", view.ref, refreshed)
             times.batches += 1

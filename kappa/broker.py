@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 
 from kappa.config import Settings
+from kappa.errors import KappaError
 
 __all__ = ["BrokerError", "LocalBroker", "default_broker", "free_port"]
 
@@ -55,7 +56,7 @@ _STORAGE_TOOL = "kafka.tools.StorageTool"
 _MAX_HEAP = 1 << 30  # 1 GiB: the machine is shared
 
 
-class BrokerError(RuntimeError):
+class BrokerError(KappaError, RuntimeError):
     """The local broker could not be started/stopped; the message carries the tail of its log."""
 
 

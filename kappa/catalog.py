@@ -24,6 +24,9 @@ from typing import Any
 
 import yaml
 
+from kappa.errors import KappaError
+from kappa.identity import VIEW_NAME
+
 __all__ = [
     "PLATFORM_ENV",
     "PLATFORM_FILE",
@@ -31,6 +34,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "TopicSpec",
+    "UnknownView",
     "ViewSpec",
     "load_catalog",
     "parse_catalog",
@@ -48,11 +52,14 @@ def platform_file() -> Path:
     return Path(os.environ.get(PLATFORM_ENV) or PLATFORM_FILE)
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-class CatalogError(ValueError):
+class UnknownView(KappaError, ValueError):
+    """A view or view version that ``platform.yaml`` does not declare (one line naming what it declares)."""
+
+
+class CatalogError(KappaError, ValueError):
     """``platform.yaml`` is invalid; ``errors`` lists every problem as ``"<path>: <message>"``."""
 
     def __init__(self, source: str, errors: list[str]) -> None:
@@ -136,11 +143,29 @@ class Catalog:
             raise KeyError(f"unknown topic {name!r} (declared: {', '.join(self.topics)})") from None
 
     def view(self, name: str) -> ViewSpec:
-        """Return a view spec; ``KeyError`` naming the known views if absent."""
+        """Return a view spec.
+
+        Raises:
+            UnknownView: The view is not declared (the message names the declared ones).
+        """
         try:
             return self.views[name]
         except KeyError:
-            raise KeyError(f"unknown view {name!r} (declared: {', '.join(self.views)})") from None
+            raise UnknownView(f"unknown view {name!r}; declared views: {', '.join(sorted(self.views))}") from None
+
+    def module_of(self, view: str, version: int | None = None) -> str:
+        """The module implementing a declared view version (the view's default version when None).
+
+        Raises:
+            UnknownView: The view, or that version of it, is not declared (one line naming what is).
+        """
+        spec = self.view(view)
+        v = spec.default_version if version is None else version
+        if v not in spec.versions:
+            where = "kappa/platform.yaml" if self.source is None or Path(self.source) == PLATFORM_FILE else self.source
+            raise UnknownView(f"{view} has no version {v} in {where} "
+                              f"(declared: {', '.join(map(str, sorted(spec.versions)))})")
+        return spec.versions[v]
 
 
 def load_catalog(path: Path | str | None = None) -> Catalog:
@@ -257,7 +282,7 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
     out: dict[str, ViewSpec] = {}
     for name, spec in raw.items():
         where = f"views.{name}"
-        if not isinstance(name, str) or not _VIEW_NAME.match(name):
+        if not isinstance(name, str) or not VIEW_NAME.match(name):
             errors.append(f"{where}: view names are lower_snake_case identifiers")
             continue
         if not isinstance(spec, Mapping):

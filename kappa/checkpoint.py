@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kappa.deltars import is_local_uri, local_path
-from kappa.errors import one_line
+from kappa.errors import KappaError, one_line
 from kappa.lineage import parse_offset_log
 from kappa.oracle import BatchBoundary
 
@@ -31,7 +31,7 @@ __all__ = ["CheckpointError", "RunProgress", "batch_ids", "checkpoint_batches", 
            "offsets_of", "pending_watermark", "read_text", "run_info", "run_progress"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KappaError, ValueError):
     """A checkpoint file cannot be read (one line)."""
 
 

@@ -17,7 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kappa.errors import one_line
+from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.errors import KappaError, one_line
 
 __all__ = ["app", "main", "UserError"]
 
@@ -40,7 +41,7 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 
 
-class UserError(Exception):
+class UserError(KappaError):
     """A mistake the user can fix; printed as one line."""
 
 
@@ -51,24 +52,9 @@ def _settings():
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean 'you asked for something impossible', shown without a traceback."""
-    from kappa.config import ConfigError
-    from kappa.job import RunMismatch
-    from kappa.lock import DriverAlreadyRunning
-    from kappa.spark import MissingJarsError
-    from kappa.airflow_client import AirflowError
-    from kappa.stack import StackError
-
-    errors: list[type[BaseException]] = [UserError, ConfigError, RunMismatch, DriverAlreadyRunning,
-                                         MissingJarsError, StackError, AirflowError, ValueError, FileNotFoundError,
-                                         KeyError]
-    try:
-        from kappa.catalog import CatalogError
-
-        errors.append(CatalogError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errors)
+    """Exceptions that mean 'you asked for something impossible' or 'a part said no', shown without a traceback:
+    the platform's own (:class:`kappa.errors.KappaError`) and the builtin ones a bad argument raises."""
+    return (KappaError, ValueError, FileNotFoundError, KeyError)
 
 
 # -------------------------------------------------------------------------------------------- views
@@ -76,14 +62,7 @@ def _load_view(name: str, version: int | None):
     from kappa.catalog import load_catalog
     from kappa.view import load_view
 
-    catalog = load_catalog()
-    if name not in catalog.views:
-        raise UserError(f"unknown view {name!r}; declared views: {', '.join(sorted(catalog.views))}")
-    spec = catalog.views[name]
-    version = version or spec.default_version
-    if version not in spec.versions:
-        raise UserError(f"{name} has no version {version}; versions: {sorted(spec.versions)}")
-    return load_view(spec.versions[version])
+    return load_view(load_catalog().module_of(name, version or None))
 
 
 @view_app.command("run")
@@ -439,7 +418,7 @@ def replay_cmd(
     verify: str = typer.Option("strict", help="strict (must equal a recompute of its own transform over the same "
                                "micro-batches, and the plain-Python oracle where one exists) | none."),
     promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
-    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
     watch_minutes: float = typer.Option(10.0, min=0.0, help="With --promote: watch the new version this long and "
                                         "roll back if it breaks (0: no watch)."),
     max_offsets_per_trigger: Optional[int] = typer.Option(None, min=1, help="Bound the replay's micro-batches."),
@@ -578,7 +557,7 @@ def _print_verification(result) -> None:
 def promote_cmd(
     view: str = typer.Argument(..., help="View name."),
     version: int = typer.Option(..., help="Verified version to serve."),
-    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
 ) -> None:
     """Switch the view's serving alias to a verified version (atomic, idempotent); stop the old job."""
     from kappa import replay
@@ -593,7 +572,7 @@ def promote_cmd(
 def rollback_cmd(
     view: str = typer.Argument(..., help="View name."),
     to: Optional[int] = typer.Option(None, "--to", help="Version to serve again (default: the previous one)."),
-    keep_hours: float = typer.Option(24.0, min=0.0, help="Keep the replaced version's table this long."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
 ) -> None:
     """Serve a kept earlier version again: switch the alias back, restart its job, stop the other one."""
     from kappa import replay
@@ -603,10 +582,36 @@ def rollback_cmd(
     console.print(result.message, highlight=False)
 
 
+@app.command("retire")
+def retire_cmd(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list the versions past their keep period."),
+) -> None:
+    """Delete the tables and checkpoints of retired versions past their keep period (their jobs are stopped
+    first); the scheduled ``kappa_retire`` DAG does the same."""
+    from kappa import replay
+
+    settings = _settings()
+    if dry_run:
+        due = replay.alias_of(settings).expired()
+        for rec in due:
+            console.print(f"{rec.ref}: retired, kept until {rec.delete_after:%Y-%m-%d %H:%M} UTC: would be deleted "
+                          f"({rec.table_path})", highlight=False)
+        if not due:
+            console.print("nothing to retire: no retired version is past its keep period", highlight=False)
+        return
+    results = replay.retire_expired(settings, replay.runner_from_env(settings), by=_by())
+    for result in results:
+        console.print(result.message, highlight=False)
+    if not results:
+        console.print("nothing to retire: no retired version is past its keep period", highlight=False)
+    if any(not r.deleted for r in results):
+        raise typer.Exit(1)
+
+
 # -------------------------------------------------------------------------------------------- airflow
 @airflow_app.command("trigger")
 def airflow_trigger(
-    dag: str = typer.Argument(..., help="DAG id: kappa_replay | kappa_rollback."),
+    dag: str = typer.Argument(..., help="DAG id: kappa_replay | kappa_rollback | kappa_retire."),
     conf: str = typer.Option("{}", help="The run's Params as JSON, e.g. '{\"view\": \"campaign_window_counts\", "
                              "\"version\": 2}'."),
     wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (a failed run exits non-zero)."),

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kappa.errors import KappaError
+
 __all__ = [
     "DEFAULT_BOOTSTRAP",
     "SASL_MECHANISMS",
@@ -43,6 +45,9 @@ __all__ = [
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+#: How long a replaced view version's table is kept for rollback before retirement deletes it (7 days). The one
+#: default of the alias (kappa.serving), the replay request, the CLI and the DAGs' Params.
+DEFAULT_KEEP_HOURS = 168.0
 SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 
@@ -53,7 +58,7 @@ _JAAS_MODULES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(KappaError, ValueError):
     """Inconsistent or invalid settings (message names the environment variable)."""
 
 

@@ -23,13 +23,13 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.batch import BatchHandler
 from kappa.checkpoint import last_commit, offsets_of, run_progress
-from kappa.errors import one_line
+from kappa.errors import KappaError, one_line
+from kappa.identity import ViewPaths, app_id
 from kappa.lineage import batch_metadata, parse_offset_log
 from kappa.lock import DriverLock
 from kappa.late import dropped_by_watermark, late_records
@@ -46,51 +46,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kappa.config import Settings
 
-__all__ = ["ViewJob", "ViewPaths", "RunMismatch", "failure_line", "starting_options"]
+__all__ = ["ViewJob", "RunMismatch", "failure_line", "starting_options"]
 
 log = logging.getLogger("kappa.job")
 
 
-class RunMismatch(RuntimeError):
+class RunMismatch(KappaError, RuntimeError):
     """The Delta table was written by another run of this version than the checkpoint's."""
-
-
-@dataclass(frozen=True)
-class ViewPaths:
-    """Where a view version keeps its table and checkpoint, under the lake root."""
-
-    lake: str
-    name: str
-    version: int
-
-    @property
-    def root(self) -> str:
-        return f"{self.lake.rstrip('/')}/views/{self.name}/v{self.version}"
-
-    @property
-    def table(self) -> str:
-        return f"{self.root}/table"
-
-    @property
-    def checkpoint(self) -> str:
-        return f"{self.root}/checkpoint"
-
-    @property
-    def staging(self) -> str:
-        """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
-        return f"{self.root}/staging"
-
-    @property
-    def quarantine(self) -> str:
-        return f"{self.lake.rstrip('/')}/quarantine"
-
-    @property
-    def is_local(self) -> bool:
-        return "://" not in self.lake or self.lake.startswith("file:")
-
-    def local(self, sub: str) -> Path:
-        """Local filesystem path of a checkpoint file (lock, run.json)."""
-        return Path(self.checkpoint.removeprefix("file:")) / sub
 
 
 def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
@@ -209,6 +171,8 @@ class ViewJob:
         self.queries: list[StreamingQuery] = []
         self._listener: Any = None
         self._stop = threading.Event()
+        self._batches_ended = 0  # progress events of the main query (one per committed micro-batch)
+        self._batch_ended = threading.Condition()
         self._lag_thread: threading.Thread | None = None
         self.run_id: str | None = None
         self.app_id: str | None = None
@@ -294,7 +258,7 @@ class ViewJob:
             raise RunMismatch(f"{self.view.ref}: checkpoint run {info['run_id']} does not match the table's "
                               f"run {table_run}; refusing to mix two runs in one table")
         self.run_id = info["run_id"]
-        self.app_id = f"kappa:{self.view.ref}:{self.run_id}"
+        self.app_id = app_id(self.view.name, self.view.version, self.run_id)
         if info.get("start_offsets"):
             self.start_offsets = offsets_of(info["start_offsets"])
         if info.get("target_offsets"):
@@ -346,7 +310,7 @@ class ViewJob:
         self._prepare_run()
         self._refuse_old_layout()
         view = self.view
-        lookups = self.lookups.frames(list(view.lookups))
+        lookups = self.lookups.frames(view.lookups)
         decoded = self._decoded_stream()
         if view.stateful:
             # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
@@ -519,7 +483,7 @@ class ViewJob:
         offsets, watermark = parse_offset_log(text, topic)
         return batch_metadata(app_id=self.app_id or "", batch_id=batch_id, topic=topic, end_offsets=offsets,
                               watermark_ms=watermark,
-                              lookups={name: self.lookups.offsets(name) for name in self.view.lookups})
+                              lookups={name: self.lookups.offsets(lookup) for name, lookup in self.view.lookups.items()})
 
     # progress, lag -------------------------------------------------------------------------------------
     def _install_listener(self) -> None:
@@ -536,6 +500,9 @@ class ViewJob:
                 progress = event.progress
                 if progress.name != main_name:
                     return
+                with job._batch_ended:  # a micro-batch committed: a stop waiting for it may go on
+                    job._batches_ended += 1
+                    job._batch_ended.notify_all()
                 try:
                     job._on_progress(progress)
                 except Exception:  # metrics must never break the query
@@ -693,10 +660,17 @@ class ViewJob:
         self._stop.set()
         ended = bool(self.queries) and all(not q.isActive for q in self.queries) and self.failure() is None
         deadline = time.monotonic() + drain_seconds
+        with self._batch_ended:
+            seen = self._batches_ended
         for query in self.queries:
             try:
+                # the micro-batch running now commits (its progress event), or none runs; a live stream on a busy
+                # machine starts the next batch at once, so "no trigger active" alone may never be observed
                 while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                    with self._batch_ended:
+                        if self._batches_ended > seen and query.name == self.query_name:
+                            break
+                        self._batch_ended.wait(0.05)
                 query.stop()
             except Exception:  # already stopped or the JVM is gone
                 pass

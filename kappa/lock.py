@@ -14,10 +14,12 @@ import socket
 import time
 from pathlib import Path
 
+from kappa.errors import KappaError
+
 __all__ = ["DriverLock", "DriverAlreadyRunning"]
 
 
-class DriverAlreadyRunning(RuntimeError):
+class DriverAlreadyRunning(KappaError, RuntimeError):
     """Another driver already runs this view version."""
 
 

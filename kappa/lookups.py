@@ -1,6 +1,8 @@
 """Lookups: small, compacted topics a view joins against (e.g. ad -> campaign), cached between micro-batches.
 
-A lookup is the latest valid value per key of a compacted topic (tombstones remove the key). It is read once,
+A view declares the lookups its transform joins (``ViewDefinition.lookups``: the name the transform receives it
+under -> a :class:`Lookup`: topic, record format, columns). A lookup is the latest valid value per key of a
+compacted topic (tombstones remove the key). It is read once,
 kept in memory (``persist``) and broadcast to the join; before each micro-batch the cache asks Kafka for the
 topic's end offsets and re-reads the topic only when they moved. Spark's cache manager substitutes the cached
 data wherever the lookup's plan appears - in the streaming plan of a stateful view too - so an unchanged lookup
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from kappa.parsing import CAMPAIGNS, RecordFormat, decode, valid_rows
 
@@ -26,71 +28,76 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kappa.config import Settings
 
-__all__ = ["Lookup", "LOOKUPS", "LookupCache", "lookup_frame"]
+__all__ = ["CAMPAIGN_OF_AD", "Lookup", "LookupCache", "latest_values", "lookup_frame"]
 
 log = logging.getLogger("kappa.lookups")
 
 
 @dataclass(frozen=True)
 class Lookup:
-    """A static input read from a compacted topic: latest valid value per key (the first column)."""
+    """A static input read from a compacted topic: latest valid value per key (the first column).
+
+    Attributes:
+        topic: The compacted topic (platform name, without the deployment's prefix).
+        format: How its records are decoded and validated.
+        columns: The columns the transform receives, the key first.
+    """
 
     topic: str
     format: RecordFormat
     columns: tuple[str, ...]
 
 
-#: Lookups a view may declare by name.
-LOOKUPS: dict[str, Lookup] = {
-    "campaigns": Lookup(topic="campaigns", format=CAMPAIGNS, columns=("ad_id", "campaign_id")),
-}
+#: The campaign of each ad (``campaigns`` topic), joined by the campaign views.
+CAMPAIGN_OF_AD = Lookup(topic="campaigns", format=CAMPAIGNS, columns=("ad_id", "campaign_id"))
 
 
 class LookupCache:
     """The cached, broadcast DataFrame of each lookup, refreshed only when its topic's end offsets move.
 
-    One cache serves every view of a Spark application (views of one host share the campaigns mapping).
+    One cache serves every view of a Spark application: views declaring the same lookup share its data.
     """
 
     def __init__(self, spark: "SparkSession", settings: "Settings") -> None:
         self.spark = spark
         self.settings = settings
-        self._frames: dict[str, "DataFrame"] = {}  # what views join: the cached data with a broadcast hint
-        self._cached: dict[str, "DataFrame"] = {}  # the cached data itself
-        self._offsets: dict[str, dict[int, int]] = {}
+        self._frames: dict[Lookup, "DataFrame"] = {}  # what views join: the cached data with a broadcast hint
+        self._cached: dict[Lookup, "DataFrame"] = {}  # the cached data itself
+        self._offsets: dict[Lookup, dict[int, int]] = {}
         self._lock = threading.Lock()
 
-    def frame(self, name: str) -> "DataFrame":
+    def frame(self, lookup: Lookup) -> "DataFrame":
         """The lookup's DataFrame (cached, broadcast); the same object on every call."""
         with self._lock:
-            if name not in self._frames:
+            if lookup not in self._frames:
                 from pyspark.sql import functions as F
 
-                self._cached[name] = self._build(LOOKUPS[name])
-                self._frames[name] = F.broadcast(self._cached[name])
-                self._materialize(name)
-            return self._frames[name]
+                self._cached[lookup] = lookup_frame(self.spark, self.settings, lookup)
+                self._frames[lookup] = F.broadcast(self._cached[lookup])
+                self._materialize(lookup)
+            return self._frames[lookup]
 
-    def frames(self, names: "tuple[str, ...] | list[str]") -> dict[str, "DataFrame"]:
-        return {name: self.frame(name) for name in names}
+    def frames(self, declared: "Mapping[str, Lookup]") -> dict[str, "DataFrame"]:
+        """A view's declared lookups as the keyword arguments of its transform (name -> DataFrame)."""
+        return {name: self.frame(lookup) for name, lookup in declared.items()}
 
-    def offsets(self, name: str) -> dict[int, int]:
+    def offsets(self, lookup: Lookup) -> dict[int, int]:
         """End offsets of the lookup topic when it was last read."""
-        return dict(self._offsets.get(name, {}))
+        return dict(self._offsets.get(lookup, {}))
 
-    def refresh(self, names: "tuple[str, ...] | list[str]") -> list[str]:
-        """Re-read those of ``names`` whose topic moved since they were read; returns the names refreshed."""
+    def refresh(self, lookups: Iterable[Lookup]) -> list[str]:
+        """Re-read those of ``lookups`` whose topic moved since they were read; returns the topics refreshed."""
         refreshed = []
-        for name in names:
+        for lookup in lookups:
             with self._lock:
-                if name not in self._frames:
+                if lookup not in self._frames:
                     continue
-                ends = self._end_offsets(name)
-                if ends == self._offsets.get(name):
+                ends = self._end_offsets(lookup)
+                if ends == self._offsets.get(lookup):
                     continue
-                self._cached[name].unpersist()
-                self._materialize(name, ends)
-                refreshed.append(name)
+                self._cached[lookup].unpersist()
+                self._materialize(lookup, ends)
+                refreshed.append(lookup.topic)
         return refreshed
 
     def close(self) -> None:
@@ -104,25 +111,22 @@ class LookupCache:
             self._cached.clear()
 
     # ---------------------------------------------------------------------------------------------------
-    def _end_offsets(self, name: str) -> dict[int, int]:
+    def _end_offsets(self, lookup: Lookup) -> dict[int, int]:
         from kappa.topics import partition_offsets
 
         return {p: high for p, (_low, high) in partition_offsets(
-            self.settings, self.settings.topic(LOOKUPS[name].topic)).items()}
+            self.settings, self.settings.topic(lookup.topic)).items()}
 
-    def _materialize(self, name: str, ends: dict[int, int] | None = None) -> None:
-        ends = self._end_offsets(name) if ends is None else ends
-        frame = self._cached[name]
+    def _materialize(self, lookup: Lookup, ends: dict[int, int] | None = None) -> None:
+        ends = self._end_offsets(lookup) if ends is None else ends
+        frame = self._cached[lookup]
         frame.persist()
         rows = frame.count()  # read now, so the next micro-batch finds it in memory
-        self._offsets[name] = ends
-        log.info("lookup %s: %d keys at offsets %s", name, rows, ends)
-
-    def _build(self, lookup: Lookup) -> "DataFrame":
-        return lookup_frame(self.spark, self.settings, lookup)
+        self._offsets[lookup] = ends
+        log.info("lookup %s: %d keys at offsets %s", lookup.topic, rows, ends)
 
 
-def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: "Lookup | str",
+def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: Lookup,
                  ends: "Mapping[int, int] | None" = None) -> "DataFrame":
     """A lookup's latest valid value per key, as of the topic's end offsets ``ends`` (default: the log end now).
 
@@ -131,10 +135,6 @@ def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: "Lookup | 
     """
     import json
 
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    lookup = LOOKUPS[lookup] if isinstance(lookup, str) else lookup
     topic = settings.topic(lookup.topic)
     ending = json.dumps({topic: {str(p): int(o) for p, o in ends.items()}}) if ends else "latest"
     reader = spark.read.format("kafka").options(**settings.spark_kafka_options())
@@ -144,9 +144,20 @@ def lookup_frame(spark: "SparkSession", settings: "Settings", lookup: "Lookup | 
         reader = reader.option("subscribe", topic)
     raw = (reader.option("startingOffsets", "earliest").option("endingOffsets", ending)
            .option("failOnDataLoss", "false").load())
+    return latest_values(raw, lookup)
+
+
+def latest_values(raw: "DataFrame", lookup: Lookup) -> "DataFrame":
+    """What a lookup is, given its topic's raw records (Kafka's columns: key, value, partition, offset...): the
+    latest valid record per key in log order, tombstoned keys removed, the declared columns only."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     decoded = valid_rows(decode(raw, lookup.format))
     key = lookup.columns[0]
     latest = (decoded.withColumn("_rn", F.row_number().over(
         Window.partitionBy(key).orderBy(F.col("partition").desc(), F.col("offset").desc())))
         .where("_rn = 1"))
-    return latest.where(~F.col("is_tombstone")).select(*lookup.columns).coalesce(1)
+    if lookup.format.tombstones:
+        latest = latest.where(~F.col("is_tombstone"))
+    return latest.select(*lookup.columns).coalesce(1)

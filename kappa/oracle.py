@@ -28,8 +28,6 @@ __all__ = [
     "expected_window_counts_v2",
     "expected_sessions",
     "MAX_VALUE_BYTES",
-    "TOPIC_FORMATS",
-    "TopicFormat",
     "BatchBoundary",
     "OracleInput",
     "OracleSpec",
@@ -237,24 +235,9 @@ def expected_sessions(events: Iterable[Validated], *, gap_ms: int = SESSION_GAP_
 
 
 # ===================================================================================================== replays
-# What verification of a replayed view version needs: which oracle recomputes (view, version), over which
-# topics, how a row of the Delta table maps onto the oracle's (key, value) form.
-
-
-@dataclass(frozen=True)
-class TopicFormat:
-    """How the records of a topic are validated (mirrors ``schemas/``, independently of ``kappa.parsing``)."""
-
-    subject: str
-    key_field: str | None
-    tombstones: bool = False
-
-
-#: Topics of ``kappa/platform.yaml`` and the schema subject of their records.
-TOPIC_FORMATS: dict[str, TopicFormat] = {
-    "ad-events": TopicFormat("ad_event", key_field="user_id"),
-    "campaigns": TopicFormat("campaign", key_field=None, tombstones=True),
-}
+# What verification of a replayed view version needs: which oracle recomputes (view, version) and how a row of the
+# Delta table maps onto the oracle's (key, value) form. Topics, record formats and lookups are the view's own
+# declaration (kappa.view.ViewDefinition).
 
 
 @dataclass(frozen=True)
@@ -297,21 +280,17 @@ class OracleSpec:
     """How to verify one view version.
 
     Attributes:
-        stream_topic: Topic the view streams from (records in the verified range are recomputed).
         compute: ``OracleInput -> {key tuple: value tuple}``.
         keys: Key columns of the table (unique per row).
         values: Value columns compared (in the order of the value tuples).
         adapt: Table row (column -> Python value) -> ``(key tuple, value tuple)`` in the oracle's form.
-        lookups: Lookup name -> topic (read whole, validated, passed in :attr:`OracleInput.lookups`).
         uses_batches: The result depends on micro-batch boundaries (event-time watermark).
     """
 
-    stream_topic: str
     compute: Callable[[OracleInput], dict[tuple, tuple]]
     keys: tuple[str, ...]
     values: tuple[str, ...]
     adapt: Callable[[Mapping[str, Any]], tuple[tuple, tuple]]
-    lookups: Mapping[str, str] = field(default_factory=dict)
     uses_batches: bool = False
 
 
@@ -513,21 +492,21 @@ def _campaign_catalog_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
 #: ``verify="none"``.
 ORACLES: dict[tuple[str, int], OracleSpec] = {
     ("campaign_window_counts", 1): OracleSpec(
-        stream_topic="ad-events", compute=_window_counts_v1, keys=("campaign_id", "window_start"),
+        compute=_window_counts_v1, keys=("campaign_id", "window_start"),
         values=("view_count", "last_event_time", "is_final"), adapt=_window_row_v1,
-        lookups={"campaigns": "campaigns"}, uses_batches=True),
+        uses_batches=True),
     ("campaign_window_counts", 2): OracleSpec(
-        stream_topic="ad-events", compute=expected_window_counts_v2, keys=("campaign_id", "window_start"),
+        compute=expected_window_counts_v2, keys=("campaign_id", "window_start"),
         values=("view_count", "click_count", "last_event_time", "is_final"), adapt=_window_row_v2,
-        lookups={"campaigns": "campaigns"}, uses_batches=True),
+        uses_batches=True),
     ("user_sessions", 1): OracleSpec(
-        stream_topic="ad-events", compute=expected_sessions_batched, keys=("user_id", "session_start"),
+        compute=expected_sessions_batched, keys=("user_id", "session_start"),
         values=("session_end", "event_count", "distinct_ads", "last_event_time"), adapt=_session_row,
         uses_batches=True),
     ("events_raw", 1): OracleSpec(
-        stream_topic="ad-events", compute=_events_raw, keys=("partition", "offset"), values=_RAW_FIELDS,
+        compute=_events_raw, keys=("partition", "offset"), values=_RAW_FIELDS,
         adapt=_events_raw_row),
     ("campaign_catalog", 1): OracleSpec(
-        stream_topic="campaigns", compute=_campaign_catalog, keys=("ad_id",), values=("campaign_id",),
+        compute=_campaign_catalog, keys=("ad_id",), values=("campaign_id",),
         adapt=_campaign_catalog_row),
 }

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kappa.errors import KappaError
+
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
 
@@ -41,7 +43,7 @@ _RESULT_PREFIX = "PEER_RESULT "  # kappa.peer_app.RESULT_PREFIX (not imported: t
 _LOCK_FILE = "infra/local/requirements-peer.lock"
 
 
-class PeerError(RuntimeError):
+class PeerError(KappaError, RuntimeError):
     """The peer could not be installed or its run failed (the message carries the tail of its stderr)."""
 
 

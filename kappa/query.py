@@ -35,6 +35,7 @@ from kappa.registry import (
     commit_time,
     open_delta,
 )
+from kappa.errors import KappaError, one_line
 
 __all__ = ["WATERMARKS", "Freshness", "QueryError", "QueryResult", "analyst_spark", "parse_as_of", "run_query"]
 
@@ -49,7 +50,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
 
 
-class QueryError(ValueError):
+class QueryError(KappaError, ValueError):
     """The query cannot be answered; the message is one line for the CLI."""
 
 
@@ -241,8 +242,7 @@ def _execute(con: duckdb.DuckDBPyConnection, sql: str, freshness: dict[str, Fres
                 exprs.append(f"#{i}")
         raw = rel.project(", ".join(exprs)).fetchall() if exprs else rel.fetchall()
     except duckdb.Error as exc:
-        text = str(exc).strip()
-        first = text.splitlines()[0].strip() if text else type(exc).__name__
+        first = one_line(exc)
         hit = _MISSING_TABLE.search(first)
         if hit:
             table = hit.group(1).strip('"').lower()

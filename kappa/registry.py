@@ -38,7 +38,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,7 +48,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
 from kappa.deltars import I64, STR, TS, arrow_rows, arrow_schema, is_local_uri, local_path, read_rows
-from kappa.errors import one_line
+from kappa.errors import KappaError, one_line
+from kappa.identity import check_version_key, view_ref
 
 __all__ = [
     "STATES",
@@ -84,13 +84,12 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
 #: Fields ``set_state`` may change besides ``state``/``note`` (offsets may be given as dicts).
 _UPDATABLE = frozenset({"start_offsets", "end_offsets", "delete_after", "deleted_at", "app_id", "starting",
                         "table_path"})
-_VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------------------------ errors
-class RegistryError(ValueError):
+class RegistryError(KappaError, ValueError):
     """A registry or serving-alias operation was refused; the message is one line for the CLI."""
 
 
@@ -160,7 +159,7 @@ class VersionRecord:
     @property
     def ref(self) -> str:
         """``<view>@v<N>``."""
-        return f"{self.view}@v{self.version}"
+        return view_ref(self.view, self.version)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly dict (timestamps as ISO strings)."""
@@ -469,7 +468,7 @@ class Registry:
                 raise _Lost()
             return rec, True
 
-        rec, created = _retrying(attempt, f"register {view}@v{version}")
+        rec, created = _retrying(attempt, f"register {view_ref(view, version)}")
         if created:
             self._log(rec, None, by=triggered_by, note=f"registered ({code_module} sha256 {digest[:12]})")
         return rec
@@ -511,7 +510,7 @@ class Registry:
         def attempt() -> tuple[VersionRecord, VersionRecord | None]:
             current = self.get(view, version)
             if current is None:
-                raise RegistryError(f"{view}@v{version} is not registered")
+                raise RegistryError(f"{view_ref(view, version)} is not registered")
             if current.state == state:
                 delta = {k: v for k, v in changes.items() if getattr(current, k) != v}
                 if note is not None and note != current.note:
@@ -521,16 +520,16 @@ class Registry:
             else:
                 if expected is not None and current.state not in expected:
                     raise StateConflict(
-                        f"{view}@v{version} is {current.state}, expected {' or '.join(sorted(expected))}"
+                        f"{view_ref(view, version)} is {current.state}, expected {' or '.join(sorted(expected))}"
                     )
                 allowed = TRANSITIONS[current.state]
                 if state not in allowed:
                     raise IllegalTransition(
-                        f"{view}@v{version}: cannot go from {current.state} to {state} "
+                        f"{view_ref(view, version)}: cannot go from {current.state} to {state} "
                         f"(allowed: {', '.join(sorted(allowed))})"
                     )
                 if state == "serving" and current.deleted_at is not None:
-                    raise RegistryError(f"{view}@v{version}: its table was deleted at "
+                    raise RegistryError(f"{view_ref(view, version)}: its table was deleted at "
                                         f"{current.deleted_at.isoformat()}; it cannot serve again")
                 delta = dict(changes)
                 delta["note"] = note
@@ -539,7 +538,7 @@ class Registry:
             self._compare_and_set(current.revision, new)
             return new, current
 
-        new, old = _retrying(attempt, f"set {view}@v{version} to {state}")
+        new, old = _retrying(attempt, f"set {view_ref(view, version)} to {state}")
         if old is not None:
             self._log(new, old.state, by=by, note=note)
         return new
@@ -579,10 +578,9 @@ _KEY_MATCH = 't."view" = s."view" AND t."version" = s."version"'
 
 
 def _check_key(view: str, version: int) -> None:
-    if not isinstance(view, str) or not _VIEW_NAME.match(view):
-        raise RegistryError(f"invalid view name {view!r} (lower_snake_case)")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise RegistryError(f"invalid version {version!r} of {view} (integer >= 1)")
+    problem = check_version_key(view, version)
+    if problem:
+        raise RegistryError(problem)
 
 
 def _normalize_fields(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from kappa.errors import KappaError
+
 __all__ = [
     "SCHEMAS_DIR",
     "CompatibilityIssue",
@@ -65,11 +67,11 @@ _SUPPORTED = _ANNOTATIONS | {
 _SPARK_TYPES = {"string": "STRING", "integer": "BIGINT", "number": "DOUBLE", "boolean": "BOOLEAN"}
 
 
-class SchemaError(ValueError):
+class SchemaError(KappaError, ValueError):
     """A subject/version does not exist or a schema file is not a valid JSON Schema."""
 
 
-class SchemaValidationError(ValueError):
+class SchemaValidationError(KappaError, ValueError):
     """A record does not match its schema; :attr:`errors` lists every violation."""
 
     def __init__(self, subject: str, version: int, errors: list[str]) -> None:

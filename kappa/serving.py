@@ -14,11 +14,14 @@ still finish reading it.
 2. mark the new version ``serving`` in the registry (clearing ``delete_after``);
 3. mark every other ``serving`` version of the view ``retired`` with ``delete_after = now + keep``.
 
+A retired version's table is kept :data:`kappa.config.DEFAULT_KEEP_HOURS` unless the promote says otherwise; ``delete_expired``
+(run by the scheduled ``kappa_retire`` DAG and ``kappa retire``) removes it afterwards.
+
 Example:
-    >>> from kappa.serving import promote, resolve  # doctest: +SKIP
-    >>> promote("user_sessions", 2, by="cli:alice")  # doctest: +SKIP
+    >>> alias = ServingAlias(settings.lake_uri)  # doctest: +SKIP
+    >>> alias.promote("user_sessions", 2, by="cli:alice")  # doctest: +SKIP
     SwitchResult(view='user_sessions', version=2, previous_version=1, changed=True, ...)
-    >>> resolve("user_sessions")  # doctest: +SKIP
+    >>> alias.resolve("user_sessions")  # doctest: +SKIP
     '/.../lake/views/user_sessions/v2/table'
 """
 
@@ -32,7 +35,9 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from kappa.config import DEFAULT_KEEP_HOURS
 from kappa.deltars import I64, STR, TS, arrow_rows, is_local_uri, local_path, read_rows
+from kappa.identity import ViewPaths, view_ref
 from kappa.registry import (
     AsOfError,
     Registry,
@@ -48,24 +53,7 @@ from kappa.registry import (
     utcnow,
 )
 
-__all__ = [
-    "DEFAULT_KEEP",
-    "AliasRow",
-    "DeletionResult",
-    "ServingAlias",
-    "ServingError",
-    "SwitchResult",
-    "Target",
-    "delete_expired",
-    "expired",
-    "promote",
-    "resolve",
-    "rollback",
-    "spark_view_sql",
-]
-
-#: How long a replaced version's table is kept for rollback before ``delete_expired`` may remove it.
-DEFAULT_KEEP = timedelta(days=7)
+__all__ = ["AliasRow", "DeletionResult", "ServingAlias", "ServingError", "SwitchResult", "Target"]
 
 _ALIAS_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("view", STR), ("version", I64), ("table_path", STR), ("switched_at", TS), ("switched_by", STR),
@@ -167,7 +155,8 @@ class ServingAlias:
     """
 
     def __init__(self, lake_uri: str, *, registry: Registry | None = None, catalog: Any = None,
-                 storage_options: dict[str, str] | None = None, keep: timedelta = DEFAULT_KEEP) -> None:
+                 storage_options: dict[str, str] | None = None,
+                 keep: timedelta = timedelta(hours=DEFAULT_KEEP_HOURS)) -> None:
         self.registry = registry or Registry(lake_uri, storage_options=storage_options)
         self.lake_uri = self.registry.lake_uri
         self.storage_options = storage_options
@@ -177,7 +166,11 @@ class ServingAlias:
     @classmethod
     def from_settings(cls, settings: Any = None) -> ServingAlias:
         """Alias store of ``settings.lake_uri`` (default: ``Settings.from_env()``)."""
-        return cls(_settings(settings).lake_uri)
+        if settings is None:
+            from kappa.config import Settings
+
+            settings = Settings.from_env()
+        return cls(settings.lake_uri)
 
     @property
     def uri(self) -> str:
@@ -212,15 +205,16 @@ class ServingAlias:
         Raises:
             ServingError: If the view is not declared in ``platform.yaml``.
         """
-        views = self.catalog.views
-        if view not in views:
-            raise ServingError(f"unknown view {view!r} (declared: {', '.join(views)})")
+        from kappa.catalog import UnknownView
+
+        try:
+            spec = self.catalog.view(view)
+        except UnknownView as exc:
+            raise ServingError(str(exc)) from None
         row = self.alias(view, as_of=as_of)
         if row is not None:
             return Target(view=view, version=row.version, table_path=row.table_path, via="alias")
-        from kappa.job import ViewPaths
-
-        default = views[view].default_version
+        default = spec.default_version
         return Target(view=view, version=default, table_path=ViewPaths(self.lake_uri, view, default).table,
                       via="default")
 
@@ -241,7 +235,7 @@ class ServingAlias:
             view: View name.
             version: A ``verified`` version (or a ``retired`` one whose table is kept: a rollback).
             by: Who switches (``cli:<user>``, ``airflow:<dag_run_id>``).
-            keep: Retention of the replaced version's table (default :data:`DEFAULT_KEEP`).
+            keep: Retention of the replaced version's table (default: the alias's ``keep``).
 
         Raises:
             ServingError: Unknown view/version, version not verified, or its table is missing.
@@ -252,19 +246,19 @@ class ServingAlias:
         self.target(view)  # validates the view name against the catalog
         rec = self.registry.get(view, version)
         if rec is None:
-            raise ServingError(f"{view}@v{version} is not registered")
+            raise ServingError(f"{view_ref(view, version)} is not registered")
         alias = self.alias(view)
         others = [r for r in self.registry.list(view) if r.state == "serving" and r.version != version]
         if alias is not None and alias.version == version and rec.state == "serving" and not others:
             return SwitchResult(view=view, version=version, previous_version=alias.previous_version,
                                 table_path=alias.table_path, changed=False,
-                                message=f"{view}@v{version} already serves; nothing to do")
+                                message=f"{view_ref(view, version)} already serves; nothing to do")
         if rec.state not in {"verified", "serving", "retired"}:
-            raise ServingError(f"{view}@v{version} is {rec.state}; only a verified version can be promoted")
+            raise ServingError(f"{view_ref(view, version)} is {rec.state}; only a verified version can be promoted")
         if rec.deleted_at is not None:
-            raise ServingError(f"{view}@v{version}: its table was deleted at {rec.deleted_at.isoformat()}")
+            raise ServingError(f"{view_ref(view, version)}: its table was deleted at {rec.deleted_at.isoformat()}")
         if not DeltaTable.is_deltatable(rec.table_path, self.storage_options):
-            raise ServingError(f"{view}@v{version}: no Delta table at {rec.table_path}")
+            raise ServingError(f"{view_ref(view, version)}: no Delta table at {rec.table_path}")
 
         # 1. the alias: one MERGE commit, the only step readers see
         changed, previous = self._switch(rec, others, by=by)
@@ -293,7 +287,7 @@ class ServingAlias:
         if changed:
             message = f"{view} now serves v{version}" + (f" (was v{previous})" if previous else "")
         else:
-            message = f"{view}@v{version} already served by the alias; registry repaired"
+            message = f"{view_ref(view, version)} already served by the alias; registry repaired"
         if retired:
             message += f"; retired v{', v'.join(map(str, retired))} until {delete_after:%Y-%m-%d %H:%M} UTC"
         return SwitchResult(view=view, version=version, previous_version=previous, table_path=rec.table_path,
@@ -434,48 +428,3 @@ def _victim(rec: VersionRecord) -> Path:
     standard = (table_dir.name == "table" and root.name == f"v{rec.version}" and root.parent.name == rec.view
                 and root.parent.parent.name == "views")
     return root if standard else table_dir
-
-
-# -------------------------------------------------------------------------------------------- functions
-def _settings(settings: Any) -> Any:
-    if settings is None:
-        from kappa.config import Settings
-
-        return Settings.from_env()
-    return settings
-
-
-def _alias(settings: Any) -> ServingAlias:
-    return ServingAlias(_settings(settings).lake_uri)
-
-
-def promote(view: str, version: int, *, by: str, keep: timedelta | None = None,
-            settings: Any = None) -> SwitchResult:
-    """:meth:`ServingAlias.promote` on the lake of ``settings`` (default: from the environment)."""
-    return _alias(settings).promote(view, version, by=by, keep=keep)
-
-
-def rollback(view: str, to_version: int | None = None, *, by: str, keep: timedelta | None = None,
-             settings: Any = None) -> SwitchResult:
-    """:meth:`ServingAlias.rollback` on the lake of ``settings``."""
-    return _alias(settings).rollback(view, to_version, by=by, keep=keep)
-
-
-def resolve(view: str, *, as_of: datetime | None = None, settings: Any = None) -> str:
-    """:meth:`ServingAlias.resolve` on the lake of ``settings``."""
-    return _alias(settings).resolve(view, as_of=as_of)
-
-
-def expired(now: datetime | None = None, *, settings: Any = None) -> list[VersionRecord]:
-    """:meth:`ServingAlias.expired` on the lake of ``settings``."""
-    return _alias(settings).expired(now)
-
-
-def delete_expired(now: datetime | None = None, *, by: str, settings: Any = None) -> list[DeletionResult]:
-    """:meth:`ServingAlias.delete_expired` on the lake of ``settings``."""
-    return _alias(settings).delete_expired(now, by=by)
-
-
-def spark_view_sql(view: str, *, database: str = "analytics", settings: Any = None) -> str:
-    """:meth:`ServingAlias.spark_view_sql` on the lake of ``settings``."""
-    return _alias(settings).spark_view_sql(view, database=database)

@@ -12,13 +12,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from kappa.errors import KappaError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
 
 __all__ = ["spark_jars", "build_spark", "MissingJarsError"]
 
 
-class MissingJarsError(RuntimeError):
+class MissingJarsError(KappaError, RuntimeError):
     """The Spark connector/Delta jars have not been fetched (run ``make setup``)."""
 
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kappa.config import Settings
-from kappa.errors import one_line
+from kappa.errors import KappaError, one_line
+from kappa.identity import view_ref
 from kappa.runners.local import child_env, terminate_group
 from kappa.runners.local import pid_alive as _alive
 
@@ -28,7 +29,7 @@ __all__ = ["AIRFLOW_PORT", "Daemon", "Readiness", "StackError", "airflow_ready",
 AIRFLOW_PORT = int(os.environ.get("KAPPA_AIRFLOW_PORT", "8080"))
 
 
-class StackError(RuntimeError):
+class StackError(KappaError, RuntimeError):
     """The local stack did not come up (one line: who, why, which log)."""
 
 
@@ -165,13 +166,13 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
     runner = LocalRunner(settings, mode="host")
     began = time.monotonic()
     views = stack_views(settings)
-    targets = {f"{v}@v{n}": {p: hi for p, (_lo, hi) in partition_offsets(settings, settings.topic(
+    targets = {view_ref(v, n): {p: hi for p, (_lo, hi) in partition_offsets(settings, settings.topic(
         stream_topic(v, n))).items()} for v, n in views}
-    rows = {f"{v}@v{n}": Readiness(f"{v}@v{n}") for v, n in views}
+    rows = {view_ref(v, n): Readiness(view_ref(v, n)) for v, n in views}
     last: list[tuple[str, str]] = []
     while True:
         for view, version in views:
-            row = rows[f"{view}@v{version}"]
+            row = rows[view_ref(view, version)]
             if row.ready:
                 continue
             job = runner.status(view, version)

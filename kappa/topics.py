@@ -43,6 +43,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 
 from kappa.catalog import TopicSpec, load_catalog
 from kappa.config import Settings
+from kappa.errors import KappaError
 
 __all__ = [
     "TopicChange",
@@ -79,7 +80,7 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
-class TopicError(RuntimeError):
+class TopicError(KappaError, RuntimeError):
     """A topic operation failed for a non-transient reason (message names topic and Kafka error)."""
 
 

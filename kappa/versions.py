@@ -15,6 +15,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from kappa.errors import KappaError
+
 __all__ = ["VERSIONS_FILE", "VersionsError", "parse_versions", "read_versions", "version"]
 
 #: Default location: ``<repo>/infra/versions.env``.
@@ -23,7 +25,7 @@ VERSIONS_FILE: Path = Path(__file__).resolve().parents[1] / "infra" / "versions.
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
-class VersionsError(ValueError):
+class VersionsError(KappaError, ValueError):
     """``versions.env`` is malformed or lacks a key."""
 
 

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, Mapping
 
+from kappa.identity import view_ref
+from kappa.lookups import Lookup
 from kappa.parsing import RecordFormat
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,9 +98,10 @@ class ViewDefinition:
         stream_topic: the Kafka topic read as a stream.
         stream_format: how records of ``stream_topic`` are decoded and validated.
         transform: pure function ``(stream, lookups) -> DataFrame``; ``stream`` has only valid records.
-        lookups: static inputs read from compacted topics (name -> topic); the transform receives them decoded
-            as the latest value per key (tombstones removed), cached and re-read only when the topic moved
-            (:mod:`kappa.lookups`).
+        lookups: static inputs read from compacted topics: the keyword the transform receives each under ->
+            its :class:`kappa.lookups.Lookup` (topic, format, columns). The transform gets each decoded as the
+            latest value per key (tombstones removed), cached and re-read only when the topic moved; the job, the
+            recompute and the oracle all read this declaration.
         output_mode: Spark output mode of the transform (``append`` for stateless or closed windows,
             ``update`` for windows that change until final).
         write: how a batch lands in Delta: ``append`` (idempotent append), ``merge`` (upsert by ``keys``),
@@ -129,7 +132,7 @@ class ViewDefinition:
     write: WriteMode = "append"
     keys: tuple[str, ...] = ()
     order_column: str | None = None
-    lookups: Mapping[str, str] = field(default_factory=dict)
+    lookups: Mapping[str, Lookup] = field(default_factory=dict)
     finality: Finality | None = None
     latency_column: str | None = None
     partition_by: tuple[str, ...] = ()
@@ -138,6 +141,10 @@ class ViewDefinition:
     expectations: tuple[Expectation, ...] = ()
 
     def __post_init__(self) -> None:
+        for name, lookup in self.lookups.items():
+            if not isinstance(lookup, Lookup):
+                raise TypeError(f"{self.ref}: lookup {name!r} must be a kappa.lookups.Lookup (topic, format, "
+                                f"columns), not {type(lookup).__name__}")
         names = [e.name for e in self.expectations]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.ref}: expectation names must be unique ({', '.join(names)})")
@@ -157,10 +164,6 @@ def tumbling_window_end(column: str, seconds: int) -> "Column":
     micros = seconds * 1_000_000
     ts = F.unix_micros(F.col(column))
     return F.timestamp_micros(ts - F.pmod(ts, F.lit(micros)) + F.lit(micros))
-
-
-def view_ref(name: str, version: int) -> str:
-    return f"{name}@v{version}"
 
 
 def load_view(module: str) -> ViewDefinition:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kappa.config import Settings
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from tests.conftest import subprocess_env
 from tests.helpers import committed_batches, delta_txns
 

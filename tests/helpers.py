@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["committed_batches", "delta_txns", "read_table"]
+__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table"]
 
 
 def read_table(spark: Any, path: str) -> list[Any]:
@@ -30,3 +30,31 @@ def committed_batches(checkpoint: str) -> list[int]:
     """Batch ids committed in a Spark checkpoint (its commits/ folder)."""
     folder = Path(checkpoint, "commits")
     return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.exists() else []
+
+
+class FakeRunner:
+    """A runner that records what the replay functions ask of it and starts nothing: for tests about the registry
+    and the alias, where a real job would only cost time (the real runners have tests of their own)."""
+
+    def __init__(self, running: set[int]) -> None:
+        self.running = set(running)
+        self.calls: list[tuple[str, int]] = []
+
+    def start(self, spec: Any) -> Any:
+        from kappa.runners.base import JobStatus
+
+        self.calls.append(("start", spec.version))
+        self.running.add(spec.version)
+        return JobStatus(spec.ref, "running")
+
+    def stop(self, view: str, version: int) -> Any:
+        from kappa.runners.base import JobStatus
+
+        self.calls.append(("stop", version))
+        self.running.discard(version)
+        return JobStatus(f"{view}@v{version}", "stopped")
+
+    def status(self, view: str, version: int) -> Any:
+        from kappa.runners.base import JobStatus
+
+        return JobStatus(f"{view}@v{version}", "running" if version in self.running else "stopped")

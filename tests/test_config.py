@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kappa.catalog import CatalogError, load_catalog, parse_catalog
+from kappa.catalog import CatalogError, UnknownView, load_catalog, parse_catalog
 from kappa.config import ConfigError, Settings
 from kappa.versions import VersionsError, parse_versions, read_versions
 
@@ -110,8 +110,12 @@ def test_platform_catalog() -> None:
     assert cat.topic("campaigns").config["cleanup.policy"] == "compact"
     assert cat.view("campaign_window_counts").topics == ("ad-events", "campaigns")
     assert cat.view("events_raw").module() == "jobs.events_raw.v1"
-    with pytest.raises(KeyError, match="declared"):
+    assert cat.module_of("campaign_window_counts") == "jobs.campaign_window_counts.v1"  # the default version
+    assert cat.module_of("campaign_window_counts", 2) == "jobs.campaign_window_counts.v2"
+    with pytest.raises(UnknownView, match="^unknown view 'nope'; declared views: campaign_catalog, "):
         cat.view("nope")
+    with pytest.raises(UnknownView, match=r"^events_raw has no version 3 in kappa/platform.yaml \(declared: 1\)$"):
+        cat.module_of("events_raw", 3)
 
 
 def test_catalog_reports_every_problem() -> None:

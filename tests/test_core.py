@@ -10,7 +10,7 @@ import pytest
 from kappa import generator
 from kappa.batch import latency_buckets
 from kappa.job import RunMismatch, ViewJob
-from kappa.lookups import LookupCache
+from kappa.lookups import CAMPAIGN_OF_AD, LookupCache
 from kappa.metrics import LATENCY_BUCKETS
 from kappa.view import load_view
 
@@ -52,15 +52,16 @@ def test_lookup_is_reread_only_when_its_topic_moves(spark, kafka, declared_topic
     generator.publish_campaigns(lake, mapping, topic=lake.topic("campaigns"))
     cache = LookupCache(spark, lake)
     try:
-        first = cache.frame("campaigns")
+        first = cache.frame(CAMPAIGN_OF_AD)
         assert first.count() == len(mapping)
-        assert cache.refresh(["campaigns"]) == []  # nothing moved: no re-read
+        assert cache.refresh([CAMPAIGN_OF_AD]) == []  # nothing moved: no re-read
         ad = next(iter(mapping))
         generator.publish_campaigns(lake, {ad: None}, topic=lake.topic("campaigns"))  # a tombstone
-        assert cache.refresh(["campaigns"]) == ["campaigns"]
-        assert cache.frame("campaigns") is first
+        assert cache.refresh([CAMPAIGN_OF_AD]) == ["campaigns"]
+        assert cache.frame(CAMPAIGN_OF_AD) is first
+        assert cache.frames({"by_ad": CAMPAIGN_OF_AD}) == {"by_ad": first}  # the name is the view's own
         assert first.count() == len(mapping) - 1
-        assert sum(cache.offsets("campaigns").values()) == len(mapping) + 1
+        assert sum(cache.offsets(CAMPAIGN_OF_AD).values()) == len(mapping) + 1
     finally:
         cache.close()
 

@@ -41,12 +41,16 @@ def test_dagbag_imports_without_errors_and_without_network(airflow_home, monkeyp
     monkeypatch.setattr(socket, "create_connection", _no_network)
     bag = _dagbag()
     assert bag.import_errors == {}
-    assert set(bag.dags) == {p.stem for p in DAGS.glob("*.py")} == {"kappa_replay", "kappa_rollback"}
+    assert set(bag.dags) == {p.stem for p in DAGS.glob("*.py")} == {"kappa_replay", "kappa_retire",
+                                                                     "kappa_rollback"}
     for dag_id, dag in bag.dags.items():
         assert Path(dag.fileloc).stem == dag_id
         assert dag.doc_md and dag_id in dag.doc_md
-        assert isinstance(dag.timetable, NullTimetable), f"{dag_id} must only run when triggered (schedule=None)"
-        assert dag.is_paused_upon_creation is False, f"{dag_id}: a trigger from the UI must run without unpausing"
+        assert dag.is_paused_upon_creation is False, f"{dag_id}: must run without being unpaused first"
+        if dag_id == "kappa_retire":  # the only scheduled one: hourly, never catching up on missed hours
+            assert (dag.timetable.summary, dag.catchup, dag.max_active_runs) == ("0 * * * *", False, 1)
+        else:
+            assert isinstance(dag.timetable, NullTimetable), f"{dag_id} must only run when triggered"
 
 
 def test_dag_files_import_nothing_heavy_at_parse_time(airflow_home):
@@ -63,7 +67,7 @@ def test_dag_files_import_nothing_heavy_at_parse_time(airflow_home):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"errors": {}, "heavy": [], "dags": ["kappa_replay", "kappa_rollback"]}
+    assert result == {"errors": {}, "heavy": [], "dags": ["kappa_replay", "kappa_retire", "kappa_rollback"]}
 
 
 def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
@@ -129,3 +133,77 @@ def test_rollback_dag_refuses_a_version_that_never_served(airflow_home, tmp_path
     run = dag.test(run_conf={"view": "campaign_window_counts", "to_version": 3})
     (ti,) = run.get_task_instances()
     assert run.state == "failed" and (ti.state, ti.try_number) == ("failed", 1)
+
+
+def test_retire_dag_and_cli_delete_exactly_the_versions_past_their_keep(airflow_home, tmp_path, monkeypatch, capsys):
+    """Real registry, alias and Delta tables: v1 replaced by v2 is kept 7 days by default (nothing to delete);
+    rolled back to v1 with no keep period, v2 expires at once. A dry run deletes nothing; the DAG deletes v2
+    (table and checkpoint) and marks it so it can never serve again; the serving v1 stays; a second run and
+    `kappa retire` find nothing left to do."""
+    import duckdb
+    from deltalake import write_deltalake
+
+    from kappa import replay
+    from kappa.cli import main
+    from kappa.config import DEFAULT_KEEP_HOURS, Settings
+    from kappa.registry import Registry, utcnow
+    from tests.helpers import FakeRunner
+
+    monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAPPA_LAKE_URI", str(tmp_path / "lake"))
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    settings = Settings.from_env()
+    registry, view = Registry(settings.lake_uri), "campaign_window_counts"
+    folders = {}
+    for version in (1, 2):
+        vv = replay.ViewVersion.resolve(view, version, settings)
+        write_deltalake(vv.paths.table, duckdb.sql(f"SELECT {version} AS v"))
+        Path(vv.paths.checkpoint, "main").mkdir(parents=True)
+        folders[version] = Path(vv.paths.table).parent
+        registry.register(view, version, code_module=vv.module, table_path=vv.paths.table, app_id="kappa:t",
+                          starting="earliest", triggered_by="test")
+        for state in ("caught_up", "verified"):
+            registry.set_state(view, version, state, by="test")
+    runner = FakeRunner(running={1, 2})  # the DAG's own runner is the real local one
+    replay.promote(view, 1, settings, runner, by="test")
+    replay.promote(view, 2, settings, runner, by="test")  # v1 retired, kept the default period
+    v1 = registry.get(view, 1)
+    assert abs((v1.delete_after - utcnow()).total_seconds() - DEFAULT_KEEP_HOURS * 3600) < 120
+
+    dag = _dagbag().dags["kappa_retire"]
+    hours = iter(range(1, 10))
+
+    def run_dag(**conf: Any) -> Any:  # each run an hour of its own, as the scheduler would run them
+        from datetime import UTC, datetime, timedelta
+
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=next(hours))
+        return dag.test(run_conf=conf, logical_date=hour)
+
+    dry = run_dag(dry_run=True)
+    (ti,) = dry.get_task_instances()
+    assert dry.state == "success" and ti.xcom_pull(task_ids="retire_expired") == []
+
+    replay.rollback(view, 1, settings, runner, by="test", keep_hours=0)  # v2: expired at once
+    dry = run_dag(dry_run=True)
+    (ti,) = dry.get_task_instances()
+    assert dry.state == "success" and [r["version"] for r in ti.xcom_pull(task_ids="retire_expired")] == [2]
+    assert folders[2].is_dir() and registry.get(view, 2).deleted_at is None
+
+    run = run_dag(dry_run=False)  # explicit: dag.test() keeps the previous run_conf in the DAG's params
+    (ti,) = run.get_task_instances()
+    assert run.state == "success", ti.state
+    (deleted,) = ti.xcom_pull(task_ids="retire_expired")
+    assert (deleted["version"], deleted["deleted"]) == (2, True), deleted["message"]
+    assert not folders[2].exists() and folders[1].is_dir()
+    assert registry.get(view, 2).deleted_at is not None and registry.get(view, 1).state == "serving"
+    with pytest.raises(replay.ReplayError, match="cannot roll back"):
+        replay.rollback(view, 2, settings, runner, by="test")
+
+    again = run_dag(dry_run=False)
+    (ti,) = again.get_task_instances()
+    assert again.state == "success" and ti.xcom_pull(task_ids="retire_expired") == []
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["retire"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == "nothing to retire: no retired version is past its keep period"

@@ -9,7 +9,7 @@ import pytest
 
 from kappa import generator
 from kappa.host import host_pid, stop_host
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from kappa.runners.base import JobSpec
 from kappa.runners.local import LocalRunner
 

@@ -11,7 +11,7 @@ import pytest
 from deltalake import write_deltalake
 
 from kappa.config import Settings
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from kappa.query import QueryError, parse_as_of, run_query
 from kappa.registry import Registry, utcnow
 from kappa.serving import ServingAlias

@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from kappa.config import Settings
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from kappa.registry import (
     STATES,
     TRANSITIONS,
@@ -29,7 +29,7 @@ from kappa.registry import (
     code_hash,
     utcnow,
 )
-from kappa.serving import ServingAlias, ServingError, spark_view_sql
+from kappa.serving import ServingAlias, ServingError
 
 VIEW = "user_sessions"
 MODULE = "jobs.user_sessions.v1"
@@ -288,7 +288,7 @@ def test_concurrent_writers_on_different_rows_keep_every_row(reg: Registry):
 def test_resolve_falls_back_to_the_default_version(alias: ServingAlias, settings: Settings):
     assert alias.resolve(VIEW) == ViewPaths(settings.lake_uri, VIEW, 1).table
     assert alias.target(VIEW).via == "default"
-    with pytest.raises(ServingError, match=r"unknown view 'nope' \(declared: .*user_sessions"):
+    with pytest.raises(ServingError, match=r"unknown view 'nope'; declared views: .*user_sessions"):
         alias.resolve("nope")
 
 
@@ -437,7 +437,7 @@ def test_concurrent_promotes_leave_one_consistent_winner(alias: ServingAlias, re
 
 def test_spark_view_sql_targets_the_alias(alias: ServingAlias, reg: Registry, settings: Settings):
     default = ViewPaths(settings.lake_uri, VIEW, 1).table
-    assert spark_view_sql(VIEW) == f"CREATE OR REPLACE VIEW analytics.{VIEW} AS SELECT * FROM delta.`{default}`"
+    assert alias.spark_view_sql(VIEW) == f"CREATE OR REPLACE VIEW analytics.{VIEW} AS SELECT * FROM delta.`{default}`"
     ready(reg, 1)
     p2 = ready(reg, 2)
     alias.promote(VIEW, 2, by="cli:a")

@@ -34,6 +34,7 @@ from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated, expec
 from kappa.registry import Registry
 from kappa.replay import ReplayError, ReplayRequest, VersionBusy
 from tests.conftest import subprocess_env
+from tests.helpers import FakeRunner
 
 VIEW = "campaign_window_counts"
 T0 = 1_700_000_000_000
@@ -450,33 +451,6 @@ def test_oracle_drops_late_events_with_the_previous_batchs_watermark():
     partial = expected_window_counts_v2(OracleInput(events, campaigns, batches[:1]))
     assert partial == {("c", 60_000): (1, 0, 100_000, True), ("c", 120_000): (1, 0, 130_000, False),
                        ("c", 180_000): (0, 1, 200_000, False)}
-
-
-class FakeRunner:
-    """Records what the replay functions ask a runner to do (the real runners are exercised above)."""
-
-    def __init__(self, running: set[int]) -> None:
-        self.running = set(running)
-        self.calls: list[tuple[str, int]] = []
-
-    def start(self, spec: Any) -> Any:
-        from kappa.runners.base import JobStatus
-
-        self.calls.append(("start", spec.version))
-        self.running.add(spec.version)
-        return JobStatus(spec.ref, "running")
-
-    def stop(self, view: str, version: int) -> Any:
-        from kappa.runners.base import JobStatus
-
-        self.calls.append(("stop", version))
-        self.running.discard(version)
-        return JobStatus(f"{view}@v{version}", "stopped")
-
-    def status(self, view: str, version: int) -> Any:
-        from kappa.runners.base import JobStatus
-
-        return JobStatus(f"{view}@v{version}", "running" if version in self.running else "stopped")
 
 
 @pytest.mark.integration

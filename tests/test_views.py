@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from kappa import generator, oracle
-from kappa.job import ViewJob, ViewPaths
+from kappa.identity import ViewPaths
+from kappa.job import ViewJob
 from kappa.late import LATE_REASON
 from kappa.view import load_view
 from tests.helpers import committed_batches, delta_txns

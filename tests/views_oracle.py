@@ -6,7 +6,7 @@ from typing import Any
 
 from kappa import lineage, oracle, replay
 from kappa.config import Settings
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from kappa.oracle import OracleInput
 from tests.helpers import read_table
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from kappa.lookups import CAMPAIGN_OF_AD
 from kappa.parsing import AD_EVENTS
 from kappa.view import Finality, ViewDefinition, tumbling_window_end
 
@@ -47,7 +48,7 @@ VIEW = ViewDefinition(
     stream_topic="ad-events",
     stream_format=AD_EVENTS,
     transform=transform,
-    lookups={"campaigns": "campaigns"},
+    lookups={"campaigns": CAMPAIGN_OF_AD},
     output_mode="update",
     write="merge",
     keys=("campaign_id", "window_start"),

@@ -1,7 +1,7 @@
 """Replays: build a new view version from the retained log, check it, and switch readers to it atomically.
 
-This package is the one code path behind ``kappa replay`` / ``promote`` / ``rollback`` / ``verify`` (CLI) and the
-``kappa_replay`` / ``kappa_rollback`` DAGs: both only parse their inputs into a :class:`ReplayRequest` and call
+This package is the one code path behind ``kappa replay`` / ``promote`` / ``rollback`` / ``verify`` / ``retire``
+(CLI) and the ``kappa_replay`` / ``kappa_rollback`` / ``kappa_retire`` DAGs: both only parse their inputs into a :class:`ReplayRequest` and call
 these functions, so a replay behaves the same whoever triggers it. Every step is idempotent (a retried step
 changes nothing), and readers keep resolving the serving alias to the old, complete version until
 :func:`promote` switches it in one Delta commit.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 __all__ = ["DiffReport", "diff_report"]
 
@@ -84,52 +84,68 @@ def diff_report(spark: "SparkSession", *, view: str, version: int, table: str, d
                 serving_version: int, serving_table: str, keys: Sequence[str], out_dir: Path) -> DiffReport:
     """Compare ``table`` at ``delta_version`` with the serving version's table (latest) and write the report."""
     from delta.tables import DeltaTable
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from kappa.replay.recompute import diff_frame
+    from kappa.replay.recompute import match_keys
 
-    new = spark.read.format("delta").option("versionAsOf", delta_version).load(table)
-    old = spark.read.format("delta").load(serving_table)
+    # pinned: the serving job may commit while the report is computed
     serving_delta = int(DeltaTable.forPath(spark, serving_table).history(1).collect()[0]["version"])
+    new = spark.read.format("delta").option("versionAsOf", delta_version).load(table)
+    old = spark.read.format("delta").option("versionAsOf", serving_delta).load(serving_table)
     shared_keys = [k for k in keys if k in old.columns]
     compared = [c for c in new.columns if c in old.columns and c not in keys]
-    rows_new, rows_old = new.count(), old.count()
-    common = dict(view=view, version=version, serving_version=serving_version, delta_version=delta_version,
-                  serving_delta_version=serving_delta, keys=list(keys), compared=compared,
-                  only_new_columns=[c for c in new.columns if c not in old.columns],
-                  only_old_columns=[c for c in old.columns if c not in new.columns], rows_new=rows_new,
-                  rows_old=rows_old)
+    common: dict[str, Any] = dict(view=view, version=version, serving_version=serving_version,
+                                  delta_version=delta_version, serving_delta_version=serving_delta, keys=list(keys),
+                                  compared=compared, only_new_columns=[c for c in new.columns if c not in old.columns],
+                                  only_old_columns=[c for c in old.columns if c not in new.columns])
     stem = out_dir / f"diff-v{version}-vs-v{serving_version}"
     out_dir.mkdir(parents=True, exist_ok=True)
     if not keys or len(shared_keys) != len(keys):
-        report = DiffReport(**common, added=rows_new, removed=rows_old, changed=0, unchanged=0, bucket_by=None,
+        rows_new, rows_old = new.count(), old.count()
+        report = DiffReport(**common, rows_new=rows_new, rows_old=rows_old, added=rows_new, removed=rows_old,
+                            changed=0, unchanged=0, bucket_by=None,
                             examples={"note": ["the tables share no key: every row counts as added or removed"]},
                             json_path=f"{stem}.json")
         Path(report.json_path).write_text(json.dumps(report.to_dict(), indent=2, default=str))
         return report
-    diffs = diff_frame(new.dropDuplicates(list(keys)), old.dropDuplicates(list(keys)), keys=list(keys),
-                       values=compared).persist()
+    by = next((k for k in keys if _is_time(new.schema[k].dataType)), keys[0])
+    time_key = _is_time(new.schema[by].dataType)
+    joined = match_keys(new.dropDuplicates(list(keys)), old.dropDuplicates(list(keys)), keys=list(keys),
+                     values=compared).persist()
     try:
-        by = next((k for k in keys if _is_time(new.schema[k].dataType)), keys[0])
-        bucket_col, bucket = _bucket(diffs, by, new.schema[by].dataType)
-        per = (diffs.withColumn("_bucket", bucket).groupBy("_bucket", "_kind").count().orderBy("_bucket").collect())
-        counts = {kind: 0 for kind in _KINDS.values()}
+        differs = F.col("_kind").isNotNull()
+        # one job: the row counts, the differences per kind, and the span (or spread) of the bucket key
+        spread = ([F.min(F.when(differs, F.col(by))).alias("low"), F.max(F.when(differs, F.col(by))).alias("high")]
+                  if time_key else [F.approx_count_distinct(F.when(differs, F.col(by))).alias("distinct")])
+        totals = joined.agg(F.count("_in_e").alias("rows_new"), F.count("_in_t").alias("rows_old"),
+                            *[F.count(F.when(F.col("_kind") == kind, True)).alias(label)
+                              for kind, label in _KINDS.items()], *spread).collect()[0]
+        counts = {label: int(totals[label]) for label in _KINDS.values()}
+        bucket_col, bucket = _bucket(by, time_key, totals)
         buckets: dict[str, dict[str, Any]] = {}
-        for r in per:
-            name = _text(r["_bucket"])
-            slot = buckets.setdefault(name, {"bucket": name, "added": 0, "removed": 0, "changed": 0})
-            slot[_KINDS[r["_kind"]]] += r["count"]
-            counts[_KINDS[r["_kind"]]] += r["count"]
         examples: dict[str, list[str]] = {}
-        for kind, label in _KINDS.items():
-            rows = diffs.where(F.col("_kind") == kind).orderBy(*keys).limit(5).collect()
-            examples[label] = [_example(r, keys, compared, kind) for r in rows]
+        if any(counts.values()):
+            diffs = joined.where(differs)
+            for r in (diffs.withColumn("_bucket", bucket).groupBy("_bucket", "_kind").count()
+                      .orderBy("_bucket").collect()):
+                name = _text(r["_bucket"])
+                slot = buckets.setdefault(name, {"bucket": name, "added": 0, "removed": 0, "changed": 0})
+                slot[_KINDS[r["_kind"]]] += r["count"]
+            first = (diffs.withColumn("_rn", F.row_number().over(Window.partitionBy("_kind").orderBy(*keys)))
+                     .where(F.col("_rn") <= 5).orderBy(*keys).collect())
+            for kind, label in _KINDS.items():
+                found = [_example(r, keys, compared, kind) for r in first if r["_kind"] == kind]
+                if found:
+                    examples[label] = found
     finally:
-        diffs.unpersist()
+        joined.unpersist()
+    rows_new, rows_old = int(totals["rows_new"]), int(totals["rows_old"])
     unchanged = rows_new - counts["added"] - counts["changed"]
-    report = DiffReport(**common, added=counts["added"], removed=counts["removed"], changed=counts["changed"],
-                        unchanged=max(0, unchanged), bucket_by=bucket_col, buckets=list(buckets.values()),
-                        examples={k: v for k, v in examples.items() if v}, json_path=f"{stem}.json",
+    report = DiffReport(**common, rows_new=rows_new, rows_old=rows_old, added=counts["added"],
+                        removed=counts["removed"], changed=counts["changed"], unchanged=max(0, unchanged),
+                        bucket_by=bucket_col, buckets=list(buckets.values()), examples=examples,
+                        json_path=f"{stem}.json",
                         png_path=_plot(list(buckets.values()), f"{stem}.png", view, version, serving_version,
                                        bucket_col))
     Path(report.json_path).write_text(json.dumps(report.to_dict(), indent=2, default=str))
@@ -142,18 +158,17 @@ def _is_time(dtype: Any) -> bool:
     return isinstance(dtype, (TimestampType, TimestampNTZType, DateType))
 
 
-def _bucket(diffs: "DataFrame", column: str, dtype: Any) -> tuple[str, Any]:
-    """(description, Column) of the breakdown: a time key truncated to a unit giving <= ~48 buckets, else the
-    key's value (few distinct) or its first character."""
+def _bucket(column: str, time_key: bool, totals: Any) -> tuple[str, Any]:
+    """(description, Column) of the breakdown: a time key truncated to a unit giving <= ~48 buckets over the span
+    of the differences, else the key's value (few distinct) or its first character."""
     from pyspark.sql import functions as F
 
-    if _is_time(dtype):
-        low, high = diffs.agg(F.min(column), F.max(column)).collect()[0]
+    if time_key:
+        low, high = totals["low"], totals["high"]
         span = (high - low).total_seconds() if low is not None and high is not None else 0
         unit = next((u for u, seconds in _UNITS if span / seconds <= MAX_BUCKETS), "year")
         return f"{column} per {unit}", F.date_trunc(unit, F.col(column)).cast("string")
-    distinct = diffs.select(column).distinct().limit(MAX_BUCKETS + 1).count()
-    if distinct <= MAX_BUCKETS:
+    if totals["distinct"] <= MAX_BUCKETS:
         return column, F.col(column).cast("string")
     return f"{column} by first character", F.substring(F.col(column).cast("string"), 1, 1)
 

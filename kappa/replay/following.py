@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.checkpoint import offsets_of, run_progress
 from kappa.errors import one_line
+from kappa.identity import view_ref
 from kappa.registry import RegistryError
 from kappa.replay.planning import _human_seconds
 from kappa.replay.request import DEFAULT_MAX_LAG, ReplayError, offsets_from_json, spark_offsets
@@ -72,7 +73,7 @@ class Progress:
     @property
     def ref(self) -> str:
         """``<view>@v<N>``."""
-        return f"{self.view}@v{self.version}"
+        return view_ref(self.view, self.version)
 
     @property
     def eta_text(self) -> str:

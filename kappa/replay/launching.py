@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Mapping
 
 from kappa.errors import one_line
+from kappa.identity import app_id
 from kappa.registry import RegistryError, VersionRecord
 from kappa.replay.planning import Preflight
 from kappa.replay.request import ReplayError, ReplayRequest, spark_offsets
@@ -50,7 +51,7 @@ def adopt_serving(view: str, settings: Settings, *, by: str, exclude: int | None
     start_offsets = info.get("start_offsets")
     rec = registry.register(
         view, default, code_module=vv.module, table_path=vv.paths.table,
-        app_id=vv.app_id() or f"kappa:{vv.ref}:pending", starting=str(starting), triggered_by=by,
+        app_id=vv.app_id() or app_id(vv.name, vv.version, "pending"), starting=str(starting), triggered_by=by,
         start_offsets=spark_offsets(vv.topic, {int(p): int(o) for p, o in start_offsets.items()})
         if start_offsets else None)
     note = "adopted: served as default_version before the registry tracked it (not re-verified)"
@@ -85,7 +86,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
         run_id = vv.ensure_run_id(existing)
         rec = registry.register(
             req.view, req.version, code_module=vv.module, table_path=vv.paths.table,
-            app_id=f"kappa:{req.ref}:{run_id}", starting=pre.starting, triggered_by=req.triggered_by,
+            app_id=app_id(req.view, req.version, run_id), starting=pre.starting, triggered_by=req.triggered_by,
             start_offsets=pre.starting)
         if rec.state == "retired":
             raise ReplayError(f"{req.ref} is retired; use `kappa rollback {req.view} --to {req.version}`")

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.errors import one_line
-from kappa.job import ViewPaths
+from kappa.identity import ViewPaths
 from kappa.registry import Registry, code_hash
 from kappa.replay.request import (ReplayError, ReplayRequest, VersionBusy, offsets_from_json, parse_offsets,
                                   spark_offsets)

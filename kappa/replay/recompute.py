@@ -17,11 +17,12 @@ What the stream was allowed to see is reproduced from the lineage every Delta co
     Kafka [start, end) ─ decode ─> valid records, each tagged with the recorded micro-batch it belonged to
       │                           (the invalid ones are compared with the quarantine: none lost or doubled)
       ▼
-    one parquet folder per recorded micro-batch (local scratch)
-      │ handed one batch at a time to a fresh streaming query: file source -> the view's transform.
-      │ Stateful views: the transform runs in the streaming plan, so Spark keeps state, evicts it and drops
-      │ late rows exactly as it did - same cuts, same watermarks (also the no-data batches, by not handing the
-      │ next batch over before the engine ran them). Stateless views: per batch, joined with that batch's lookups.
+    one parquet folder per recorded micro-batch (local scratch; one Kafka read, one Spark job, no Python UDF)
+      │ Stateful views: handed one batch at a time to a fresh streaming query (file source -> the view's
+      │ transform in the streaming plan), so Spark keeps state, evicts it and drops late rows exactly as it did -
+      │ same cuts, same watermarks (also the no-data batches, by not handing the next batch over before the
+      │ engine ran them). Stateless views: batch jobs, each batch joined with the lookups it joined - the batches
+      │ that joined the same lookup contents in one job when the write is an append (cuts cannot matter there).
       ▼
     every batch's output, tagged with its batch -> the view's write semantics in one batch job
       (append: all rows; merge: the last batch's row per key; upsert_delete: latest per key, tombstones
@@ -42,7 +43,6 @@ jsonschema), and anything outside the verified Delta version.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import shutil
@@ -52,9 +52,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from kappa.errors import one_line
+from kappa.errors import KappaError, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, Row, SparkSession
@@ -63,18 +63,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.oracle import BatchBoundary
     from kappa.view import ViewDefinition
 
-__all__ = ["Check", "RecomputeError", "compare", "diff_frame", "recompute", "spark_session"]
+__all__ = ["BATCH", "Check", "RecomputeError", "Step", "apply_writes", "compare", "empty_parquet", "match_keys",
+           "recompute", "rerun_stateful", "rerun_stateless", "spark_session", "stage_batches", "without_dropped"]
 
 log = logging.getLogger("kappa.replay.recompute")
 
 #: Column tagging a recomputed row with the recorded micro-batch (position) that produced it.
 BATCH = "_kappa_batch"
+#: ``_kappa_batch`` of the staged invalid records (compared with the quarantine, never re-run).
+INVALID = -1
 #: How long the re-run may stay idle where the original ran a no-data batch before that batch is skipped.
 NO_DATA_WAIT_SECONDS = 5.0
 _EXAMPLES = 5
 
 
-class RecomputeError(ValueError):
+class RecomputeError(KappaError, ValueError):
     """The recorded run cannot be recomputed exactly (the message says why, in one line)."""
 
 
@@ -118,7 +121,7 @@ class Check:
 
 # ------------------------------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
-class _Batch:
+class Step:
     """A recorded micro-batch: its position (= batch id), whether it read records, the lookups it joined."""
 
     pos: int
@@ -126,7 +129,7 @@ class _Batch:
     lookups: Mapping[str, Mapping[int, int]]
 
 
-def _plan(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> tuple[list[_Batch], dict[int, list[int]]]:
+def _plan(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> tuple[list[Step], dict[int, list[int]]]:
     """The recorded batches as steps of the re-run, and per partition the end offset after each batch."""
     ids = [b.batch_id for b in batches]
     if ids != list(range(len(ids))):
@@ -139,7 +142,7 @@ def _plan(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> tuple
     previous = {p: int(start.get(p, 0)) for p in partitions}
     for b in batches:
         current = {p: max(previous[p], int(b.end_offsets.get(p, previous[p]))) for p in partitions}
-        steps.append(_Batch(pos=b.batch_id, data=any(current[p] > previous[p] for p in partitions) or b.batch_id == 0,
+        steps.append(Step(pos=b.batch_id, data=any(current[p] > previous[p] for p in partitions) or b.batch_id == 0,
                             lookups=b.lookups))
         for p in partitions:
             ends[p].append(current[p])
@@ -167,10 +170,10 @@ class _Feeder:
     the original ran one there - then nothing is handed over and the engine runs its own no-data batch.
     """
 
-    def __init__(self, *, view: "ViewDefinition", steps: list[_Batch], staged: Path, feed: Path, out: Path,
-                 empty: Path, lookups_for: Any) -> None:
+    def __init__(self, *, view: "ViewDefinition", steps: list[Step], staged: Path, feed: Path, out: Path,
+                 empty: Callable[[], Path], no_data_wait: float = NO_DATA_WAIT_SECONDS) -> None:
         self.view, self.steps, self.staged, self.feed, self.out, self.empty = view, steps, staged, feed, out, empty
-        self.lookups_for = lookups_for
+        self.no_data_wait = no_data_wait
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.cursor = 0  # the next recorded batch to reproduce
@@ -197,7 +200,7 @@ class _Feeder:
         folder = self.staged / f"{BATCH}={step.pos}"
         files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
         if not files:  # a batch that read records none of which was valid: still a batch, with no rows
-            shutil.copyfile(self.empty, self.feed / f".{step.pos:09d}.tmp")
+            shutil.copyfile(self.empty(), self.feed / f".{step.pos:09d}.tmp")
             os.replace(self.feed / f".{step.pos:09d}.tmp", self.feed / f"{step.pos:09d}-empty.parquet")
         for i, f in enumerate(files):
             os.replace(f, self.feed / f"{step.pos:09d}-{i}.parquet")
@@ -207,7 +210,7 @@ class _Feeder:
         """Skip the recorded no-data batch at ``cursor`` when the re-run has been idle there for a while."""
         with self.lock:
             if (self.done.is_set() or self.expect_data or self.cursor >= len(self.steps)
-                    or time.monotonic() - self.changed < NO_DATA_WAIT_SECONDS):
+                    or time.monotonic() - self.changed < self.no_data_wait):
                 return False
             self.skipped.append(self.steps[self.cursor].pos)
             self.cursor += 1
@@ -223,11 +226,8 @@ class _Feeder:
                     return  # a trailing no-data batch after the last recorded one
                 # the batch of the files handed over, or the no-data batch the original ran at this point
                 pos = self.steps[self.cursor].pos
-                output = frame if self.view.stateful else self.view.transform(frame, **self.lookups_for(pos))
-                for rule in self.view.expectations:  # the rows a drop rule kept out of the table
-                    if rule.on_violation == "drop":
-                        output = output.where(~rule.violated())
-                output.withColumn(BATCH, F.lit(pos)).write.mode("append").parquet(str(self.out))
+                without_dropped(self.view, frame).withColumn(BATCH, F.lit(pos)).write.mode("append").parquet(
+                    str(self.out))
                 self.batches_run += 1
                 self.cursor += 1
                 self._hand_over()
@@ -314,13 +314,13 @@ def _session(settings: "Settings", spark: "SparkSession | None") -> tuple["Spark
 
 
 def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Settings", *, table_path: str,
-               delta_version: int, steps: list[_Batch], ends: dict[int, list[int]], start: Mapping[int, int],
+               delta_version: int, steps: list[Step], ends: dict[int, list[int]], start: Mapping[int, int],
                end_timestamp_ms: int | None, quarantine_path: str | None, scratch: Path, timeout: float,
                t0: float) -> Check:
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType
+    from pyspark.sql.types import IntegerType, StructField, StructType
 
-    from kappa.parsing import invalid_rows, valid_rows
+    from kappa.parsing import valid_rows
 
     topic = settings.topic(view.stream_topic)
     end = {p: e[-1] for p, e in ends.items() if e}
@@ -328,35 +328,68 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     if end_timestamp_ms is not None:  # what a bounded run's job filters right after decoding
         decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(int(end_timestamp_ms))))
 
-    def position(partition: int, offset: int) -> int:
-        return bisect.bisect_right(ends[partition], offset)
-
     phases: dict[str, float] = {}
     mark = time.monotonic()
     staged, feed, out = scratch / "batches", scratch / "feed", scratch / "out"
     feed.mkdir()
-    valid = valid_rows(decoded).withColumn(BATCH, F.udf(position, IntegerType())("partition", "offset"))
-    valid.repartition(BATCH).write.partitionBy(BATCH).parquet(str(staged))
-    schema = valid.drop(BATCH).schema
-    empty = scratch / "empty"
-    spark.createDataFrame([], schema).coalesce(1).write.parquet(str(empty))
-    empty_file = next(iter(sorted(empty.glob("*.parquet"))))
+    schema = valid_rows(decoded).schema
+    stage_batches(spark, decoded, steps, ends, start, staged)
     phases["read_and_stage"], mark = round(time.monotonic() - mark, 1), time.monotonic()
 
     lookups_for = _Lookups(spark, settings, view, steps)
-    feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty_file,
-                     lookups_for=lookups_for)
-    stream = spark.readStream.schema(schema).parquet(str(feed))
-    if view.stateful:
-        transformed = view.transform(stream, **lookups_for.single())
-        out_schema = transformed.schema
-        writer = transformed.writeStream.outputMode(view.output_mode)
-    else:
-        out_schema = view.transform(spark.createDataFrame([], schema), **lookups_for(steps[0].pos)).schema
-        writer = stream.writeStream
+    try:
+        if view.stateful:
+            out_schema, batches_run, skipped = rerun_stateful(
+                spark, view, steps, staged=staged, feed=feed, out=out, schema=schema, lookups_for=lookups_for,
+                empty=lambda: empty_parquet(spark, schema, scratch / "empty"), checkpoint=scratch / "checkpoint",
+                timeout=timeout)
+        else:
+            out_schema, batches_run, skipped = rerun_stateless(spark, view, steps, staged=staged, out=out,
+                                                               schema=schema, lookups_for=lookups_for)
+    finally:
+        lookups_for.close()
+
+    phases["rerun"], mark = round(time.monotonic() - mark, 1), time.monotonic()
+    outputs = spark.read.schema(StructType([*out_schema.fields, StructField(BATCH, IntegerType())])).parquet(str(out))
+    expected = apply_writes(view, outputs)
+    table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
+    check = compare(expected, table, keys=view.keys, name="recompute")
+    details: dict[str, Any] = {"batches": len(steps), "batches_run": batches_run,
+                               "no_data_batches_skipped": skipped}
+    quarantine = None
+    if quarantine_path is not None:
+        invalid = (spark.read.schema(StructType([*schema.fields, StructField(BATCH, IntegerType())]))
+                   .parquet(str(staged)).where(F.col(BATCH) == INVALID))
+        quarantine = _quarantine_check(spark, view, quarantine_path, invalid, last_batch=steps[-1].pos)
+        details.update(quarantine)
+    phases["compare"] = round(time.monotonic() - mark, 1)
+    details["phases_seconds"] = phases
+    details["seconds"] = round(time.monotonic() - t0, 1)
+    log.info("recompute of %s: %s batches (%s re-run, %s recorded no-data batches skipped), phases %s", view.ref,
+             len(steps), batches_run, len(skipped), phases)
+    passed = check.passed and (quarantine is None or quarantine["quarantine_passed"])
+    message = check.message
+    if quarantine is not None and not quarantine["quarantine_passed"]:
+        message = (f"{message}; quarantine: {quarantine['quarantine_missing']} invalid records missing, "
+                   f"{quarantine['quarantine_extra']} extra or doubled (e.g. {quarantine['quarantine_example']})")
+    return Check(name="recompute", passed=passed, rows=check.rows, expected_rows=check.expected_rows,
+                 missing=check.missing, extra=check.extra, different=check.different, duplicates=check.duplicates,
+                 first_difference=check.first_difference, examples=check.examples, details=details,
+                 message=f"{message} ({len(steps)} micro-batches re-run in {details['seconds']:.0f} s)")
+
+
+def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path, feed: Path,
+                    out: Path, schema: Any, lookups_for: Any, empty: Callable[[], Path], checkpoint: Path,
+                    timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS) -> tuple[Any, int, list[int]]:
+    """Re-run a stateful transform in a fresh streaming query fed one recorded batch at a time (:class:`_Feeder`).
+    Returns the output schema, the batches run and the recorded no-data batches skipped."""
+    feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty,
+                     no_data_wait=no_data_wait)
+    transformed = view.transform(spark.readStream.schema(schema).parquet(str(feed)), **lookups_for.single())
     feeder.start()
-    query = (writer.queryName(f"kappa-recompute-{view.name}-v{view.version}").foreachBatch(feeder.on_batch)
-             .option("checkpointLocation", str(scratch / "checkpoint")).trigger(processingTime="0 seconds").start())
+    query = (transformed.writeStream.outputMode(view.output_mode)
+             .queryName(f"kappa-recompute-{view.name}-v{view.version}").foreachBatch(feeder.on_batch)
+             .option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds").start())
     deadline = time.monotonic() + timeout
     try:
         while not feeder.done.wait(0.5):
@@ -369,38 +402,48 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
                 feeder.skip_no_data()
     finally:
         query.stop()
-        lookups_for.close()
     failure = feeder.error or (one_line(query.exception()) if query.exception() is not None else None)
     if failure:
         raise RecomputeError(f"the re-run of the transform failed: {failure}")
     if not feeder.done.is_set():
         raise RecomputeError(f"the re-run stopped after {feeder.batches_run} of {len(steps)} batches")
+    return transformed.schema, feeder.batches_run, feeder.skipped
 
-    phases["rerun"], mark = round(time.monotonic() - mark, 1), time.monotonic()
-    outputs = spark.read.schema(out_schema.add(BATCH, IntegerType())).parquet(str(out))
-    expected = _apply_writes(view, outputs)
-    table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
-    check = compare(expected, table, keys=view.keys, name="recompute")
-    details: dict[str, Any] = {"batches": len(steps), "batches_run": feeder.batches_run,
-                               "no_data_batches_skipped": feeder.skipped}
-    quarantine = None
-    if quarantine_path is not None:
-        quarantine = _quarantine_check(spark, view, quarantine_path, invalid_rows(decoded),
-                                       last_batch=steps[-1].pos)
-        details.update(quarantine)
-    phases["compare"] = round(time.monotonic() - mark, 1)
-    details["phases_seconds"] = phases
-    details["seconds"] = round(time.monotonic() - t0, 1)
-    log.info("recompute of %s: %s batches, phases %s", view.ref, len(steps), phases)
-    passed = check.passed and (quarantine is None or quarantine["quarantine_passed"])
-    message = check.message
-    if quarantine is not None and not quarantine["quarantine_passed"]:
-        message = (f"{message}; quarantine: {quarantine['quarantine_missing']} invalid records missing, "
-                   f"{quarantine['quarantine_extra']} extra or doubled (e.g. {quarantine['quarantine_example']})")
-    return Check(name="recompute", passed=passed, rows=check.rows, expected_rows=check.expected_rows,
-                 missing=check.missing, extra=check.extra, different=check.different, duplicates=check.duplicates,
-                 first_difference=check.first_difference, examples=check.examples, details=details,
-                 message=f"{message} ({len(steps)} micro-batches re-run in {details['seconds']:.0f} s)")
+
+def rerun_stateless(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path,
+                     out: Path, schema: Any, lookups_for: Any, per_batch: bool = False) -> tuple[Any, int, list[int]]:
+    """Re-run a stateless transform with batch jobs: a row's output depends only on the row and the lookups its
+    batch joined, so the recorded batches that joined the same lookup contents run as one job - unless the write
+    semantics need each row's batch (merge / upsert_delete: the last batch wins) or ``per_batch``, then one job
+    per batch."""
+    from pyspark.sql import functions as F
+
+    data = [s.pos for s in steps if s.data]
+    groups: list[list[int]] = []
+    together = view.write == "append" and not per_batch
+    for pos in data:
+        if groups and together and lookups_for.key(pos) == lookups_for.key(groups[-1][-1]):
+            groups[-1].append(pos)
+        else:
+            groups.append([pos])
+    out_schema = None
+    for group in groups:
+        folders = [str(staged / f"{BATCH}={p}") for p in group if (staged / f"{BATCH}={p}").is_dir()]
+        rows = spark.read.schema(schema).parquet(*folders) if folders else spark.createDataFrame([], schema)
+        output = without_dropped(view, view.transform(rows, **lookups_for(group[-1])))
+        out_schema = output.schema
+        output.withColumn(BATCH, F.lit(group[-1])).write.mode("append").parquet(str(out))
+    if out_schema is None:
+        raise RecomputeError("the run read no batch with records")
+    return out_schema, len(data), []
+
+
+def without_dropped(view: "ViewDefinition", output: "DataFrame") -> "DataFrame":
+    """The output rows a ``drop`` expectation kept out of the table removed."""
+    for rule in view.expectations:
+        if rule.on_violation == "drop":
+            output = output.where(~rule.violated())
+    return output
 
 
 def _read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefinition", topic: str,
@@ -421,11 +464,45 @@ def _read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefiniti
     return decode(raw, view.stream_format)
 
 
+def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: list[Step], ends: Mapping[int, list[int]],
+                  start: Mapping[int, int], staged: Path) -> None:
+    """Write every record of the range once, in one Spark job, as parquet under ``staged/_kappa_batch=<pos>``:
+    the valid ones in the folder of the recorded micro-batch that read them, the invalid ones (kept for the
+    quarantine check) under ``_kappa_batch=-1``. The batch is found by a broadcast join with the batches'
+    offset ranges (JVM only, no Python worker)."""
+    from pyspark.sql import functions as F
+
+    from kappa.parsing import BARRIER, INTERNAL_COLUMNS
+
+    ranges = []
+    for partition, after in ends.items():
+        low = int(start.get(partition, 0))
+        for step, high in zip(steps, after):
+            if high > low:
+                ranges.append((int(partition), step.pos, low, high))
+            low = max(low, high)
+    spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG")
+    tagged = decoded.join(F.broadcast(spans), (F.col("partition") == F.col("r_partition"))
+                          & (F.col("offset") >= F.col("r_low")) & (F.col("offset") < F.col("r_high")), "left")
+    # the barrier keeps from_json evaluated once per record (see kappa.parsing._split)
+    valid = F.col("_error").isNull() & (F.col(BARRIER) >= F.lit(0.0))
+    keep = [c for c in decoded.columns if c not in INTERNAL_COLUMNS]
+    (tagged.select(*keep, F.when(valid, F.col("r_pos")).otherwise(F.lit(INVALID)).alias(BATCH))
+     .write.partitionBy(BATCH).parquet(str(staged)))
+
+
+def empty_parquet(spark: "SparkSession", schema: Any, folder: Path) -> Path:
+    """A parquet file with ``schema`` and no row (handed over for a batch whose records were all invalid)."""
+    if not folder.is_dir():
+        spark.createDataFrame([], schema).coalesce(1).write.parquet(str(folder))
+    return next(iter(sorted(folder.glob("*.parquet"))))
+
+
 class _Lookups:
     """The lookups each recorded batch joined, read at the offsets its lineage names (cached per offsets)."""
 
     def __init__(self, spark: "SparkSession", settings: "Settings", view: "ViewDefinition",
-                 steps: list[_Batch]) -> None:
+                 steps: list[Step]) -> None:
         self.spark, self.settings, self.view, self.steps = spark, settings, view, steps
         self._frames: dict[tuple, "DataFrame"] = {}
 
@@ -448,6 +525,10 @@ class _Lookups:
 
     def __call__(self, pos: int) -> dict[str, "DataFrame"]:
         return {name: self.frame(name, self._ends(name, pos)) for name in self.view.lookups}
+
+    def key(self, pos: int) -> tuple:
+        """What batch ``pos`` joined: the same key, the same lookup contents (the offsets each lookup was read at)."""
+        return tuple((name, tuple(sorted((self._ends(name, pos) or {}).items()))) for name in sorted(self.view.lookups))
 
     def single(self) -> dict[str, "DataFrame"]:
         """One version per lookup for a stateful view (its join is part of the streaming plan)."""
@@ -478,7 +559,7 @@ class _Lookups:
         self._frames.clear()
 
 
-def _apply_writes(view: "ViewDefinition", outputs: "DataFrame") -> "DataFrame":
+def apply_writes(view: "ViewDefinition", outputs: "DataFrame") -> "DataFrame":
     """What the view's write semantics leave in the table after every batch's output, in batch order."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -519,17 +600,22 @@ def _quarantine_check(spark: "SparkSession", view: "ViewDefinition", path: str, 
                   .select("partition", "offset"))
     else:
         actual = expected.limit(0)
-    missing = expected.exceptAll(actual).orderBy("partition", "offset")
-    extra = actual.exceptAll(expected).orderBy("partition", "offset")
-    n_missing, n_extra = missing.count(), extra.count()
+    # one job: how often each record is expected (once) and quarantined
+    both = (expected.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("_e"))
+            .join(actual.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("_a")),
+                  ["partition", "offset"], "full_outer")
+            .select("partition", "offset", F.coalesce("_e", F.lit(0)).alias("_e"),
+                    F.coalesce("_a", F.lit(0)).alias("_a")))
+    totals = both.agg(F.sum("_e").alias("expected"),
+                      F.sum(F.greatest(F.col("_e") - F.col("_a"), F.lit(0))).alias("missing"),
+                      F.sum(F.greatest(F.col("_a") - F.col("_e"), F.lit(0))).alias("extra")).collect()[0]
+    n_expected, n_missing, n_extra = (int(totals[c] or 0) for c in ("expected", "missing", "extra"))
     example = None
-    if n_missing:
-        r = missing.first()
-        example = f"partition {r['partition']} offset {r['offset']} is not in the quarantine"
-    elif n_extra:
-        r = extra.first()
-        example = f"partition {r['partition']} offset {r['offset']} is quarantined once too often"
-    return {"quarantine_expected": expected.count(), "quarantine_missing": n_missing, "quarantine_extra": n_extra,
+    if n_missing or n_extra:
+        r = both.where(F.col("_e") != F.col("_a")).orderBy("partition", "offset").first()
+        example = (f"partition {r['partition']} offset {r['offset']} is not in the quarantine" if r["_e"] > r["_a"]
+                   else f"partition {r['partition']} offset {r['offset']} is quarantined once too often")
+    return {"quarantine_expected": n_expected, "quarantine_missing": n_missing, "quarantine_extra": n_extra,
             "quarantine_passed": not (n_missing or n_extra), "quarantine_example": example}
 
 
@@ -546,38 +632,36 @@ def compare(expected: "DataFrame", table: "DataFrame", *, keys: Sequence[str], n
     """Compare the expected rows with the table's over the table's columns.
 
     With ``keys``: rows are matched by key (null-safe); missing, extra, different and duplicated keys are counted
-    and the first differing key in key order is named with the columns that differ. Without keys the two are
-    compared as multisets of whole rows.
+    (one Spark job when they are equal, a second one for the examples when not) and the first differing key in
+    key order is named with the columns that differ. Without keys the two are compared as multisets of rows.
     """
+    from pyspark.sql import functions as F
+
     columns = table.columns
     absent = [c for c in columns if c not in expected.columns]
     if absent:
         return Check(name=name, passed=False, rows=table.count(),
                      message=f"{name}: the transform's output has no column(s) {', '.join(absent)} the table has")
-    expected = expected.select(*columns).persist()
-    table = table.persist()
-    try:
-        n_table, n_expected = table.count(), expected.count()
-        if not keys:
-            return _compare_rows(expected, table, columns, name, n_table, n_expected)
-        keys = list(keys)
-        values = [c for c in columns if c not in keys]
-        dups = table.groupBy(*keys).count().where("count > 1")
-        n_dups = dups.count()
-        diffs = diff_frame(expected, table.dropDuplicates(keys), keys=keys, values=values).persist()
-        try:
-            counts = {r["_kind"]: r["count"] for r in diffs.groupBy("_kind").count().collect()}
-            first = diffs.orderBy(*keys).limit(_EXAMPLES).collect()
-        finally:
-            diffs.unpersist()
-        dup_rows = dups.orderBy(*keys).limit(_EXAMPLES).collect() if n_dups else []
-    finally:
-        expected.unpersist()
-        table.unpersist()
-    found = [(_sort_key(tuple(r[k] for k in keys)), _describe(r, keys, values, name)) for r in first]
-    found += [(_sort_key(tuple(r[k] for k in keys)), f"{_key_text(r, keys)}: {r['count']} rows in the table")
-              for r in dup_rows]
-    examples = [text for _key, text in sorted(found, key=lambda x: x[0])]
+    expected = expected.select(*columns)
+    if not keys:
+        return _compare_rows(expected, table, columns, name)
+    keys = list(keys)
+    values = [c for c in columns if c not in keys]
+    # the table once per key, with how many rows it holds for it
+    per_key = table.groupBy(*keys).agg(F.count(F.lit(1)).alias("_n"), *[F.first(c).alias(c) for c in values])
+    joined = match_keys(expected, per_key, keys=keys, values=values, carry=("_n",))
+    duplicated = F.col("_n") > 1
+    totals = joined.agg(
+        F.coalesce(F.sum("_n"), F.lit(0)).alias("rows"), F.count("_in_e").alias("expected_rows"),
+        *[F.count(F.when(F.col("_kind") == kind, True)).alias(kind) for kind in ("missing", "extra", "different")],
+        F.count(F.when(duplicated, True)).alias("duplicates")).collect()[0]
+    counts = {kind: int(totals[kind]) for kind in ("missing", "extra", "different") if totals[kind]}
+    n_table, n_expected, n_dups = int(totals["rows"]), int(totals["expected_rows"]), int(totals["duplicates"])
+    first = [] if not counts and not n_dups else (
+        joined.where(F.col("_kind").isNotNull() | duplicated).orderBy(*keys).limit(_EXAMPLES).collect())
+    examples = [f"{_key_text(r, keys)}: {r['_n']} rows in the table" if (r["_n"] or 0) > 1 and r["_kind"] is None
+                else _describe(r, keys, values, name) + (f" ({r['_n']} rows in the table)" if (r["_n"] or 0) > 1
+                                                         else "") for r in first]
     passed = not counts and not n_dups
     first_difference = examples[0] if examples else None
     if passed:
@@ -592,27 +676,29 @@ def compare(expected: "DataFrame", table: "DataFrame", *, keys: Sequence[str], n
                  examples=tuple(examples[:_EXAMPLES]), message=message)
 
 
-def diff_frame(left: "DataFrame", right: "DataFrame", *, keys: Sequence[str], values: Sequence[str]) -> "DataFrame":
-    """The keys of ``left`` and ``right`` (each unique per key) that differ, matched null-safe: the key columns,
-    ``_kind`` (``missing``: only in ``left``; ``extra``: only in ``right``; ``different``: a value of ``values``
-    differs) and each value as ``e_<column>`` (left) and ``t_<column>`` (right)."""
+def match_keys(left: "DataFrame", right: "DataFrame", *, keys: Sequence[str], values: Sequence[str],
+            carry: Sequence[str] = ()) -> "DataFrame":
+    """Every key of ``left`` and ``right`` (each unique per key), matched null-safe by a full outer join: the key
+    columns, each value as ``e_<column>`` (left) and ``t_<column>`` (right), ``_in_e`` / ``_in_t`` (true where
+    that side has the key), the ``carry`` columns of ``right`` unchanged, and ``_kind``: ``missing`` (only in
+    ``left``), ``extra`` (only in ``right``), ``different`` (a value of ``values`` differs) or null (equal)."""
     from pyspark.sql import functions as F
 
     e = left.select(*keys, *[F.col(c).alias(f"e_{c}") for c in values], F.lit(True).alias("_in_e"))
-    t = right.select(*keys, *[F.col(c).alias(f"t_{c}") for c in values], F.lit(True).alias("_in_t"))
+    t = right.select(*keys, *[F.col(c).alias(f"t_{c}") for c in values], *carry, F.lit(True).alias("_in_t"))
     cond = None
     for k in keys:
         c = e[k].eqNullSafe(t[k])
         cond = c if cond is None else cond & c
     joined = e.join(t, cond, "full_outer").select(
         *[F.coalesce(e[k], t[k]).alias(k) for k in keys], "_in_e", "_in_t",
-        *[f"e_{c}" for c in values], *[f"t_{c}" for c in values])
+        *[f"e_{c}" for c in values], *[f"t_{c}" for c in values], *carry)
     same = F.lit(True)
     for c in values:
         same = same & F.col(f"e_{c}").eqNullSafe(F.col(f"t_{c}"))
     kind = (F.when(F.col("_in_t").isNull(), F.lit("missing")).when(F.col("_in_e").isNull(), F.lit("extra"))
             .when(~same, F.lit("different")))
-    return joined.withColumn("_kind", kind).where(F.col("_kind").isNotNull())
+    return joined.withColumn("_kind", kind)
 
 
 def _sort_key(values: tuple) -> tuple:
@@ -630,18 +716,29 @@ def _describe(row: "Row", keys: Sequence[str], values: Sequence[str], name: str)
     return f"{key}: " + ", ".join(f"{c} table={_fmt(row[f't_{c}'])} {name}={_fmt(row[f'e_{c}'])}" for c in changed)
 
 
-def _compare_rows(expected: "DataFrame", table: "DataFrame", columns: list[str], name: str, n_table: int,
-                  n_expected: int) -> Check:
-    """Multiset comparison of whole rows (a view without keys)."""
-    missing = expected.exceptAll(table).orderBy(*columns)
-    extra = table.exceptAll(expected).orderBy(*columns)
-    n_missing, n_extra = missing.count(), extra.count()
-    examples = [f"row missing from the table: {_key_text(r, columns)}" for r in missing.limit(3).collect()]
-    examples += [f"row in the table only (or once too often): {_key_text(r, columns)}"
-                 for r in extra.limit(3).collect()]
+def _compare_rows(expected: "DataFrame", table: "DataFrame", columns: list[str], name: str) -> Check:
+    """Multiset comparison of whole rows (a view without keys): how often each distinct row occurs on each side
+    (grouping matches nulls), in one Spark job when they are equal."""
+    from pyspark.sql import functions as F
+
+    side = F.col("_side")
+    both = (expected.withColumn("_side", F.lit(1)).unionByName(table.withColumn("_side", F.lit(-1)))
+            .groupBy(*columns).agg(F.count(F.when(side == 1, True)).alias("_e"),
+                                   F.count(F.when(side == -1, True)).alias("_t")))
+    totals = both.agg(F.coalesce(F.sum("_e"), F.lit(0)).alias("expected"),
+                      F.coalesce(F.sum("_t"), F.lit(0)).alias("rows"),
+                      F.coalesce(F.sum(F.greatest(F.col("_e") - F.col("_t"), F.lit(0))), F.lit(0)).alias("missing"),
+                      F.coalesce(F.sum(F.greatest(F.col("_t") - F.col("_e"), F.lit(0))), F.lit(0)).alias("extra")
+                      ).collect()[0]
+    n_table, n_expected = int(totals["rows"]), int(totals["expected"])
+    n_missing, n_extra = int(totals["missing"]), int(totals["extra"])
+    examples: list[str] = []
+    if n_missing or n_extra:
+        for r in both.where(F.col("_e") != F.col("_t")).orderBy(*columns).limit(_EXAMPLES).collect():
+            examples.append(f"row missing from the table: {_key_text(r, columns)}" if r["_e"] > r["_t"] else
+                            f"row in the table only (or once too often): {_key_text(r, columns)}")
     passed = not (n_missing or n_extra)
     message = (f"{n_table:,} rows equal the {name}" if passed else
                f"differs from the {name}: {n_missing} rows missing, {n_extra} extra or doubled; e.g. {examples[0]}")
     return Check(name=name, passed=passed, rows=n_table, expected_rows=n_expected, missing=n_missing, extra=n_extra,
-                 first_difference=examples[0] if examples else None, examples=tuple(examples[:_EXAMPLES]),
-                 message=message)
+                 first_difference=examples[0] if examples else None, examples=tuple(examples), message=message)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from kappa.errors import one_line
+from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.errors import KappaError, one_line
+from kappa.identity import VIEW_NAME, view_ref
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.registry import VersionRecord
@@ -30,10 +31,9 @@ END_MODES: tuple[str, ...] = ("live", "timestamp")
 VERIFY_MODES: tuple[str, ...] = ("strict", "none")
 #: A live replay counts as caught up once at most this many records are left behind the log end.
 DEFAULT_MAX_LAG = 2_000
-_VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-class ReplayError(ValueError):
+class ReplayError(KappaError, ValueError):
     """A replay step was refused or failed; the message is one line (CLI error, Airflow task failure)."""
 
 
@@ -86,7 +86,7 @@ class ReplayRequest:
     end_timestamp_ms: int | None = None
     verify: VerifyMode = "strict"
     auto_promote: bool = False
-    keep_hours: float = 24.0
+    keep_hours: float = DEFAULT_KEEP_HOURS
     triggered_by: str = ""
     max_offsets_per_trigger: int | None = None
     max_lag: int = DEFAULT_MAX_LAG
@@ -98,7 +98,7 @@ class ReplayRequest:
     @property
     def ref(self) -> str:
         """``<view>@v<N>``."""
-        return f"{self.view}@v{self.version}"
+        return view_ref(self.view, self.version)
 
     @property
     def bounded(self) -> bool:
@@ -114,7 +114,7 @@ class ReplayRequest:
         def integer(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
-        if not isinstance(self.view, str) or not _VIEW_NAME.match(self.view):
+        if not isinstance(self.view, str) or not VIEW_NAME.match(self.view):
             raise ReplayError(f"view {self.view!r}: expected a view name of kappa/platform.yaml (lower_snake_case)")
         if not integer(self.version) or self.version < 1:
             raise ReplayError(f"version {self.version!r}: expected an integer >= 1")

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kappa.checkpoint import read_text
+from kappa.config import DEFAULT_KEEP_HOURS
 from kappa.deltars import is_local_uri, local_path
 from kappa.errors import one_line
+from kappa.identity import view_ref
 from kappa.registry import RegistryError
 from kappa.replay.launching import adopt_serving
 from kappa.replay.request import ReplayError
@@ -103,12 +105,12 @@ def _stop(runner: Runner, view: str, version: int) -> None:
             runner.stop(view, version)
             log.info("%s@v%s: job stopped", view, version)
     except Exception as exc:  # noqa: BLE001 - the switch already happened; report, do not undo it
-        raise ReplayError(f"{view}@v{version}: the alias switched, but stopping the old job failed "
+        raise ReplayError(f"{view_ref(view, version)}: the alias switched, but stopping the old job failed "
                           f"({one_line(exc)}); stop it with `kappa view stop {view} --version {version}`") from None
 
 
 def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
-            keep_hours: float = 24.0) -> SwitchResult:
+            keep_hours: float = DEFAULT_KEEP_HOURS) -> SwitchResult:
     """Switch the view's serving alias to a verified version, stop the old version's job; idempotent.
 
     The switch is :func:`kappa.serving.ServingAlias.promote` (one Delta commit readers see atomically; the
@@ -141,7 +143,7 @@ def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: 
 
 
 def rollback(view: str, to_version: int | None, settings: Settings, runner: Runner, *, by: str,
-             keep_hours: float = 24.0) -> SwitchResult:
+             keep_hours: float = DEFAULT_KEEP_HOURS) -> SwitchResult:
     """Point the alias back to a kept version, restart its job, stop the replaced one; idempotent.
 
     Args:
@@ -167,7 +169,7 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
         try:
             runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest"))
         except Exception as exc:  # noqa: BLE001
-            raise ReplayError(f"{view}@v{result.version} serves again, but starting its job failed "
+            raise ReplayError(f"{view_ref(view, result.version)} serves again, but starting its job failed "
                               f"({one_line(exc)}); start it with `kappa view start {view} --version "
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:

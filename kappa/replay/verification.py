@@ -19,6 +19,7 @@ from kappa.replay.version import ViewVersion, alias_of, registry_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
+    from kappa.view import ViewDefinition
 
 __all__ = ["Verification", "expectations_check", "table_rows", "verify"]
 
@@ -120,25 +121,24 @@ def _diff_against_serving(spark: Any, vv: ViewVersion, delta_version: int) -> An
                        out_dir=vv.report_dir())
 
 
-def _oracle_check(spec: Any, settings: Settings, *, start: Mapping[int, int], end: Mapping[int, int],
-                  batches: list[Any], end_timestamp_ms: int | None, rows: list[dict[str, Any]]) -> Any:
-    """The plain-Python oracle's recomputation of ``[start, end)`` against the table's ``rows``."""
+def _oracle_check(spec: Any, definition: ViewDefinition, settings: Settings, *, start: Mapping[int, int],
+                  end: Mapping[int, int], batches: list[Any], end_timestamp_ms: int | None,
+                  rows: list[dict[str, Any]]) -> Any:
+    """The plain-Python oracle's recomputation of ``[start, end)`` against the table's ``rows``. The records are
+    read and validated with jsonschema in Python (not Spark's decoding); which schema, key field and lookups is
+    what the view version declares."""
     from kappa import oracle
     from kappa.replay.recompute import Check
 
-    def validated(records: list[Any], name: str) -> list[Any]:
-        fmt = oracle.TOPIC_FORMATS.get(name)
-        if fmt is None:
-            raise ReplayError(f"the oracle has no record format for topic {name!r} (kappa.oracle.TOPIC_FORMATS)")
+    def validated(records: list[Any], fmt: Any) -> list[Any]:
         return oracle.validate_records(records, fmt.subject, key_field=fmt.key_field, tombstones=fmt.tombstones)
 
-    topic = settings.topic(spec.stream_topic)
-    records = oracle.read_log(settings, topic, start=start or None, end=end)
+    records = oracle.read_log(settings, settings.topic(definition.stream_topic), start=start or None, end=end)
     if end_timestamp_ms is not None:
         records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
-    lookups = {name: validated(oracle.read_log(settings, settings.topic(declared)), declared)
-               for name, declared in spec.lookups.items()}
-    expected = spec.compute(oracle.OracleInput(events=validated(records, spec.stream_topic), lookups=lookups,
+    lookups = {name: validated(oracle.read_log(settings, settings.topic(lookup.topic)), lookup.format)
+               for name, lookup in definition.lookups.items()}
+    expected = spec.compute(oracle.OracleInput(events=validated(records, definition.stream_format), lookups=lookups,
                                                batches=batches if spec.uses_batches else None))
     actual: dict[tuple, tuple] = {}
     duplicates = 0
@@ -252,8 +252,7 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
         raise ReplayError(f"{ref}: no Delta table at {paths.table} yet")
     table = DeltaTable(paths.table)
     delta_version = table.version()
-    run_id = table.metadata().configuration.get("kappa.runId")
-    app_id = f"kappa:{ref}:{run_id}" if run_id else rec.app_id
+    app_id = vv.app_id() or rec.app_id
     batch = table.transaction_version(app_id)
     if batch is None:
         raise ReplayError(f"{ref}: Delta version {delta_version} of {paths.table} has no commit of {app_id}; "
@@ -284,7 +283,7 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     if spec is not None:  # only the plain-Python oracle needs the rows in Python
         _names, rows = table_rows(table)
         n_rows = len(rows)
-        checks.append(_oracle_check(spec, settings, start=start, end=end, batches=batches,
+        checks.append(_oracle_check(spec, definition, settings, start=start, end=end, batches=batches,
                                     end_timestamp_ms=end_timestamp_ms, rows=rows))
     passed = all(c.passed for c in checks)
     failed = [c for c in checks if not c.passed]

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from kappa.checkpoint import checkpoint_batches, last_commit, pending_watermark, run_info
 from kappa.deltars import local_path
+from kappa.identity import ViewPaths, app_id, view_ref
 from kappa.lineage import batches_from_history
 from kappa.registry import Registry, VersionRecord
 from kappa.replay.request import ReplayError
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
-    from kappa.job import ViewPaths
     from kappa.oracle import BatchBoundary
     from kappa.runners.base import Runner
     from kappa.serving import ServingAlias
@@ -49,17 +49,12 @@ def runner_from_env(settings: Settings) -> Runner:
 
 def module_of(view: str, version: int) -> str:
     """Module of a declared view version, or a one-line ReplayError naming what is declared."""
-    from kappa.catalog import PLATFORM_FILE, load_catalog, platform_file
+    from kappa.catalog import UnknownView, load_catalog
 
-    views = load_catalog().views
-    if view not in views:
-        raise ReplayError(f"unknown view {view!r}; declared views: {', '.join(sorted(views))}")
-    spec = views[view]
-    if version not in spec.versions:
-        where = "kappa/platform.yaml" if platform_file() == PLATFORM_FILE else str(platform_file())
-        raise ReplayError(f"{view} has no version {version} in {where} "
-                          f"(declared: {', '.join(map(str, sorted(spec.versions)))})")
-    return spec.versions[version]
+    try:
+        return load_catalog().module_of(view, version)
+    except UnknownView as exc:
+        raise ReplayError(str(exc)) from None
 
 
 def stream_topic(view: str, version: int) -> str:
@@ -81,8 +76,6 @@ def alias_of(settings: Settings) -> ServingAlias:
 
 def committed_offsets(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
     """End offsets of the last *committed* micro-batch of the view version's main query (and its id)."""
-    from kappa.job import ViewPaths
-
     return last_commit(f"{ViewPaths(settings.lake_uri, view, version).checkpoint}/main", topic)
 
 
@@ -120,7 +113,6 @@ class ViewVersion:
         Raises:
             ReplayError: Unknown view or version (one line naming what is declared).
         """
-        from kappa.job import ViewPaths
         from kappa.view import load_view
 
         module = module_of(view, version)
@@ -132,7 +124,7 @@ class ViewVersion:
     @property
     def ref(self) -> str:
         """``<view>@v<N>``."""
-        return f"{self.name}@v{self.version}"
+        return view_ref(self.name, self.version)
 
     @property
     def definition(self) -> ViewDefinition:
@@ -157,7 +149,7 @@ class ViewVersion:
     def app_id(self) -> str | None:
         """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
         run = self.table_run_id() or self.run_info().get("run_id")
-        return f"kappa:{self.ref}:{run}" if run else None
+        return app_id(self.name, self.version, run) if run else None
 
     def ensure_run_id(self, record: VersionRecord | None) -> str:
         """The run id the version's job will use; for local lakes written to run.json before the job starts.

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from kappa.errors import one_line
+from kappa.identity import view_ref
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
@@ -77,7 +78,7 @@ class WatchResult:
 
     @property
     def message(self) -> str:
-        ref = f"{self.view}@v{self.version}"
+        ref = view_ref(self.view, self.version)
         if self.healthy:
             return f"{ref} stayed healthy for {self.seconds:.0f} s ({self.polls} checks): {self.reason}"
         back = f"; rolled back to v{self.rolled_back_to}" if self.rolled_back_to is not None else ""

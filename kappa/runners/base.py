@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from kappa.identity import view_ref
+
 __all__ = ["JobSpec", "JobStatus", "Runner"]
 
 
@@ -33,7 +35,7 @@ class JobSpec:
 
     @property
     def ref(self) -> str:
-        return f"{self.view}@v{self.version}"
+        return view_ref(self.view, self.version)
 
     def args(self) -> list[str]:
         """Arguments of ``kappa view run`` for this spec."""

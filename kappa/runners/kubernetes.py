@@ -40,6 +40,9 @@ from typing import Any
 
 import yaml
 
+from kappa.errors import KappaError
+from kappa.identity import view_ref
+
 __all__ = [
     "NAMESPACE_ENV",
     "PLACEHOLDERS",
@@ -73,7 +76,7 @@ JOB_BACKOFF_LIMIT = 6
 JOB_TTL_SECONDS = 7 * 24 * 3600
 
 
-class KubernetesRunnerError(RuntimeError):
+class KubernetesRunnerError(KappaError, RuntimeError):
     """Invalid request, missing template/client, or a Kubernetes API failure (one-line message)."""
 
 
@@ -385,7 +388,7 @@ class KubernetesRunner:
         rollout exceeded its deadline or the Job ran out of retries, ``stopped`` otherwise."""
         manifest = self.manifest(view, version)
         name = manifest["metadata"]["name"]
-        ref = f"{view}@v{version}"
+        ref = view_ref(view, version)
         _apps, core = self._clients()
         dep = self._read_deployment(name)
         kind = "deployment"
@@ -432,10 +435,10 @@ class KubernetesRunner:
             if not ready and current.state == "stopped" and current.detail == "no deployment":
                 return current
             if ready and current.state == "failed":
-                raise KubernetesRunnerError(f"{view}@v{version} failed: {current.detail}")
+                raise KubernetesRunnerError(f"{view_ref(view, version)} failed: {current.detail}")
             if time.monotonic() >= deadline:
                 raise KubernetesRunnerError(
-                    f"{view}@v{version} not {'ready' if ready else 'stopped'} after {timeout:.0f}s "
+                    f"{view_ref(view, version)} not {'ready' if ready else 'stopped'} after {timeout:.0f}s "
                     f"({current.state}: {current.detail})"
                 )
             time.sleep(poll)

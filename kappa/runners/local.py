@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from kappa.config import Settings
+from kappa.identity import view_ref
 from kappa.runners.base import JobSpec, JobStatus
 
 __all__ = ["LocalRunner", "MODES", "METRICS_BASE_PORT", "child_env", "group_members", "metrics_port", "pid_alive",
@@ -194,10 +195,10 @@ class LocalRunner:
         return JobStatus(ref, "stopped", status.detail or "stopped by request")
 
     def _state_file(self, view: str, version: int) -> Path:
-        return self.run_dir / f"{view}@v{version}.json"
+        return self.run_dir / f"{view_ref(view, version)}.json"
 
     def log_file(self, view: str, version: int) -> Path:
-        return self.log_dir / f"{view}@v{version}.log"
+        return self.log_dir / f"{view_ref(view, version)}.log"
 
     def _read(self, view: str, version: int) -> dict | None:
         path = self._state_file(view, version)
@@ -233,7 +234,7 @@ class LocalRunner:
 
     def stop(self, view: str, version: int, *, timeout: float = 60.0) -> JobStatus:
         state = self._read(view, version)
-        ref = f"{view}@v{version}"
+        ref = view_ref(view, version)
         if self._hosted(ref):
             return self._host_stop(ref)
         if not state or not pid_alive(state["pid"]):
@@ -249,7 +250,7 @@ class LocalRunner:
         return JobStatus(ref, "stopped", f"pid {pid} stopped")
 
     def status(self, view: str, version: int) -> JobStatus:
-        ref = f"{view}@v{version}"
+        ref = view_ref(view, version)
         if self._hosted(ref):
             return self._hosted_status(ref)
         state = self._read(view, version)

@@ -1,0 +1,84 @@
+"""
+### kappa_retire — delete the view versions past their keep period
+
+Every hour: each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
+it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
+`deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
+removed. One call into `kappa.replay.retire_expired`, the same code as `kappa retire`.
+
+Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
+removing is finished by the next run, and a rollback that made a version serve again keeps it.
+`dry_run` only lists what would be deleted. A version the run could not delete (a lake on an object store:
+remove its folder with the store's tools or a lifecycle rule) fails the run, naming it.
+
+    airflow dags trigger kappa_retire --conf '{"dry_run": true}'
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.exceptions import AirflowFailException
+from airflow.sdk import Param, dag, task
+
+from kappa.errors import one_line
+
+log = logging.getLogger(__name__)
+
+DAG_ID = Path(__file__).stem
+
+
+@dag(
+    dag_id=DAG_ID,
+    doc_md=__doc__,
+    schedule="@hourly",
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),  # catchup=False: only the latest hour runs
+    is_paused_upon_creation=False,
+    catchup=False,
+    max_active_runs=1,
+    tags=["kappa", "replay"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    params={
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="Only list the versions past their keep period."),
+    },
+)
+def kappa_retire() -> None:
+    @task
+    def retire_expired(params: dict[str, Any] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Stop, mark and delete every retired version past its keep period; the outcome per version."""
+        from kappa import replay
+        from kappa.config import Settings
+
+        settings = Settings.from_env()
+        if (params or {}).get("dry_run"):
+            due = replay.alias_of(settings).expired()
+            for rec in due:
+                log.info("%s: kept until %s UTC, would be deleted (%s)", rec.ref,
+                         f"{rec.delete_after:%Y-%m-%d %H:%M}", rec.table_path)
+            if not due:
+                log.info("nothing to retire: no retired version is past its keep period")
+            return [{"view": r.view, "version": r.version, "table_path": r.table_path, "deleted": False,
+                     "message": "dry run"} for r in due]
+        try:
+            results = replay.retire_expired(settings, replay.runner_from_env(settings),
+                                            by=f"airflow:{DAG_ID}:{run_id}")
+        except ValueError as exc:  # refused by the platform: one line
+            raise AirflowFailException(one_line(exc)) from None
+        for result in results:
+            log.info("%s", result.message)
+        if not results:
+            log.info("nothing to retire: no retired version is past its keep period")
+        kept = [r.message for r in results if not r.deleted]
+        if kept:
+            raise AirflowFailException(f"{len(kept)} expired version(s) not deleted: {'; '.join(kept)}")
+        return [{"view": r.view, "version": r.version, "table_path": r.table_path, "deleted": r.deleted,
+                 "message": r.message} for r in results]
+
+    retire_expired()
+
+
+kappa_retire()

@@ -1,0 +1,80 @@
+"""A view version's identity: its name, its number, how it is written (``view@vN``), where it lives in the lake
+and the Delta appId of one of its runs - defined once, here, for the job, the registry, serving, replays and
+runners.
+
+Nothing here imports Spark, Kafka or Delta: the control plane and the DAG files use it freely.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["VIEW_NAME", "ViewPaths", "app_id", "check_version_key", "view_ref"]
+
+#: What a view name may look like (lower_snake_case): it is a folder, a Spark/DuckDB view name and a label value.
+VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def view_ref(name: str, version: int) -> str:
+    """``name@vN``: how a view version is named in logs, metrics, messages and Delta appIds."""
+    return f"{name}@v{version}"
+
+
+def app_id(name: str, version: int, run_id: str) -> str:
+    """The Delta appId of one run of a view version (``kappa:<view>@v<N>:<run id>``): the key of its idempotent
+    commits (``txnAppId`` / ``txnVersion`` = the micro-batch id) and of its lineage in the commit metadata."""
+    return f"kappa:{view_ref(name, version)}:{run_id}"
+
+
+def check_version_key(name: object, version: object) -> str | None:
+    """Why ``(name, version)`` cannot name a view version (one line), or None when it can."""
+    if not isinstance(name, str) or not VIEW_NAME.match(name):
+        return f"invalid view name {name!r} (lower_snake_case)"
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return f"invalid version {version!r} of {name} (integer >= 1)"
+    return None
+
+
+@dataclass(frozen=True)
+class ViewPaths:
+    """Where a view version keeps its table and checkpoint, under the lake root."""
+
+    lake: str
+    name: str
+    version: int
+
+    @property
+    def root(self) -> str:
+        return f"{self.lake.rstrip('/')}/views/{self.name}/v{self.version}"
+
+    @property
+    def table(self) -> str:
+        return f"{self.root}/table"
+
+    @property
+    def checkpoint(self) -> str:
+        return f"{self.root}/checkpoint"
+
+    @property
+    def run_file(self) -> str:
+        """The run's ``run.json`` (run id, start and target offsets), beside Spark's query checkpoint."""
+        return f"{self.checkpoint}/run.json"
+
+    @property
+    def staging(self) -> str:
+        """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
+        return f"{self.root}/staging"
+
+    @property
+    def quarantine(self) -> str:
+        return f"{self.lake.rstrip('/')}/quarantine"
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.lake or self.lake.startswith("file:")
+
+    def local(self, sub: str) -> Path:
+        """Local filesystem path of a checkpoint file (lock, run.json)."""
+        return Path(self.checkpoint.removeprefix("file:")) / sub
