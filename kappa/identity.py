@@ -58,11 +58,6 @@ class ViewPaths:
         return f"{self.root}/checkpoint"
 
     @property
-    def run_file(self) -> str:
-        """The run's ``run.json`` (run id, start and target offsets), beside Spark's query checkpoint."""
-        return f"{self.checkpoint}/run.json"
-
-    @property
     def staging(self) -> str:
         """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
         return f"{self.root}/staging"
