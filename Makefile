@@ -33,7 +33,7 @@ test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, sc
 	@bash infra/verify-offline.sh && $(PYTEST) -m deploy tests
 
 bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON + PNG in reports/
-	@$(PY) -m kappa.bench
+	@$(PY) -m kappa.front.bench
 
 k8s-build: ## build the pinned Kubernetes control plane once (Go module proxy; cached in ~/.cache/kappa, ~15 min cold)
 	@bash infra/k8s/build.sh >/dev/null

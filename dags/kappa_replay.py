@@ -6,7 +6,7 @@ is replayed over the retained Kafka log into its **own** table, next to the vers
 resolving the serving alias to the old, complete version until the new one is proven equal to an independent
 recomputation; then one Delta commit switches the alias.
 
-Every task is one call into `kappa.replay` — the same code as `kappa replay VIEW --version N` — and is
+Every task is one call into `kappa.control.replay` — the same code as `kappa replay VIEW --version N` — and is
 idempotent: retrying a task, or triggering the DAG again for the same version, changes nothing already done.
 
 | task | what it does |
@@ -34,7 +34,6 @@ timeout come from `KAPPA_REPLAY_POKE_SECONDS` (default 60) and
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -46,7 +45,7 @@ from airflow.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from kappa.catalog import platform_file
-from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.config import DEFAULT_KEEP_HOURS, Settings
 from kappa.errors import one_line
 
 log = logging.getLogger(__name__)
@@ -54,8 +53,9 @@ log = logging.getLogger(__name__)
 DAG_ID = Path(__file__).stem
 #: Views declared in kappa/platform.yaml (a local file, read with yaml only: no network, no Spark).
 VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="utf-8")) or {}).get("views") or {})
-POKE_SECONDS = float(os.environ.get("KAPPA_REPLAY_POKE_SECONDS", "60"))
-WAIT_TIMEOUT_SECONDS = float(os.environ.get("KAPPA_REPLAY_TIMEOUT_SECONDS", str(24 * 3600)))
+#: How often the wait sensor checks the replay, and when it gives up (KAPPA_REPLAY_POKE_SECONDS / _TIMEOUT_SECONDS).
+POKE_SECONDS = Settings.from_env().replay_poke_seconds or 60.0
+WAIT_TIMEOUT_SECONDS = Settings.from_env().replay_timeout_seconds
 
 
 @contextmanager
@@ -69,17 +69,16 @@ def _one_line_failures() -> Iterator[None]:
 
 
 def _request(params: dict[str, Any], run_id: str | None) -> Any:
-    from kappa.replay import ReplayRequest
+    from kappa.control.replay import ReplayRequest
 
     return ReplayRequest.from_params(params, triggered_by=f"airflow:{DAG_ID}:{run_id}")
 
 
 def _platform() -> tuple[Any, Any]:
-    from kappa.config import Settings
-    from kappa.replay import runner_from_env
+    from kappa.control.runners import runner_for
 
     settings = Settings.from_env()
-    return settings, runner_from_env(settings)
+    return settings, runner_for(settings)
 
 
 @dag(
@@ -135,7 +134,7 @@ def kappa_replay() -> None:
     @task
     def preflight(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
         """Retention covers the start, size and ETA estimate; skip everything if the version already serves."""
-        from kappa import replay
+        from kappa.control import replay
 
         with _one_line_failures():
             req = _request(params or {}, run_id)
@@ -155,7 +154,7 @@ def kappa_replay() -> None:
     def launch(pre: dict[str, Any], params: dict[str, Any] | None = None,
                run_id: str | None = None) -> dict[str, Any]:
         """Register the version (building) and start its job; a job that already runs is left alone."""
-        from kappa import replay
+        from kappa.control import replay
 
         if (params or {}).get("dry_run"):
             raise AirflowSkipException("dry run: preflight and plan only (see the preflight log); nothing changed")
@@ -171,7 +170,7 @@ def kappa_replay() -> None:
     def wait_caught_up(launched: dict[str, Any], params: dict[str, Any] | None = None,
                        run_id: str | None = None) -> PokeReturnValue:
         """Sample progress (recorded in the registry), log it, done once the replay has caught up."""
-        from kappa import replay
+        from kappa.control import replay
 
         with _one_line_failures():
             req = _request(params or {}, run_id)
@@ -192,7 +191,7 @@ def kappa_replay() -> None:
                run_id: str | None = None) -> dict[str, Any]:
         """Strict equality with a recompute of the version's own transform over the exact micro-batches the table
         holds, and with the plain-Python oracle when one exists (or verify=none)."""
-        from kappa import replay
+        from kappa.control import replay
 
         with _one_line_failures():
             req = _request(params or {}, run_id)
@@ -203,7 +202,7 @@ def kappa_replay() -> None:
         for example in result.examples:
             log.info("  %s", example)
         if result.report:  # what changes for readers: judge the logic change before promoting (also in XCom)
-            from kappa.replay.diffreport import DiffReport
+            from kappa.verify.diffreport import DiffReport
 
             report = DiffReport(**result.report)
             log.info("%s", report.summary())
@@ -222,7 +221,7 @@ def kappa_replay() -> None:
     def promote(verification: dict[str, Any], params: dict[str, Any] | None = None,
                 run_id: str | None = None) -> dict[str, Any]:
         """Atomic alias switch (idempotent), old version retired and its job stopped."""
-        from kappa import replay
+        from kappa.control import replay
 
         with _one_line_failures():
             req = _request(params or {}, run_id)
@@ -237,7 +236,7 @@ def kappa_replay() -> None:
     def watch(switched: dict[str, Any], params: dict[str, Any] | None = None,
               run_id: str | None = None) -> dict[str, Any]:
         """Watch window after the switch; roll back to the replaced version when the new one breaks."""
-        from kappa.replay.watch import watch as watch_version
+        from kappa.control.replay.watch import watch as watch_version
 
         with _one_line_failures():
             req = _request(params or {}, run_id)

@@ -4,7 +4,7 @@
 Every hour: each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
 it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
 `deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
-removed. One call into `kappa.replay.retire_expired`, the same code as `kappa retire`.
+removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`.
 
 Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
 removing is finished by the next run, and a rollback that made a version serve again keeps it.
@@ -50,8 +50,9 @@ def kappa_retire() -> None:
     @task
     def retire_expired(params: dict[str, Any] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """Stop, mark and delete every retired version past its keep period; the outcome per version."""
-        from kappa import replay
+        from kappa.control import replay
         from kappa.config import Settings
+        from kappa.control.runners import runner_for
 
         settings = Settings.from_env()
         if (params or {}).get("dry_run"):
@@ -64,7 +65,7 @@ def kappa_retire() -> None:
             return [{"view": r.view, "version": r.version, "table_path": r.table_path, "deleted": False,
                      "message": "dry run"} for r in due]
         try:
-            results = replay.retire_expired(settings, replay.runner_from_env(settings),
+            results = replay.retire_expired(settings, runner_for(settings),
                                             by=f"airflow:{DAG_ID}:{run_id}")
         except ValueError as exc:  # refused by the platform: one line
             raise AirflowFailException(one_line(exc)) from None

@@ -3,7 +3,7 @@
 
 Points the view's serving alias back to `to_version` (a `retired` version whose table is still kept, see
 `keep_hours` of the replay that replaced it), restarts that version's job so it catches up with the log, and
-stops the job of the version it replaces. One call into `kappa.replay.rollback` — the same code as
+stops the job of the version it replaces. One call into `kappa.control.replay.rollback` — the same code as
 `kappa rollback VIEW --to N`. The switch is one Delta commit: readers see the old pointer or the new one.
 
 `to_version` is required: a rollback relative to "the previous version" would undo itself when retried.
@@ -55,14 +55,15 @@ def kappa_rollback() -> None:
     @task
     def rollback(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
         """Alias back to ``to_version``, its job restarted, the replaced version's job stopped."""
-        from kappa import replay
+        from kappa.control import replay
         from kappa.config import Settings
+        from kappa.control.runners import runner_for
 
         params = params or {}
         try:
             settings = Settings.from_env()
             result = replay.rollback(params["view"], int(params["to_version"]), settings,
-                                     replay.runner_from_env(settings), by=f"airflow:{DAG_ID}:{run_id}",
+                                     runner_for(settings), by=f"airflow:{DAG_ID}:{run_id}",
                                      keep_hours=float(params.get("keep_hours", DEFAULT_KEEP_HOURS)))
         except ValueError as exc:  # refused by the platform: fail at once, one line, no retries
             raise AirflowFailException(one_line(exc)) from None

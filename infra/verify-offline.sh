@@ -19,7 +19,7 @@
 #   4. every object (and the manifests embedded in ConfigMaps) against the Kubernetes JSON schemas of each
 #      version in K8S_SCHEMA_VERSIONS (strict), Prometheus-operator objects against their CRD schemas
 #   5. PromQL of the PrometheusRule alerts and the Grafana dashboard parses, and uses only metrics that
-#      kappa/metrics.py exports
+#      kappa/runtime/metrics.py exports
 #   6. checkov (infra/deploy/checkov.yaml) on the rendered manifests and on infra/terraform: zero failures
 #   7. BuildKit's Dockerfile checks on infra/images/*.Dockerfile
 #   8. Terraform: hclfmt syntax/format check; `fmt -check` with tofu/terraform when installed; `validate`
@@ -172,7 +172,7 @@ log "4/8 schema validation (Kubernetes $K8S_SCHEMA_VERSIONS${CRD_DIR:+, promethe
     || die "schema validation failed (see above)"
 
 log "5/8 PromQL: alert rules and dashboard queries (promql-lint, Prometheus $PROMETHEUS_VERSION parser)"
-metrics="$("$PY" infra/deploy/exported_metrics.py)" || die "cannot read the exported metrics from kappa/metrics.py"
+metrics="$("$PY" infra/deploy/exported_metrics.py)" || die "cannot read the exported metrics from kappa/runtime/metrics.py"
 "$TOOLS/promql-lint" -metrics "$metrics" -dashboard "$CHART/files/grafana-dashboard.json" "$OUT"/rendered/*.yaml \
     | tee "$OUT/promql.log" | sed 's/^/  /' ; [[ "${PIPESTATUS[0]}" == 0 ]] || die "PromQL check failed"
 promql="$(sed -n 's/^promql-lint: \([0-9]*\) expressions.*/\1/p' "$OUT/promql.log")"

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,12 +23,11 @@ from typing import Any
 
 import yaml
 
+from kappa.config import PLATFORM_FILE
 from kappa.errors import KappaError
 from kappa.identity import VIEW_NAME
 
 __all__ = [
-    "PLATFORM_ENV",
-    "PLATFORM_FILE",
     "platform_file",
     "Catalog",
     "CatalogError",
@@ -40,16 +38,12 @@ __all__ = [
     "parse_catalog",
 ]
 
-#: Default declaration file, next to this module.
-PLATFORM_FILE: Path = Path(__file__).resolve().parent / "platform.yaml"
-#: Environment variable naming another declaration file: a team's own views (a copy of ``platform.yaml`` with its
-#: views added, their modules on ``PYTHONPATH``) without editing the package.
-PLATFORM_ENV = "KAPPA_PLATFORM"
-
-
 def platform_file() -> Path:
-    """The declaration file in use: ``$KAPPA_PLATFORM`` when set, else :data:`PLATFORM_FILE`."""
-    return Path(os.environ.get(PLATFORM_ENV) or PLATFORM_FILE)
+    """The declaration file in use: ``$KAPPA_PLATFORM`` when set (a team's own views: a copy of ``platform.yaml``
+    with its views added, their modules on ``PYTHONPATH``), else :data:`kappa.config.PLATFORM_FILE`."""
+    from kappa.config import Settings
+
+    return Settings.from_env().platform
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

@@ -12,10 +12,39 @@ environment variables (empty = unset):
 - ``KAPPA_KAFKA_SASL_USERNAME`` / ``KAPPA_KAFKA_SASL_PASSWORD`` -- SASL credentials (password never in ``repr``).
 - ``KAPPA_KAFKA_SSL_CA_LOCATION`` -- PEM file of the CA that signed the brokers' certificates (with SSL/SASL_SSL).
 - ``KAPPA_LAKE_URI`` -- root of Delta tables, checkpoints and the view registry. Default ``<home>/lake``.
+- ``KAPPA_TOPIC_PREFIX`` -- prefix of every physical topic name (several environments or test runs on one
+  cluster). Default none.
 - ``KAPPA_REPO_ROOT`` -- repository root (jars, schemas, platform.yaml). Default: parent of the package.
 - ``KAPPA_METRICS_ADDR`` -- address the drivers' ``/metrics`` servers bind. Default ``127.0.0.1`` (loopback);
   the Helm chart sets ``0.0.0.0`` so Prometheus can scrape the pods.
 - ``KAPPA_CLI`` -- how messages spell the command line (``bin/kappa`` from a checkout, ``kappa`` in images).
+- ``KAPPA_PLATFORM`` -- the platform declaration (views, topics). Default ``kappa/platform.yaml``.
+
+Running view versions:
+
+- ``KAPPA_RUNNER`` -- who runs view drivers: ``local`` (default; processes or the view host on this machine) or
+  ``kubernetes`` (a Deployment each, from the chart's view template).
+- ``KAPPA_LOCAL_DRIVER`` -- the local runner's choice: ``auto`` (default: join the view host when it runs, else
+  a driver process of its own), ``host`` or ``own``.
+- ``KAPPA_K8S_NAMESPACE`` / ``KAPPA_VIEW_TEMPLATE_DIR`` -- the Kubernetes runner's namespace (default: the
+  template's, else the pod's) and the mounted view-template ConfigMap (default ``/etc/kappa/view-template``).
+- ``KAPPA_METRICS_PORT`` -- a driver's ``/metrics`` port when its runner names none (default 9400; 0: any).
+- ``KAPPA_EXIT_FILE`` -- a driver writes its exit code to this file (set by the local runner).
+- ``KAPPA_STOP_DRAIN_SECONDS`` -- how long a stopping driver waits for the running micro-batch (default 45).
+- ``KAPPA_HOST_POLL_SECONDS`` / ``KAPPA_HOST_RESTART_BACKOFF_SECONDS`` / ``KAPPA_HOST_MAX_RESTARTS`` -- the view
+  host's reconcile interval (1 s), first restart backoff of a failed query (5 s, doubling) and the consecutive
+  failures after which a query stays ``failed`` (5).
+- ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: the local cores, else 4),
+  ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL`` (``WARN``) -- the Spark sessions the platform builds.
+
+Operating it:
+
+- ``KAPPA_AIRFLOW_PORT`` -- the local Airflow's port (default 8080).
+- ``KAPPA_REPLAY_POKE_SECONDS`` / ``KAPPA_REPLAY_TIMEOUT_SECONDS`` -- how often ``kappa_replay`` checks a
+  running replay (default 60 s; the local stack sets 10) and when it gives up (default 24 h).
+- ``KAPPA_WATCH_POLL_SECONDS`` -- how often the watch after a switch reads the new version's metrics (15 s).
+- ``KAPPA_BENCH_EVENTS`` -- the largest replay of ``make bench`` (2,000,000 events).
+- ``KAPPA_FAULT`` -- fault injection for the crash tests (``<phase>:<batch>``; never set in production).
 
 Example:
     >>> from kappa.config import Settings
@@ -39,14 +68,23 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "SASL_MECHANISMS",
     "SECURITY_PROTOCOLS",
+    "DEFAULT_KEEP_HOURS",
+    "LOCAL_DRIVER_MODES",
+    "PLATFORM_FILE",
+    "RUNNERS",
     "ConfigError",
     "Settings",
     "default_repo_root",
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+#: The shipped platform declaration (views, topics), next to this module.
+PLATFORM_FILE: Path = Path(__file__).resolve().parent / "platform.yaml"
+#: The runners ``KAPPA_RUNNER`` can name (kappa.control.runners.RUNNERS maps them to their classes).
+RUNNERS = ("local", "kubernetes")
+LOCAL_DRIVER_MODES = ("auto", "host", "own")
 #: How long a replaced view version's table is kept for rollback before retirement deletes it (7 days). The one
-#: default of the alias (kappa.serving), the replay request, the CLI and the DAGs' Params.
+#: default of the alias (kappa.control.serving), the replay request, the CLI and the DAGs' Params.
 DEFAULT_KEEP_HOURS = 168.0
 SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
@@ -89,6 +127,11 @@ class Settings:
         topic_prefix: Prefix of every physical topic name (``KAPPA_TOPIC_PREFIX``).
         metrics_addr: Bind address of the Prometheus ``/metrics`` servers.
         cli: The command line as users invoke it, for the commands that messages suggest.
+        platform: The platform declaration file (``KAPPA_PLATFORM``).
+        runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
+        host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
+        spark_ui, spark_log_level, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
+        bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -104,6 +147,27 @@ class Settings:
     topic_prefix: str = ""
     metrics_addr: str = "127.0.0.1"
     cli: str = "kappa"
+    platform: Path = PLATFORM_FILE
+    runner: str = "local"
+    local_driver: str = "auto"
+    k8s_namespace: str | None = None
+    view_template_dir: str | None = None
+    metrics_port: int = 9400
+    exit_file: str | None = None
+    stop_drain_seconds: float = 45.0
+    host_poll_seconds: float = 1.0
+    host_restart_backoff_seconds: float = 5.0
+    host_max_restarts: int = 5
+    spark_master: str = "local[2]"
+    shuffle_partitions: int | None = None
+    spark_ui: bool = False
+    spark_log_level: str = "WARN"
+    airflow_port: int = 8080
+    replay_poke_seconds: float | None = None
+    replay_timeout_seconds: float = 24 * 3600.0
+    watch_poll_seconds: float = 15.0
+    bench_events: int = 2_000_000
+    fault: str | None = None
 
     def __post_init__(self) -> None:
         if not self.lake_uri:
@@ -127,6 +191,15 @@ class Settings:
             value = env.get(name, "").strip()
             return value or None
 
+        def number(name: str, kind: type, default: Any) -> Any:
+            value = get(name)
+            if value is None:
+                return default
+            try:
+                return kind(value)
+            except ValueError:
+                raise ConfigError(f"{name}={value!r}: not a{'n integer' if kind is int else ' number'}") from None
+
         repo_root = Path(get("KAPPA_REPO_ROOT") or default_repo_root()).resolve()
         home = Path(get("KAPPA_HOME") or repo_root / ".kappa").expanduser().resolve()
         bootstrap = get("KAPPA_KAFKA_BOOTSTRAP")
@@ -146,6 +219,27 @@ class Settings:
             topic_prefix=get("KAPPA_TOPIC_PREFIX") or "",
             metrics_addr=get("KAPPA_METRICS_ADDR") or "127.0.0.1",
             cli=get("KAPPA_CLI") or "kappa",
+            platform=Path(get("KAPPA_PLATFORM") or PLATFORM_FILE),
+            runner=(get("KAPPA_RUNNER") or "local").lower(),
+            local_driver=get("KAPPA_LOCAL_DRIVER") or "auto",
+            k8s_namespace=get("KAPPA_K8S_NAMESPACE"),
+            view_template_dir=get("KAPPA_VIEW_TEMPLATE_DIR"),
+            metrics_port=number("KAPPA_METRICS_PORT", int, 9400),
+            exit_file=get("KAPPA_EXIT_FILE"),
+            stop_drain_seconds=number("KAPPA_STOP_DRAIN_SECONDS", float, 45.0),
+            host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
+            host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
+            host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
+            spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
+            shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
+            spark_ui=(get("KAPPA_SPARK_UI") or "false").lower() in ("1", "true", "yes"),
+            spark_log_level=get("KAPPA_SPARK_LOG_LEVEL") or "WARN",
+            airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
+            replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),
+            replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),
+            watch_poll_seconds=number("KAPPA_WATCH_POLL_SECONDS", float, 15.0),
+            bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
+            fault=get("KAPPA_FAULT"),
         )
 
     def replace(self, **changes: Any) -> Settings:
@@ -173,13 +267,6 @@ class Settings:
     def broker_home(self) -> Path:
         """Home of the local broker: ``<home>/broker`` (config, data, logs, pid file)."""
         return self.home / "broker"
-
-    @property
-    def platform_file(self) -> Path:
-        """The platform declaration file: ``$KAPPA_PLATFORM``, else ``kappa/platform.yaml``."""
-        from kappa.catalog import platform_file
-
-        return platform_file()
 
     @property
     def schemas_dir(self) -> Path:
@@ -235,6 +322,10 @@ class Settings:
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError(f"KAPPA_RUNNER={self.runner!r}: use one of {', '.join(RUNNERS)}")
+        if self.local_driver not in LOCAL_DRIVER_MODES:
+            raise ConfigError(f"KAPPA_LOCAL_DRIVER={self.local_driver!r}: use one of {', '.join(LOCAL_DRIVER_MODES)}")
         if not self.kafka_bootstrap or any(not part.strip() for part in self.kafka_bootstrap.split(",")):
             raise ConfigError(f"KAPPA_KAFKA_BOOTSTRAP: invalid bootstrap servers {self.kafka_bootstrap!r}")
         proto = self.security_protocol

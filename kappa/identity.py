@@ -59,7 +59,7 @@ class ViewPaths:
 
     @property
     def staging(self) -> str:
-        """The run's bulk catch-up table (:class:`kappa.sink.DeltaSink`)."""
+        """The run's bulk catch-up table (:class:`kappa.runtime.sink.DeltaSink`)."""
         return f"{self.root}/staging"
 
     @property

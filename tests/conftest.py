@@ -3,7 +3,7 @@
 The file is split in sections owned by different people; keep them separate.
 
 Section 1 -- Kafka (platform engineer)
-    ``kafka``          session: a real single-node KRaft broker (``kappa.broker.LocalBroker``) on free
+    ``kafka``          session: a real single-node KRaft broker (``kappa.log.broker.LocalBroker``) on free
                        ports under a temporary home, stopped at the end of the session; or, when
                        ``KAPPA_KAFKA_BOOTSTRAP`` is set, that external cluster (nothing started).
                        Yields a :class:`KafkaCluster` (``.settings``, ``.bootstrap``, ``.broker``, ``.env``).
@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from kappa.broker import LocalBroker, free_port
+from kappa.log.broker import LocalBroker, free_port
 from kappa.config import Settings
-from kappa.topics import create_topic, delete_topics
+from kappa.log.topics import create_topic, delete_topics
 
 # =====================================================================================================
 # Section 1 -- Kafka fixtures (platform engineer)
@@ -162,10 +162,9 @@ def consume_all(kafka: KafkaCluster) -> Callable[..., list[Any]]:
 @pytest.fixture(scope="session")
 def spark(kafka: KafkaCluster):
     """One SparkSession (local[2], Delta + Kafka connector from .cache/jars) for every in-process test."""
-    from kappa.spark import build_spark
+    from kappa.runtime.spark import build_spark
 
-    session = build_spark("kappa-tests", jars_dir=kafka.settings.jars_dir,
-                          warehouse_dir=str(kafka.settings.home / "warehouse"))
+    session = build_spark("kappa-tests", kafka.settings)
     yield session
     session.stop()
 
@@ -174,7 +173,7 @@ def spark(kafka: KafkaCluster):
 def declared_topics(kafka: KafkaCluster) -> dict[str, int]:
     """The topics of kappa/platform.yaml, created on the session cluster (name -> partitions)."""
     from kappa.catalog import load_catalog
-    from kappa.topics import ensure_topics
+    from kappa.log.topics import ensure_topics
 
     topics = load_catalog().topics
     ensure_topics(kafka.settings, list(topics.values()))
@@ -188,7 +187,7 @@ def lake(kafka: KafkaCluster, tmp_path: Path, request: pytest.FixtureRequest) ->
     The topics of kappa/platform.yaml are created under a per-test prefix (``KAPPA_TOPIC_PREFIX``), so every
     test reads a log holding only its own records, while using the real declarations (partitions, configs).
     """
-    from kappa.topics import declared_topics, ensure_topics
+    from kappa.log.topics import declared_topics, ensure_topics
 
     slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]
     settings = kafka.settings.replace(lake_uri=str(tmp_path / "lake"), topic_prefix=f"{slug}-{uuid.uuid4().hex[:6]}.")

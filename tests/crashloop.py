@@ -48,7 +48,7 @@ class CrashReport:
 
 
 def _start(settings: Settings, view: str, log: Path, **env: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "kappa.cli", "view", "run", view, "--version", "1", "--starting", "earliest",
+    args = [sys.executable, "-m", "kappa.runtime.driver", "view", view, "--version", "1", "--starting", "earliest",
             "--metrics-port", "0", "--trigger-seconds", "0.5", "--max-offsets-per-trigger", os.environ.get("KAPPA_CRASH_BATCH", "400")]
     with open(log, "ab") as fh:
         return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -79,7 +79,7 @@ def _catalog_churn(settings: Settings, rng: random.Random) -> None:
     without changing what the window view joins."""
     import uuid
 
-    from kappa.generator import publish_campaigns
+    from kappa.log.generator import publish_campaigns
 
     ads = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(30)]
     campaign = str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -145,7 +145,7 @@ def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> C
     # arrive after the watermark passed their window are dropped - and kept - only between batches)
     for view in VIEWS:
         log = workdir / f"{view}.log"
-        args = [sys.executable, "-m", "kappa.cli", "view", "run", view, "--version", "1", "--starting",
+        args = [sys.executable, "-m", "kappa.runtime.driver", "view", view, "--version", "1", "--starting",
                 "earliest", "--metrics-port", "0", "--available-now", "--max-offsets-per-trigger",
                 os.environ.get("KAPPA_CRASH_DRAIN_BATCH", "1000")]
         with open(log, "ab") as fh:

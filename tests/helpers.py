@@ -41,20 +41,20 @@ class FakeRunner:
         self.calls: list[tuple[str, int]] = []
 
     def start(self, spec: Any) -> Any:
-        from kappa.runners.base import JobStatus
+        from kappa.control.runners.base import JobStatus
 
         self.calls.append(("start", spec.version))
         self.running.add(spec.version)
         return JobStatus(spec.ref, "running")
 
     def stop(self, view: str, version: int) -> Any:
-        from kappa.runners.base import JobStatus
+        from kappa.control.runners.base import JobStatus
 
         self.calls.append(("stop", version))
         self.running.discard(version)
         return JobStatus(f"{view}@v{version}", "stopped")
 
     def status(self, view: str, version: int) -> Any:
-        from kappa.runners.base import JobStatus
+        from kappa.control.runners.base import JobStatus
 
         return JobStatus(f"{view}@v{version}", "running" if version in self.running else "stopped")

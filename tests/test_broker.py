@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kappa.broker import BrokerError, LocalBroker, free_port
+from kappa.log.broker import BrokerError, LocalBroker, free_port
 from kappa.config import Settings
-from kappa.generator import events, produce
-from kappa.topics import create_topic, partition_offsets
+from kappa.log.generator import events, produce
+from kappa.log.topics import create_topic, partition_offsets
 
 if TYPE_CHECKING:
     from conftest import KafkaCluster

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from kappa.lineage import batch_metadata, batches_from_history, expectations_from_history, with_expectations
-from kappa.oracle import BatchBoundary
-from kappa.replay.recompute import RecomputeError, _plan, _ranges
-from kappa.view import Expectation
-from kappa.replay.watch import WatchPolicy, _judge
+from kappa.runtime.lineage import batch_metadata, batches_from_history, expectations_from_history, with_expectations
+from kappa.runtime.lineage import BatchBoundary
+from kappa.runtime.rerun import RecomputeError, plan_steps
+from kappa.runtime.view import Expectation
+from kappa.control.replay.watch import WatchPolicy, _judge
 
 APP = "kappa:v@v1:run"
 
@@ -26,12 +26,13 @@ def _commit(batch: int, ends: dict[int, int], *, rows: int | None = None, violat
 
 def test_plan_marks_data_and_no_data_batches_and_refuses_gaps():
     batches = [BatchBoundary(0, {0: 5, 1: 3}), BatchBoundary(1, {0: 5, 1: 3}, 100), BatchBoundary(2, {0: 9, 1: 3})]
-    steps, ends = _plan(batches, {0: 0, 1: 0})
+    steps, ends = plan_steps(batches, {0: 0, 1: 0})
     assert [s.data for s in steps] == [True, False, True], "batch 1 read nothing: a no-data batch"
     assert ends == {0: [5, 5, 9], 1: [3, 3, 3]}
     with pytest.raises(RecomputeError, match=r"batches 1-2, 4 are no longer recorded"):
-        _plan([BatchBoundary(0, {0: 1}), BatchBoundary(3, {0: 2}), BatchBoundary(5, {0: 3})], {})
-    assert _ranges([1, 2, 3, 7, 9, 10]) == "1-3, 7, 9-10"
+        plan_steps([BatchBoundary(0, {0: 1}), BatchBoundary(3, {0: 2}), BatchBoundary(5, {0: 3})], {})
+    with pytest.raises(RecomputeError, match=r"batches 1-3, 7, 9-10 are"):
+        plan_steps([BatchBoundary(i, {0: i}) for i in (0, 4, 5, 6, 8, 11)], {})
 
 
 def test_lineage_carries_lookups_and_expectation_counts_once_per_batch():
@@ -79,11 +80,11 @@ def test_watch_judges_the_window_since_the_switch_not_the_run():
 
 
 def test_a_query_failure_is_told_by_the_python_error_inside_it():
-    from kappa.job import failure_line
+    from kappa.runtime.job import failure_line
 
     text = ("An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
             '  File "batch.py", line 9, in check\n    raise ExpectationFailed(...)\n'
-            "kappa.batch.ExpectationFailed: v@v3: expectation e (x > 0) failed on 2 of 5 rows\n"
+            "kappa.runtime.batch.ExpectationFailed: v@v3: expectation e (x > 0) failed on 2 of 5 rows\n"
             "\tat org.apache.spark.Foo(Foo.java:1)\norg.apache.spark.SparkException: wrapped\n")
     assert failure_line(text) == "ExpectationFailed: v@v3: expectation e (x > 0) failed on 2 of 5 rows"
     assert failure_line("[STREAM_FAILED] Query x terminated\nmore") == "[STREAM_FAILED] Query x terminated"

@@ -1,4 +1,4 @@
-"""kappa.replay.recompute.compare: the table against an expected result, by key or as a multiset of rows.
+"""kappa.verify.compare.compare: the table against an expected result, by key or as a multiset of rows.
 
 Real Spark DataFrames with hand-written rows, so each kind of difference is known in advance: a key missing from
 the table, one only in the table, a value that differs, a key the table holds twice, and null keys and values
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kappa.replay.recompute import compare
+from kappa.verify.compare import compare
 
 pytestmark = pytest.mark.integration
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kappa import generator
-from kappa.batch import latency_buckets
-from kappa.job import RunMismatch, ViewJob
-from kappa.lookups import CAMPAIGN_OF_AD, LookupCache
-from kappa.metrics import LATENCY_BUCKETS
-from kappa.view import load_view
+from kappa.log import generator
+from kappa.runtime.batch import latency_buckets
+from kappa.runtime.job import RunMismatch, ViewJob
+from kappa.runtime.lookups import CAMPAIGN_OF_AD, LookupCache
+from kappa.runtime.metrics import LATENCY_BUCKETS
+from kappa.runtime.view import load_view
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_tumbling_window_end_is_sparks_window_end_and_keeps_null_times(spark):
     row without event time stays a row (``window()`` in a projection would filter it out)."""
     from pyspark.sql import functions as F
 
-    from kappa.view import tumbling_window_end
+    from kappa.runtime.view import tumbling_window_end
 
     micros = [0, 1, 9_999_999, 10_000_000, 1_700_000_123_456_789, -1, -10_000_000, -10_000_001]
     rows = spark.createDataFrame([(m,) for m in micros] + [(None,)], "us BIGINT").select(
@@ -110,8 +110,8 @@ def test_quarantine_appends_are_idempotent_concurrent_and_readable_by_spark(spar
 
     from pyspark.sql import functions as F
 
-    from kappa.deltars import local_path
-    from kappa.sink import QUARANTINE_SCHEMA, QuarantineSink, ensure_table
+    from kappa.runtime.deltars import local_path
+    from kappa.runtime.sink import QUARANTINE_SCHEMA, QuarantineSink, ensure_table
 
     path = str(tmp_path / "quarantine")
     ensure_table(spark, path, QUARANTINE_SCHEMA, partition_by=("view",), properties={"delta.checkpointInterval": "5"})

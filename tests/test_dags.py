@@ -20,7 +20,7 @@ pytestmark = pytest.mark.airflow
 REPO = Path(__file__).resolve().parents[1]
 DAGS = REPO / "dags"
 #: Modules a DAG file must not import at parse time (Spark, the job plumbing, Kafka/Delta clients).
-HEAVY = ("pyspark", "kappa.job", "kappa.replay", "kappa.registry", "confluent_kafka", "deltalake", "jobs")
+HEAVY = ("pyspark", "kappa.runtime.job", "kappa.control.replay", "kappa.control.registry", "confluent_kafka", "deltalake", "jobs")
 
 
 def _no_network(*_args: Any, **_kwargs: Any) -> None:
@@ -143,10 +143,10 @@ def test_retire_dag_and_cli_delete_exactly_the_versions_past_their_keep(airflow_
     import duckdb
     from deltalake import write_deltalake
 
-    from kappa import replay
-    from kappa.cli import main
+    from kappa.control import replay
+    from kappa.front.cli import main
     from kappa.config import DEFAULT_KEEP_HOURS, Settings
-    from kappa.registry import Registry, utcnow
+    from kappa.control.registry import Registry, utcnow
     from tests.helpers import FakeRunner
 
     monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "home"))

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kappa import generator
+from kappa.log import generator
 from tests.crashloop import crash_loop
 from tests.views_oracle import assert_views_match
 

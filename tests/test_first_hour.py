@@ -24,11 +24,11 @@ import psutil
 import pytest
 
 from tests.docs_blocks import ROOT, shell_blocks
-from kappa import replay
-from kappa.broker import free_port
+from kappa.control import replay
+from kappa.log.broker import free_port
 from kappa.config import Settings
-from kappa.registry import Registry
-from kappa.serving import ServingAlias
+from kappa.control.registry import Registry
+from kappa.control.serving import ServingAlias
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -187,8 +187,8 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
         print(f"make down: exit {down.returncode}\n{down.stdout}{down.stderr}")
         print("first hour figures:", json.dumps(figures, indent=2))
     assert down.returncode == 0, down.stdout + down.stderr
-    from kappa.host import host_pid
-    from kappa.stack import Daemon
+    from kappa.runtime.host import host_pid
+    from kappa.process import Daemon
 
     assert host_pid(settings) is None and Daemon("producer", settings).pid() is None
     assert Daemon("airflow", settings).pid() is None

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kappa.config import Settings
-from kappa.generator import MALFORMED_KINDS, events, produce, produce_cmd, publish_campaigns, universe
-from kappa.topics import partition_offsets
+from kappa.log.generator import MALFORMED_KINDS, events, produce, produce_cmd, publish_campaigns, universe
+from kappa.log.topics import partition_offsets
 
 TopicFactory = Callable[..., str]
 ConsumeAll = Callable[..., list[Any]]

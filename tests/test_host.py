@@ -7,11 +7,11 @@ import time
 import psutil
 import pytest
 
-from kappa import generator
-from kappa.host import host_pid, stop_host
+from kappa.log import generator
+from kappa.runtime.host import host_pid, stop_host
 from kappa.identity import ViewPaths
-from kappa.runners.base import JobSpec
-from kappa.runners.local import LocalRunner
+from kappa.runtime.driver import JobSpec
+from kappa.control.runners.local import LocalRunner
 
 pytestmark = pytest.mark.integration
 

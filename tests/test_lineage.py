@@ -1,11 +1,11 @@
-"""kappa.lineage: batch boundaries carried by Delta commits (pure parsing; the real path is in test_replay)."""
+"""kappa.runtime.lineage: batch boundaries carried by Delta commits (pure parsing; the real path is in test_replay)."""
 
 from __future__ import annotations
 
 import json
 
-from kappa.lineage import batch_metadata, batches_from_history, parse_offset_log
-from kappa.oracle import BatchBoundary
+from kappa.runtime.lineage import batch_metadata, batches_from_history, parse_offset_log
+from kappa.runtime.lineage import BatchBoundary
 
 # the layout Spark writes to <checkpoint>/offsets/<batch id> (version, metadata, one line per source)
 OFFSET_LOG = "\n".join([
@@ -41,7 +41,7 @@ def test_history_gives_back_every_batch_of_one_run_in_order() -> None:
 
 def test_a_raised_watermark_the_engine_has_not_applied_yet_is_pending(tmp_path) -> None:
     """The checkpoint layout Spark writes: offsets/<N> has the batch's watermark, commits/<N> the next one."""
-    from kappa.checkpoint import pending_watermark
+    from kappa.runtime.checkpoint import pending_watermark
 
     main = tmp_path / "main"
     assert pending_watermark(str(main)) is None  # nothing committed yet

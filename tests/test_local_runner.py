@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from kappa.runners.local import group_members, terminate_group
+from kappa.process import group_members, terminate_group
 
 
 def test_terminate_group_leaves_no_process_of_the_group_behind():

@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kappa import generator
-from kappa.broker import free_port
+from kappa.log import generator
+from kappa.log.broker import free_port
 from tests.conftest import subprocess_env
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
     port = free_port()
     log = open(tmp_path / "job.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kappa.cli", "view", "run", "events_raw", "--starting", "earliest",
+        [sys.executable, "-m", "kappa.runtime.driver", "view", "events_raw", "--starting", "earliest",
          "--metrics-port", str(port), "--trigger-seconds", "1"],
         stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(lake), start_new_session=True)
     try:

@@ -1,8 +1,8 @@
-"""The benchmark peer (Quix Streams + delta-rs, :mod:`kappa.peer`) computes the YSB windowed count exactly.
+"""The benchmark peer (Quix Streams + delta-rs, :mod:`kappa.front.peer`) computes the YSB windowed count exactly.
 
 Real broker, real Quix Streams application in its own venv, real Delta table read back with delta-rs; the expected
 counts come from the independent plain-Python oracle over the raw records read back from Kafka
-(``kappa.oracle.read_log`` + ``validate_records`` + ``expected_window_counts``). The comparison is exact: every
+(``kappa.verify.oracle.read_log`` + ``validate_records`` + ``expected_window_counts``). The comparison is exact: every
 (campaign_id, window_start) with its count, no missing, extra or duplicated row.
 
 Why exact equality holds: the oracle counts every valid view, the peer drops views whose window its per-campaign
@@ -26,10 +26,10 @@ from datetime import datetime, timezone
 import pytest
 from deltalake import DeltaTable
 
-from kappa import generator, schemas
-from kappa.oracle import expected_campaign_catalog, expected_window_counts, read_log, validate_records
-from kappa.peer import PEER_IMPL, run_peer
-from kappa.peer_app import CompiledValidator
+from kappa.log import generator, schemas
+from kappa.verify.oracle import expected_campaign_catalog, expected_window_counts, read_log, validate_records
+from kappa.front.peer import PEER_IMPL, run_peer
+from kappa.front.peer_app import CompiledValidator
 
 WINDOW_MS = 10_000
 

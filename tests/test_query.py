@@ -1,4 +1,4 @@
-"""``kappa.query.run_query``: SQL over the serving views with delta-rs + DuckDB, on real Delta tables."""
+"""``kappa.front.query.run_query``: SQL over the serving views with delta-rs + DuckDB, on real Delta tables."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from deltalake import write_deltalake
 
 from kappa.config import Settings
 from kappa.identity import ViewPaths
-from kappa.query import QueryError, parse_as_of, run_query
-from kappa.registry import Registry, utcnow
-from kappa.serving import ServingAlias
+from kappa.front.query import QueryError, parse_as_of, run_query
+from kappa.control.registry import Registry, utcnow
+from kappa.control.serving import ServingAlias
 
 CWC = "campaign_window_counts"
 SESSIONS = "user_sessions"

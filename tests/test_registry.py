@@ -19,7 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from kappa.config import Settings
 from kappa.identity import ViewPaths
-from kappa.registry import (
+from kappa.control.registry import (
     STATES,
     TRANSITIONS,
     IllegalTransition,
@@ -29,7 +29,7 @@ from kappa.registry import (
     code_hash,
     utcnow,
 )
-from kappa.serving import ServingAlias, ServingError
+from kappa.control.serving import ServingAlias, ServingError
 
 VIEW = "user_sessions"
 MODULE = "jobs.user_sessions.v1"

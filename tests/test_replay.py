@@ -28,11 +28,12 @@ from typing import Any, Callable
 import pytest
 from deltalake import DeltaTable
 
-from kappa import generator, lineage, oracle, replay
+from kappa.log import generator, lineage, oracle, replay
 from kappa.config import Settings
-from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated, expected_window_counts_v2
-from kappa.registry import Registry
-from kappa.replay import ReplayError, ReplayRequest, VersionBusy
+from kappa.runtime.lineage import BatchBoundary
+from kappa.verify.oracle import LogRecord, OracleInput, Validated, expected_window_counts_v2
+from kappa.control.registry import Registry
+from kappa.control.replay import ReplayError, ReplayRequest, VersionBusy
 from tests.conftest import subprocess_env
 from tests.helpers import FakeRunner
 
@@ -84,7 +85,7 @@ class AliasReader(threading.Thread):
     def run(self) -> None:
         from deltalake import DeltaTable
 
-        from kappa.serving import ServingAlias
+        from kappa.control.serving import ServingAlias
 
         alias = ServingAlias(self.settings.lake_uri)
         while not self.stop.is_set():
@@ -103,16 +104,16 @@ class AliasReader(threading.Thread):
 @pytest.mark.airflow
 @pytest.mark.timeout(900)  # ~4 min on an idle 2-core machine; two Spark drivers share it
 def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airflow_home, tmp_path, monkeypatch):
-    from kappa.broker import free_port
-    from kappa.runners.base import JobSpec
-    from kappa.runners.local import LocalRunner
-    from kappa.serving import ServingAlias
-    from kappa.topics import partition_offsets
+    from kappa.log.broker import free_port
+    from kappa.runtime.driver import JobSpec
+    from kappa.control.runners.local import LocalRunner
+    from kappa.control.serving import ServingAlias
+    from kappa.log.topics import partition_offsets
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
     # Spark itself purges the checkpoint's offset log down to the last 2 batches: the strict check must get
-    # every batch boundary from the Delta commits (kappa.lineage), not from the checkpoint
+    # every batch boundary from the Delta commits (kappa.runtime.lineage), not from the checkpoint
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.sql.streaming.minBatchesToRetain=2 pyspark-shell")
     runner = LocalRunner(settings)
     registry = Registry(settings.lake_uri)
@@ -249,9 +250,9 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
     """user_sessions v1 rebuilt from earliest up to a timestamp (CLI/API path, LocalRunner, real job).
 
     Small micro-batches and a burst of very late events: Spark drops the burst's sessions by the previous batch's
-    watermark, so only a recomputation that follows the recorded batches (kappa.lineage) equals the table.
+    watermark, so only a recomputation that follows the recorded batches (kappa.runtime.lineage) equals the table.
     """
-    from kappa.runners.local import LocalRunner
+    from kappa.control.runners.local import LocalRunner
 
     view = "user_sessions"
     settings = lake.replace(home=tmp_path / "home")
@@ -327,7 +328,7 @@ def _delete_records(settings: Settings, topic: str, before: dict[int, int]) -> N
     """Advance the log start offsets, exactly what retention does to old segments."""
     from confluent_kafka import TopicPartition
 
-    from kappa.topics import admin_client
+    from kappa.log.topics import admin_client
 
     admin = admin_client(settings)  # keep a reference: the futures need the client alive
     futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in before.items()], operation_timeout=30)
@@ -337,8 +338,8 @@ def _delete_records(settings: Settings, topic: str, before: dict[int, int]) -> N
 
 @pytest.mark.integration
 def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_path):
-    from kappa.runners.local import LocalRunner
-    from kappa.topics import partition_offsets
+    from kappa.control.runners.local import LocalRunner
+    from kappa.log.topics import partition_offsets
 
     settings = lake.replace(home=tmp_path / "home")
     runner = LocalRunner(settings)
@@ -500,7 +501,7 @@ def test_spark_catalog_views_follow_the_serving_alias(spark, tmp_path):
     (["rollback", VIEW], f"error: {VIEW} has no serving version to roll back from"),
 ])
 def test_cli_refusals_are_one_line(argv, message, tmp_path, monkeypatch, capsys):
-    from kappa.cli import main
+    from kappa.front.cli import main
 
     monkeypatch.setenv("KAPPA_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("KAPPA_LAKE_URI", str(tmp_path / "lake"))
@@ -515,7 +516,7 @@ def test_retire_expired_stops_and_deletes_only_versions_past_their_keep(tmp_path
     import duckdb
     from deltalake import write_deltalake
 
-    from kappa.registry import utcnow
+    from kappa.control.registry import utcnow
 
     settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
     registry = Registry(settings.lake_uri)
@@ -545,7 +546,7 @@ def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
     """The CLI's wait loop (the rest of `kappa replay` is the functions tested above)."""
     from datetime import UTC, datetime
 
-    from kappa import cli
+    from kappa.front import cli
 
     samples = iter([(0, None), (2000, 40.0), (5000, 0.0)])
     calls = []
@@ -608,7 +609,7 @@ def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_pat
                                done=100_000, total=100_000 + lag, ratio=100_000 / (100_000 + lag), lag=lag, rate=None,
                                eta_seconds=None, sampled_at=datetime.now(UTC))
 
-    from kappa.replay import following
+    from kappa.control.replay import following
 
     monkeypatch.setattr(following, "_sample", lambda vv, **kw: sample(vv.name, vv.version, vv.settings))
     runner = FakeRunner(running={1, 2})
@@ -629,7 +630,7 @@ def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_pat
 def test_progress_is_measured_against_the_runs_fixed_target():
     """The ratio every place shows (job metric, CLI, sensor, status) comes from one function: against the target
     the run recorded when it started, it only grows while the live log keeps growing."""
-    from kappa.checkpoint import run_progress
+    from kappa.runtime.checkpoint import run_progress
 
     start, target = {0: 0, 1: 100}, {0: 1000, 1: 1100}
     seen = [run_progress(start, target, {0: done, 1: 100 + done}).ratio for done in (0, 250, 500, 1000, 1500)]
@@ -662,8 +663,8 @@ def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
 def test_dry_run_plans_and_changes_nothing(kafka, lake, airflow_home, tmp_path, monkeypatch, capsys):
     """`kappa replay --dry-run` and the DAG's dry_run Param: preflight + the plan, no registry, table, job or
     topic change."""
-    from kappa import cli
-    from kappa.topics import list_topics
+    from kappa.front import cli
+    from kappa.log.topics import list_topics
 
     settings = lake.replace(home=tmp_path / "home", lake_uri=str(tmp_path / "dry-lake"))
     _platform_env(monkeypatch, settings)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kappa import schemas
-from kappa.generator import MALFORMED_KINDS, events
+from kappa.log import schemas
+from kappa.log.generator import MALFORMED_KINDS, events
 
 
 def _write(root: Path, subject: str, version: int, schema: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from kappa.catalog import TopicSpec, load_catalog
 from kappa.config import Settings
-from kappa.topics import (
+from kappa.log.topics import (
     TopicError,
     admin_client,
     delete_topics,
@@ -127,7 +127,7 @@ def test_cli_honours_the_topic_prefix(kafka_settings: Settings) -> None:
     settings = kafka_settings.replace(topic_prefix=f"cli-{uuid.uuid4().hex[:6]}.")
     env = subprocess_env(settings)
     for args in (["topics", "ensure"], ["produce", "--count", "50", "--seed", "3"]):
-        proc = subprocess.run([sys.executable, "-m", "kappa.cli", *args], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "kappa.front.cli", *args], env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
     events = partition_offsets(settings, settings.topic("ad-events"))

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from kappa import generator, oracle, replay
+from kappa.log import generator, oracle, replay
 from kappa.config import Settings
-from kappa.registry import Registry
-from kappa.serving import ServingAlias
+from kappa.control.registry import Registry
+from kappa.control.serving import ServingAlias
 from tests.conftest import subprocess_env
 
 VIEW = "ad_type_counts"
@@ -44,8 +44,8 @@ MODULE = '''
 
 from pyspark.sql import functions as F
 
-from kappa.parsing import AD_EVENTS
-from kappa.view import ViewDefinition
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import ViewDefinition
 
 
 def transform(events):
@@ -72,8 +72,8 @@ CHECKED_VIEW = "checked_events"
 CHECKED = '''
 """checked_events - every valid event, with data-quality expectations."""
 
-from kappa.parsing import AD_EVENTS
-from kappa.view import Expectation, ViewDefinition
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import Expectation, ViewDefinition
 
 
 def transform(events):
@@ -168,7 +168,7 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
         kafka, lake, airflow_home, spark, team_view, tmp_path, monkeypatch):
     from deltalake import DeltaTable
 
-    from kappa.runners.local import LocalRunner
+    from kappa.control.runners.local import LocalRunner
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
@@ -225,7 +225,7 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
 
 
 class _FirstBatchWithRows:
-    """Fake sinks (``kappa.sink.DeltaSink`` subclasses) injecting one fault into the first batch that has output
+    """Fake sinks (``kappa.runtime.sink.DeltaSink`` subclasses) injecting one fault into the first batch that has output
     rows - faults the real sink never produces, which verification must catch."""
 
     fault = ""
@@ -234,7 +234,7 @@ class _FirstBatchWithRows:
     def make(cls, fault: str) -> type:
         from pyspark.sql import functions as F
 
-        from kappa.sink import DeltaSink, _append_once, table_columns
+        from kappa.runtime.sink import DeltaSink, _append_once, table_columns
 
         class Faulty(DeltaSink):
             touched: list[tuple[str, Any]] = []
@@ -263,8 +263,8 @@ def _run_version(spark: Any, settings: Settings, version: int, cut: int, *, view
                  on_done: Any = None) -> str | None:
     """Run the version's real job, bounded, in this process; register it caught up as a replay would.
     Returns the job's failure (None when it completed); ``on_done(job)`` runs before the job stops."""
-    from kappa.job import ViewJob
-    from kappa.view import load_view
+    from kappa.runtime.job import ViewJob
+    from kappa.runtime.view import load_view
 
     module = f"teamviews.{view_name}_v{version}"
     view = load_view(module)
@@ -293,7 +293,7 @@ def _run_version(spark: Any, settings: Settings, version: int, cut: int, *, view
 @pytest.mark.timeout(900)
 def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first_differing_key(
         kafka, lake, spark, team_view, tmp_path, monkeypatch, capsys):
-    import kappa.job
+    import kappa.runtime.job
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
@@ -309,7 +309,7 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
     for version, fault in ((2, "drop"), (3, "twice"), (4, "corrupt")):
         sink = _FirstBatchWithRows.make(fault)
         with monkeypatch.context() as patched:
-            patched.setattr(kappa.job, "DeltaSink", sink)
+            patched.setattr(kappa.runtime.job, "DeltaSink", sink)
             assert _run_version(spark, settings, version, cut) is None
         first_type, first_start = sink.touched[0]
         key = f"(ad_type={first_type!r}, window_start={first_start.isoformat(sep=' ')!r})"
@@ -343,7 +343,7 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
 
     # the CLI says the same and exits non-zero (in this process, so it reuses the Spark session; bin/kappa in a
     # process of its own is the first test's replay of v2)
-    from kappa.cli import main
+    from kappa.front.cli import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
@@ -362,7 +362,7 @@ def test_expectations_warn_drop_fail_are_counted_and_block_promotion(kafka, lake
 
     from deltalake import DeltaTable
 
-    from kappa.runners.local import LocalRunner
+    from kappa.control.runners.local import LocalRunner
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
@@ -439,9 +439,9 @@ def test_a_promoted_version_that_breaks_is_rolled_back_automatically(kafka, lake
     rolls back to v1 (its job running again), records why and fails the run."""
     import threading
 
-    from kappa.broker import free_port
-    from kappa.runners.base import JobSpec
-    from kappa.runners.local import LocalRunner
+    from kappa.log.broker import free_port
+    from kappa.runtime.driver import JobSpec
+    from kappa.control.runners.local import LocalRunner
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)

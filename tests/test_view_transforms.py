@@ -1,4 +1,4 @@
-"""Every shipped view's transform on a few hand-written records, with the testing kit (``kappa.testing``).
+"""Every shipped view's transform on a few hand-written records, with the testing kit (``kappa.runtime.testing``).
 
 No broker, no Delta: each test states the micro-batches a view reads and what its table must then hold, worked
 out by hand from the view's definition (windows, watermark, joins, sessions, upserts) - the kind of unit test a
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kappa.testing import run_view
+from kappa.runtime.testing import run_view
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from kappa import generator, oracle
+from kappa.log import generator, oracle
 from kappa.identity import ViewPaths
-from kappa.job import ViewJob
-from kappa.late import LATE_REASON
-from kappa.view import load_view
+from kappa.runtime.job import ViewJob
+from kappa.runtime.late import LATE_REASON
+from kappa.runtime.view import load_view
 from tests.helpers import committed_batches, delta_txns
 from tests.views_oracle import assert_views_match
 
@@ -124,7 +124,7 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
 
 
 def test_second_driver_for_same_version_is_refused(spark, kafka, declared_topics, lake):
-    from kappa.lock import DriverAlreadyRunning
+    from kappa.runtime.lock import DriverAlreadyRunning
 
     view = load_view("jobs.events_raw.v1")
     first = ViewJob(view, lake, spark=spark, starting="latest")
@@ -147,8 +147,8 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     record is kept once in the quarantine (reason `late`)."""
     from deltalake import DeltaTable
 
-    from kappa import lineage
-    from kappa.oracle import OracleInput
+    from kappa.runtime import lineage
+    from kappa.verify.oracle import OracleInput
 
     u = generator.universe(seed=14, campaigns=6, users=100)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
@@ -228,7 +228,8 @@ def test_session_view_drops_late_events_row_by_row_like_the_oracle(spark, tmp_pa
     from pyspark.sql import functions as F
 
     from jobs.user_sessions.v1 import VIEW
-    from kappa.oracle import BatchBoundary, LogRecord, OracleInput, Validated
+    from kappa.runtime.lineage import BatchBoundary
+    from kappa.verify.oracle import LogRecord, OracleInput, Validated
 
     s = 1_000
     plan = [[("v", 200 * s)], [("v", 201 * s)],                      # the watermark reaches 170 s, then 171 s

@@ -1,13 +1,13 @@
-"""Compare the Delta tables of the four views with the plain-Python oracle (kappa.oracle)."""
+"""Compare the Delta tables of the four views with the plain-Python oracle (kappa.verify.oracle)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kappa import lineage, oracle, replay
+from kappa.runtime import lineage, oracle, replay
 from kappa.config import Settings
 from kappa.identity import ViewPaths
-from kappa.oracle import OracleInput
+from kappa.verify.oracle import OracleInput
 from tests.helpers import read_table
 
 
@@ -37,7 +37,7 @@ def expected(settings: Settings) -> dict[str, Any]:
 
 
 def _batches(settings: Settings, view: str, events: list[Any]) -> "list[oracle.BatchBoundary]":
-    """The micro-batch boundaries and watermarks ``view`` recorded in its Delta commits (kappa.lineage): what a
+    """The micro-batch boundaries and watermarks ``view`` recorded in its Delta commits (kappa.runtime.lineage): what a
     watermarked view emits, drops as late and marks final depends on them. A driver restarted after its last
     data batch loses the watermark that batch advanced to (Spark keeps it in memory until the next batch is
     planned), so a bounded run may end with sessions or windows still open."""
@@ -116,7 +116,7 @@ def assert_views_match(spark: Any, settings: Settings) -> dict[str, int]:
     for view in ("events_raw", "campaign_window_counts", "user_sessions"):
         q = got["quarantine"].get(view, [])
         assert len(q) == len(set(q)), f"{view}: a record was quarantined twice"
-        # the window and session views also keep the records their watermark dropped (kappa.late)
+        # the window and session views also keep the records their watermark dropped (kappa.runtime.late)
         late = {"campaign_window_counts": exp["late_windows"], "user_sessions": exp["late_sessions"]}
         want = exp["bad_events"] | late.get(view, set())
         assert set(q) == want, (f"{view}: quarantine differs from the oracle's bad and late records: "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the Prometheus metric names the view drivers export, read from kappa/metrics.py.
+"""Print the Prometheus metric names the view drivers export, read from kappa/runtime/metrics.py.
 
 Counters are exposed with the ``_total`` suffix, histograms under their base name (``_bucket``/``_sum``/``_count``
 series), gauges as named. Used by infra/verify-offline.sh (promql-lint -metrics) and tests/deploy to check that
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-METRICS_PY = Path(__file__).resolve().parents[2] / "kappa" / "metrics.py"
+METRICS_PY = Path(__file__).resolve().parents[2] / "kappa" / "runtime" / "metrics.py"
 _DECL = re.compile(r"\b(Counter|Histogram|_BulkHistogram|Gauge|gauge)\(\s*\"(kappa_[a-z0-9_]+)\"")
 
 

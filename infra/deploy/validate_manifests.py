@@ -91,7 +91,7 @@ def embedded(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 def _bounded_job(data: dict[str, str]) -> dict[str, Any]:
     """The Job the Kubernetes runner builds from the view template for a bounded replay (its own code)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from kappa.runners.kubernetes import KubernetesRunner
+    from kappa.control.runners.kubernetes import KubernetesRunner
 
     runner = KubernetesRunner.from_configmap(data)
     return runner.job_manifest(SAMPLE["__KAPPA_VIEW__"], int(SAMPLE["__KAPPA_VERSION__"]), SAMPLE["__KAPPA_STARTING__"])

@@ -38,7 +38,7 @@ COPY --from=viewjob --chown=airflow:0 /opt/kappa/.cache/jars/spark/ .cache/jars/
 # Airflow stays at AIRFLOW_VERSION; everything else resolves to the project's tested versions (the lock as
 # constraints). The kubernetes client for the Kubernetes runner comes with the image's cncf.kubernetes provider.
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" --constraint requirements.lock -e /opt/kappa \
- && python -c "import airflow, kappa.runners.kubernetes, kubernetes; assert airflow.__version__ == '${AIRFLOW_VERSION}', airflow.__version__"
+ && python -c "import airflow, kappa.control.runners.kubernetes, kubernetes; assert airflow.__version__ == '${AIRFLOW_VERSION}', airflow.__version__"
 ENV KAPPA_REPO_ROOT=/opt/kappa \
     JAVA_HOME=/opt/java \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/kappa/dags \

@@ -9,7 +9,7 @@
 # Every ARG default equals infra/versions.env (tests/deploy/test_images.py). Layout: the repository at
 # /opt/kappa (KAPPA_REPO_ROOT), the package installed editable from there (so kappa/platform.yaml is
 # /opt/kappa/kappa/platform.yaml, where the chart's topics Job mounts its ConfigMap), jars in
-# /opt/kappa/.cache/jars/spark (what kappa.spark.spark_jars() reads).
+# /opt/kappa/.cache/jars/spark (what kappa.runtime.spark.spark_jars() reads).
 
 ARG PYTHON_VERSION=3.11
 ARG DEBIAN_RELEASE=bookworm

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from kappa.parsing import CAMPAIGNS
-from kappa.view import ViewDefinition
+from kappa.runtime.parsing import CAMPAIGNS
+from kappa.runtime.view import ViewDefinition
 
 
 def transform(records: DataFrame) -> DataFrame:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from kappa.lookups import CAMPAIGN_OF_AD
-from kappa.parsing import AD_EVENTS
-from kappa.view import Finality, ViewDefinition, tumbling_window_end
+from kappa.runtime.lookups import CAMPAIGN_OF_AD
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import Finality, ViewDefinition, tumbling_window_end
 
 WINDOW_SECONDS = 10
 WINDOW = f"{WINDOW_SECONDS} seconds"

@@ -7,7 +7,7 @@ same finality rule (``is_final`` turns true once the watermark passes ``window_e
 
 It gets its own table, checkpoint and Delta appId (``views/campaign_window_counts/v2/``), is built by replaying
 the retained log (``kappa replay campaign_window_counts --version 2``) and only serves once verified against
-``kappa.oracle.expected_window_counts_v2``.
+``kappa.verify.oracle.expected_window_counts_v2``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from kappa.lookups import CAMPAIGN_OF_AD
-from kappa.parsing import AD_EVENTS
-from kappa.view import Finality, ViewDefinition, tumbling_window_end
+from kappa.runtime.lookups import CAMPAIGN_OF_AD
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import Finality, ViewDefinition, tumbling_window_end
 
 WINDOW_SECONDS = 60
 WINDOW = f"{WINDOW_SECONDS} seconds"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from kappa.parsing import AD_EVENTS
-from kappa.view import ViewDefinition
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import ViewDefinition
 
 COLUMNS = ("user_id", "page_id", "ad_id", "ad_type", "event_type", "event_time", "ip", "event_ts",
            "topic", "partition", "offset", "kafka_timestamp")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from kappa.parsing import AD_EVENTS
-from kappa.view import ViewDefinition
+from kappa.runtime.parsing import AD_EVENTS
+from kappa.runtime.view import ViewDefinition
 
 GAP = "30 seconds"
 WATERMARK_SECONDS = 30

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import deploy_helpers as h
-from kappa.runners.kubernetes import KubernetesRunner
+from kappa.control.runners.kubernetes import KubernetesRunner
 
 pytestmark = pytest.mark.deploy
 
@@ -103,8 +103,8 @@ def test_the_host_cli_maps_each_view_to_its_container_port(helm: Path, tmp_path:
     """The rendered command line, parsed by the real `kappa host run`: i-th --view -> metrics port base + i."""
     from typer.testing import CliRunner
 
-    import kappa.host
-    from kappa.cli import app
+    import kappa.runtime.host
+    from kappa.front.cli import app
 
     hosted: dict = {}
 
@@ -115,7 +115,7 @@ def test_the_host_cli_maps_each_view_to_its_container_port(helm: Path, tmp_path:
         def run(self) -> None:
             pass
 
-    monkeypatch.setattr(kappa.host, "ViewHost", FakeHost)
+    monkeypatch.setattr(kappa.runtime.host, "ViewHost", FakeHost)
     objs = h.render(GROUPED, {"views": {"user_sessions": {"starting": "ts:1700000000000"}}}, tmp_dir=tmp_path)
     c = _container(_grouped(objs))
     assert c["args"][0] == "kappa"
@@ -141,7 +141,7 @@ def test_grouped_probes_check_every_view_port(helm: Path, tmp_path: Path) -> Non
     """readiness: every view's /metrics answers; startup/liveness: at least one (a failed view is stopped alone)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from kappa.broker import free_port
+    from kappa.log.broker import free_port
 
     c = _container(_grouped(h.render(GROUPED, tmp_dir=tmp_path)))
     ports = [str(p["containerPort"]) for p in c["ports"] if p["name"].startswith("m-")]

@@ -119,7 +119,7 @@ def test_view_job_layout_matches_the_chart(default_objs: list[dict]) -> None:
     mount = next(m for m in h.pod_spec(job)["containers"][0]["volumeMounts"] if m["name"] == "platform")
     assert mount["mountPath"] == "/opt/kappa/kappa/platform.yaml"
     assert "pip install --no-deps -e /opt/kappa" in text and "WORKDIR /opt/kappa" in text
-    assert "COPY --from=jars /jars/ .cache/jars/spark/" in text  # kappa.spark.spark_jars(<repo>/.cache/jars)
+    assert "COPY --from=jars /jars/ .cache/jars/spark/" in text  # kappa.runtime.spark.spark_jars(<repo>/.cache/jars)
     # the chart points SPARK_CONF_DIR at its ConfigMap and the executor template uses the image's entrypoint
     driver = h.view_deployments(default_objs)[0]
     env = {e["name"]: e.get("value") for e in h.pod_spec(driver)["containers"][0]["env"]}

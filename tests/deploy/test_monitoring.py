@@ -34,7 +34,7 @@ def base(name: str) -> str:
 
 def test_exported_metrics_are_read_from_the_code() -> None:
     exported = set(exported_metrics())
-    assert BRIEF_METRICS <= exported, f"kappa/metrics.py lacks {sorted(BRIEF_METRICS - exported)}"
+    assert BRIEF_METRICS <= exported, f"kappa/runtime/metrics.py lacks {sorted(BRIEF_METRICS - exported)}"
     # counters are exposed with _total, histograms by base name
     assert exported_metrics('Counter("kappa_x", "d")\nHistogram(\n  "kappa_h", "d")') == ["kappa_h", "kappa_x_total"]
 

@@ -1,4 +1,4 @@
-"""kappa.runners.kubernetes: the manifest it submits is exactly what the chart renders; API calls on a fake."""
+"""kappa.control.runners.kubernetes: the manifest it submits is exactly what the chart renders; API calls on a fake."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import deploy_helpers as h
-from kappa.runners.kubernetes import KubernetesRunner, KubernetesRunnerError, validate_starting, view_slug
+from kappa.control.runners.kubernetes import KubernetesRunner, KubernetesRunnerError, validate_starting, view_slug
 
 pytestmark = pytest.mark.deploy
 
@@ -259,7 +259,8 @@ def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
 
 
 def test_start_accepts_a_job_spec(helm: Path) -> None:
-    from kappa.runners.base import JobSpec, JobStatus
+    from kappa.control.runners.base import JobStatus
+    from kappa.runtime.driver import JobSpec
 
     objs = h.render()
     apps, core, batch = FakeApps(), FakeCore(), FakeBatch()
@@ -277,7 +278,7 @@ def test_start_accepts_a_job_spec(helm: Path) -> None:
 
 def test_bounded_replay_is_a_job_with_the_chart_pod_template(helm: Path) -> None:
     """A bounded driver exits by itself: under a Deployment the kubelet would restart it forever."""
-    from kappa.runners.base import JobSpec
+    from kappa.runtime.driver import JobSpec
 
     objs = h.render(sets=["viewJobs.spark.mode=kubernetes"])
     apps, core, batch = FakeApps(), FakeCore(), FakeBatch()

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kappa.broker import free_port
+from kappa.log.broker import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import deploy_helpers as h  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kappa.runners.base import JobSpec
+from kappa.runtime.driver import JobSpec
 from tests.k8s.conftest import ROOT, Cluster
 
 pytestmark = pytest.mark.k8s
@@ -95,7 +95,7 @@ def test_pods_that_break_restricted_are_refused(cluster: Cluster, release: str):
 def test_runner_starts_stops_and_bounds_drivers_as_the_airflow_account(cluster: Cluster, release: str,
                                                                        as_runner: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch):
-    from kappa.runners.kubernetes import KubernetesRunner
+    from kappa.control.runners.kubernetes import KubernetesRunner
 
     data = cluster.get("configmap", "kappa-view-template", "-n", release)["data"]
     for name, text in data.items():
@@ -139,16 +139,16 @@ def test_runner_starts_stops_and_bounds_drivers_as_the_airflow_account(cluster: 
 
 def test_promote_rollback_and_retire_act_on_the_right_drivers(cluster: Cluster, release: str, as_runner: Path,
                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The replay steps (kappa.replay) with the Kubernetes runner: promote stops the replaced version's driver,
+    """The replay steps (kappa.control.replay) with the Kubernetes runner: promote stops the replaced version's driver,
     rollback starts the kept one again and stops the other, retire stops nothing that serves. The registry and
     alias are a local lake with two tiny tables (no Spark); the drivers are real Deployments."""
     import duckdb
     from deltalake import write_deltalake
 
-    from kappa import replay
+    from kappa.control import replay
     from kappa.config import Settings
-    from kappa.registry import Registry, utcnow
-    from kappa.runners.kubernetes import KubernetesRunner
+    from kappa.control.registry import Registry, utcnow
+    from kappa.control.runners.kubernetes import KubernetesRunner
 
     for name, text in cluster.get("configmap", "kappa-view-template", "-n", release)["data"].items():
         (tmp_path / name).write_text(text)

@@ -10,7 +10,7 @@ The view-workload templates: ONE definition used twice.
        __KAPPA_VIEW_SLUG__   its DNS-label form (campaign-window-counts)
        __KAPPA_VERSION__     view version (integer)
        __KAPPA_STARTING__    starting position (earliest | latest | JSON offsets | ts:<epoch ms>)
-     into a ConfigMap that the in-cluster Kubernetes runner (kappa/runners/kubernetes.py) reads, so a
+     into a ConfigMap that the in-cluster Kubernetes runner (kappa/control/runners/kubernetes.py) reads, so a
      replay started from Airflow creates exactly the object the chart would have created.
 
 Arguments (dict): root ($), view, slug, version (string), starting.
@@ -53,7 +53,7 @@ runner starts, in both modes). Arguments (dict): root ($), view, slug, version (
 
 {{/*
 viewJobs.grouping=grouped: ONE Deployment (<fullname>-views) running every running view version of
-"kappa.runningViews" in one Spark application (kappa/host.py, `kappa host run`): each view version keeps its
+"kappa.runningViews" in one Spark application (kappa/runtime/host.py, `kappa host run`): each view version keeps its
 own streaming query, checkpoint, driver lock and FAIR pool, and the i-th one serves /metrics on
 viewJobs.metricsPort + i (container port m-<i>). Rendered only when at least one view version runs.
 Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).

@@ -1,0 +1,281 @@
+"""Progress and catch-up: how far a version's job got, and whether it is ready to be verified."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Mapping
+
+from kappa.runtime.checkpoint import offsets_of, run_progress
+from kappa.errors import one_line
+from kappa.identity import view_ref
+from kappa.control.registry import RegistryError
+from kappa.control.replay.planning import _human_seconds
+from kappa.control.replay.request import DEFAULT_MAX_LAG, ReplayError, offsets_from_json, spark_offsets
+from kappa.control.replay.version import ViewVersion, registry_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.control.runners.base import Runner
+
+__all__ = ["CatchUp", "Progress", "caught_up", "progress"]
+
+log = logging.getLogger("kappa.control.replay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """How far a version's job got (a sample; two samples give a rate).
+
+    Attributes:
+        view: View name.
+        version: Version.
+        topic: Stream topic.
+        start_offsets: Where the run started.
+        processed_offsets: End offsets of the last committed micro-batch (start offsets if none yet).
+        target_offsets: The run's fixed target (:mod:`kappa.runtime.checkpoint`): the log end when the run started
+            (live) or the offsets at the end timestamp (bounded).
+        batch_id: Last committed micro-batch (None: none yet).
+        done: Records processed since the start, up to the target.
+        total: Records from the start to the target.
+        ratio: ``done / total`` (1.0 when there is nothing to do); never goes down for one run.
+        lag: Records between the processed offsets and the log end (live) or the end timestamp (bounded).
+        rate: Records/s between the previous sample and this one; when no micro-batch completed in between, the
+            average since the version was registered (None when nothing was processed yet).
+        eta_seconds: ``lag / rate`` (None when unknown).
+        sampled_at: Time of the sample (UTC).
+        job_state: Runner status of the job (``running``, ``finished``...), if asked.
+        log_end: The log end now (live) or the offsets at the end timestamp (bounded); ``lag`` is measured to it.
+    """
+
+    view: str
+    version: int
+    topic: str
+    start_offsets: dict[int, int]
+    processed_offsets: dict[int, int]
+    target_offsets: dict[int, int]
+    batch_id: int | None
+    done: int
+    total: int
+    ratio: float
+    lag: int
+    rate: float | None
+    eta_seconds: float | None
+    sampled_at: datetime
+    job_state: str | None = None
+    log_end: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.log_end:  # a sample built by hand: the target is the log end
+            object.__setattr__(self, "log_end", dict(self.target_offsets))
+
+    @property
+    def ref(self) -> str:
+        """``<view>@v<N>``."""
+        return view_ref(self.view, self.version)
+
+    @property
+    def eta_text(self) -> str:
+        """The ETA for humans (``42 s``, ``3.5 min``, ``unknown``)."""
+        return _human_seconds(self.eta_seconds)
+
+    def summary(self) -> str:
+        """One human line."""
+        rate = f", {self.rate:,.0f} rec/s" if self.rate is not None else ""
+        return (f"{self.ref}: {self.ratio:.1%} ({self.done:,}/{self.total:,} records), lag {self.lag:,}{rate}, "
+                f"ETA {_human_seconds(self.eta_seconds)}, batch {self.batch_id if self.batch_id is not None else '-'}")
+
+    def metrics_text(self) -> str:
+        """The sample as Prometheus exposition lines (logged by the DAG; the job exports its own gauges)."""
+        labels = f'{{view="{self.view}",version="{self.version}"}}'
+        lines = [f"kappa_replay_progress_ratio{labels} {self.ratio:.6f}",
+                 f"kappa_replay_lag_records{labels} {self.lag}",
+                 f"kappa_replay_processed_records{labels} {self.done}"]
+        if self.rate is not None:
+            lines.append(f"kappa_replay_rate_records_per_second{labels} {self.rate:.3f}")
+        if self.eta_seconds is not None:
+            lines.append(f"kappa_replay_eta_seconds{labels} {self.eta_seconds:.1f}")
+        return "\n".join(lines)
+
+
+def progress(view: str, version: int, settings: Settings, *, end_timestamp_ms: int | None = None,
+             previous: Progress | None = None, record: bool = False, by: str = "kappa:progress") -> Progress:
+    """Sample a version's progress from its checkpoint and the log.
+
+    ``ratio`` is :func:`kappa.runtime.checkpoint.run_progress` against the run's fixed target (``run.json``; the log end
+    now until the job has recorded it), the same number the job exports as ``kappa_replay_progress_ratio``; it
+    never goes down. ``lag`` is what remains to the log end (live) or to the end timestamp (bounded).
+
+    Args:
+        view: View name.
+        version: Version.
+        settings: Platform settings.
+        end_timestamp_ms: Bounded replays: the end timestamp (target = first offsets at it). None: live.
+        previous: An earlier sample for the rate/ETA; default: the registry row's ``end_offsets`` and
+            ``updated_at`` (the sample last recorded).
+        record: Store this sample in the registry row (``end_offsets`` + a note with ratio, lag and ETA) while
+            the version is ``building`` or ``caught_up`` -- how progress is exported without a pushgateway.
+        by: Who records it.
+    """
+    return _sample(ViewVersion.resolve(view, version, settings), end_timestamp_ms=end_timestamp_ms,
+                   previous=previous, record=record, by=by)
+
+
+def _sample(vv: ViewVersion, *, end_timestamp_ms: int | None, previous: Progress | None, record: bool,
+            by: str) -> Progress:
+    from kappa.log.topics import offsets_for_timestamp, partition_offsets
+
+    settings, view, version, topic = vv.settings, vv.name, vv.version, vv.topic
+    registry = registry_of(settings)
+    rec = registry.get(view, version)
+    bounds = partition_offsets(settings, topic)
+    run = vv.run_info()
+    start = offsets_from_json(rec.start_offsets) if rec is not None else {}
+    if not start:
+        start = offsets_of(run.get("start_offsets")) or {p: lo for p, (lo, _hi) in bounds.items()}
+    if end_timestamp_ms is not None:
+        at_end = offsets_for_timestamp(settings, topic, end_timestamp_ms)
+        log_end = {p: max(start.get(p, 0), at_end.get(p, hi)) for p, (_lo, hi) in bounds.items()}
+    else:
+        log_end = {p: hi for p, (_lo, hi) in bounds.items()}
+    target = offsets_of(run.get("target_offsets")) or dict(log_end)
+    processed, batch = vv.committed_offsets()
+    processed = {p: processed.get(p, start.get(p, 0)) for p in log_end}
+    counted = run_progress(start, target, processed)
+    lag = sum(max(0, log_end[p] - processed[p]) for p in log_end)
+    now = datetime.now(UTC)
+
+    def consumed(offsets: Mapping[int, int]) -> int:  # records read since the start (for the rate)
+        return sum(max(0, offsets.get(p, start.get(p, 0)) - start.get(p, 0)) for p in log_end)
+
+    prev_consumed: int | None = None
+    prev_at: datetime | None = None
+    if previous is not None:
+        prev_consumed, prev_at = consumed(previous.processed_offsets), previous.sampled_at
+    elif rec is not None and rec.end_offsets and rec.state in {"building", "caught_up"}:
+        prev_consumed, prev_at = consumed(offsets_from_json(rec.end_offsets)), rec.updated_at
+    rate = eta = None
+    if prev_consumed is not None and prev_at is not None and (now - prev_at).total_seconds() > 0.5:
+        rate = max(0.0, (consumed(processed) - prev_consumed) / (now - prev_at).total_seconds())
+    if not rate and consumed(processed) > 0 and rec is not None and (now - rec.created_at).total_seconds() > 0:
+        # no micro-batch since the previous sample (batches are discrete): the average since registration
+        rate = consumed(processed) / (now - rec.created_at).total_seconds()
+    if lag == 0:
+        eta = 0.0
+    elif rate:
+        eta = lag / rate
+    sample = Progress(view=view, version=version, topic=topic, start_offsets=start, processed_offsets=processed,
+                      target_offsets=target, batch_id=batch, done=counted.done, total=counted.total,
+                      ratio=counted.ratio, lag=lag, rate=rate, eta_seconds=eta, sampled_at=now, log_end=log_end)
+    if record and rec is not None and rec.state in {"building", "caught_up"}:
+        fields: dict[str, Any] = {"end_offsets": spark_offsets(topic, processed)}
+        app_id = vv.app_id()
+        if app_id and app_id != rec.app_id:
+            fields["app_id"] = app_id
+        if offsets_from_json(rec.end_offsets) != processed or "app_id" in fields:
+            try:
+                registry.set_state(view, version, rec.state, by=by, note=sample.summary(), **fields)
+            except RegistryError as exc:  # a concurrent state change: the sample is simply not recorded
+                log.warning("progress of %s not recorded: %s", sample.ref, one_line(exc))
+    return sample
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Whether a version has caught up, and why (one line, recorded in the registry and shown to operators).
+
+    It is truthy when caught up, so ``if caught_up(...)`` reads naturally.
+    """
+
+    done: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.done
+
+
+def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
+              end_timestamp_ms: int | None = None, max_lag: int = DEFAULT_MAX_LAG,
+              sample: Progress | None = None) -> CatchUp:
+    """Whether the version's job has caught up (with the reason); when it has, the registry row moves to
+    ``caught_up`` with the reason in its note.
+
+    Live (``end_timestamp_ms`` None): the job runs, committed at least one batch and lags at most ``max_lag``
+    records behind the log end; a stateful version that read everything must also have applied the watermark
+    its last batch raised (Spark's no-data batch), else the windows it closes are not in the table yet. When the
+    version serving now lags more than ``max_lag`` itself (a loaded machine), the new one has caught up once it
+    lags no more than the serving one - and the reason says so, with both lags: it is then as current as what
+    readers see, not within ``max_lag``. Bounded: the job finished and processed everything before the end
+    timestamp.
+
+    Raises:
+        ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``).
+    """
+    vv = ViewVersion.resolve(view, version, settings)
+    status = runner.status(view, version)
+    p = sample or _sample(vv, end_timestamp_ms=end_timestamp_ms, previous=None, record=True, by=by)
+    registry = registry_of(settings)
+    rec = registry.get(view, version)
+    ref = vv.ref
+    if end_timestamp_ms is not None:
+        reached = all(p.processed_offsets.get(part, 0) >= off for part, off in p.log_end.items())
+        done = status.state == "finished" and reached
+        reason = (f"finished: every record before ts {end_timestamp_ms} processed" if done else
+                  f"bounded run {status.state}, {p.lag:,} records before ts {end_timestamp_ms} left")
+    elif status.state != "running" or p.batch_id is None:
+        done, reason = False, ("no micro-batch committed yet" if status.state == "running" else
+                               f"job {status.state}")
+    elif p.lag == 0 and (owed := _owed_output(vv)):
+        done, reason = False, owed
+    elif p.lag <= max_lag:
+        done, reason = True, f"lag {p.lag:,} records <= max_lag {max_lag:,}"
+    else:
+        serving = _serving_lag(view, version, settings)
+        if serving is not None and p.lag <= serving[1]:
+            done, reason = True, (f"lag {p.lag:,} records > max_lag {max_lag:,}, but the serving version "
+                                  f"v{serving[0]} lags {serving[1]:,} itself: {ref} is as current as what readers "
+                                  "see now")
+        else:
+            behind = f" (the serving version v{serving[0]} lags {serving[1]:,})" if serving is not None else ""
+            done, reason = False, f"lag {p.lag:,} records > max_lag {max_lag:,}{behind}"
+    stopped = status.state == "failed" or (status.state in {"stopped", "finished"} and not done)
+    if stopped:
+        reason = f"{ref}: job no longer running ({status.state}: {status.detail}) before catching up; {p.summary()}"
+        if rec is not None and rec.state in {"building", "caught_up"}:
+            registry.set_state(view, version, "failed", by=by, note=reason[:500])
+        raise ReplayError(reason)
+    if done and rec is not None and rec.state in {"building", "caught_up"}:
+        registry.set_state(view, version, "caught_up", by=by, expected={"building", "caught_up"},
+                           end_offsets=spark_offsets(p.topic, p.processed_offsets),
+                           note=f"caught up: {reason}; {p.summary()}"[:500])
+    return CatchUp(done, reason)
+
+
+def _owed_output(vv: ViewVersion) -> str | None:
+    """Why a stateful version that read everything is not current yet: its engine still owes the no-data batch
+    that applies the watermark its last batch raised (the windows it closes are not in the table yet); None
+    when nothing is owed."""
+    pending = vv.pending_watermark()
+    if pending is None or not vv.definition.stateful:
+        return None
+    return (f"every record read, but the watermark its last batch raised ({_utc(pending[0])} -> {_utc(pending[1])}) "
+            "is not applied yet: the no-data batch that emits the windows it closes has not run")
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S") if ms else "none"
+
+
+def _serving_lag(view: str, version: int, settings: Settings) -> tuple[int, int] | None:
+    """(version, records it lags behind the log end) of the version serving ``view`` now; None if no other
+    version serves, it has committed nothing yet, or its lag cannot be read."""
+    try:
+        serving = registry_of(settings).serving(view)
+        if serving is None or serving.version == version:
+            return None
+        sample = progress(view, serving.version, settings)
+        return (serving.version, sample.lag) if sample.batch_id is not None else None
+    except Exception as exc:  # noqa: BLE001 - only the comparison is lost; max_lag still applies
+        log.warning("%s: cannot sample the serving version's lag: %s", view, one_line(exc))
+        return None

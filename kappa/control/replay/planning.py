@@ -1,0 +1,339 @@
+"""Preflight: can this replay start, from which exact offsets, how big is it and how long will it take.
+
+Changes nothing (also the whole of a dry run).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Mapping
+
+from kappa.errors import one_line
+from kappa.identity import ViewPaths
+from kappa.control.registry import Registry, code_hash
+from kappa.control.replay.request import (ReplayError, ReplayRequest, VersionBusy, offsets_from_json, parse_offsets,
+                                  spark_offsets)
+from kappa.control.replay.version import ViewVersion, registry_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.control.runners.base import Runner
+
+__all__ = ["MIN_MEASURED_RECORDS", "THROUGHPUT_HISTORY", "Preflight", "measured_throughput", "preflight"]
+
+log = logging.getLogger("kappa.control.replay")
+
+#: The preflight's ETA uses the throughput of the last this many replays...
+THROUGHPUT_HISTORY = 3
+#: ... of at least this many records (a tiny replay measures its start-up, not its rate).
+MIN_MEASURED_RECORDS = 10_000
+#: Records sampled to estimate the average record size.
+_SAMPLE_RECORDS = 200
+#: Registry states of a version whose replay is past launching.
+_BUSY_STATES = frozenset({"caught_up", "verified", "serving"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preflight:
+    """What :func:`preflight` found; JSON-friendly (:meth:`to_dict`) so a DAG can pass it between tasks.
+
+    Attributes:
+        request: The validated request.
+        module: Module implementing the version.
+        topic: Stream topic of the version.
+        start_offsets: Resolved start offset per partition (the registry's record when resuming).
+        log_start: Earliest retained offset per partition.
+        log_end: Log end offset per partition, at preflight time.
+        target_offsets: Where the replay is complete: the log end (live) or the first offsets at the end
+            timestamp (bounded).
+        records: Records to replay (``target - start``; live logs keep growing).
+        avg_record_bytes: Average key + value size of a sample of the records.
+        bytes_estimate: ``records * avg_record_bytes``.
+        throughput: Records/s this platform replayed at (earlier replays), None when not measured yet.
+        throughput_source: Where it comes from, or why it is unknown.
+        eta_seconds: ``records / throughput`` (None: unknown until the replay's first batches give a rate).
+        existing_state: Registry state of the version if it was registered already (resume), else None.
+        job_state: Runner status of its job.
+    """
+
+    request: ReplayRequest
+    module: str
+    topic: str
+    start_offsets: dict[int, int]
+    log_start: dict[int, int]
+    log_end: dict[int, int]
+    target_offsets: dict[int, int]
+    records: int
+    avg_record_bytes: float
+    bytes_estimate: int
+    throughput: float | None
+    throughput_source: str
+    eta_seconds: float | None
+    existing_state: str | None = None
+    job_state: str = "stopped"
+
+    @property
+    def starting(self) -> str:
+        """The job's start position: Spark JSON offsets ``{"topic": {"0": o, ...}}``."""
+        return spark_offsets(self.topic, self.start_offsets)
+
+    def summary(self) -> str:
+        """One human line: what will be replayed, how big, how long."""
+        what = (f"{self.request.ref}: replay {self.records:,} records (~{_human_bytes(self.bytes_estimate)}) of "
+                f"{self.topic} from {_short_offsets(self.start_offsets)}")
+        end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
+        if self.throughput is None or self.eta_seconds is None:
+            eta = f"; ETA unknown until its first micro-batches ({self.throughput_source})"
+        else:
+            eta = (f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s "
+                   f"({self.throughput_source})")
+        resume = f"; resuming ({self.existing_state}, job {self.job_state})" if self.existing_state else ""
+        return what + end + eta + resume
+
+    def plan(self) -> list[str]:
+        """The steps a replay of this request would take, one line each (what ``--dry-run`` prints)."""
+        req = self.request
+        if self.existing_state:
+            steps = [f"follow {req.ref}, already {self.existing_state} (job {self.job_state}); register nothing"]
+        else:
+            batches = (f" in micro-batches of at most {req.max_offsets_per_trigger:,} records"
+                       if req.max_offsets_per_trigger else "")
+            steps = [f"register {req.ref} as building in the registry (code {self.module}, start "
+                     f"{_short_offsets(self.start_offsets)})",
+                     f"start its job from those offsets{batches}, writing a table of its own"]
+        steps.append(f"wait until it processed every record before ts {req.end_timestamp_ms} and stopped"
+                     if req.bounded else f"wait until it lags at most {req.max_lag:,} records behind the log end "
+                     "(or no more than the serving version)")
+        steps.append("verify: strict - the table must equal the plain-Python oracle over the offsets it holds"
+                     if req.verify == "strict" else "verify: none - accept the table as it is")
+        steps.append(f"promote: switch readers to {req.ref} in one Delta commit, keep the replaced version "
+                     f"{req.keep_hours:g} h" if req.auto_promote else
+                     f"do not promote (later: kappa promote {req.view} --version {req.version})")
+        return steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form (int keys become strings)."""
+        out = dataclasses.asdict(self)
+        out["request"] = dataclasses.asdict(self.request)
+        for name in ("start_offsets", "log_start", "log_end", "target_offsets"):
+            out[name] = {str(p): o for p, o in getattr(self, name).items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Preflight:
+        """Inverse of :meth:`to_dict`."""
+        values = dict(data)
+        values["request"] = ReplayRequest(**values["request"])
+        for name in ("start_offsets", "log_start", "log_end", "target_offsets"):
+            values[name] = {int(p): int(o) for p, o in values[name].items()}
+        return cls(**values)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _human_seconds(s: float | None) -> str:
+    if s is None or s != s or s == float("inf"):
+        return "unknown"
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _short_offsets(offsets: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items())) + "}"
+
+
+def _describe_start(req: ReplayRequest) -> str:
+    if req.start == "timestamp":
+        return f"ts:{req.start_timestamp_ms}"
+    return "offsets" if req.start == "offsets" else "earliest"
+
+
+def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume: bool = False,
+              check_start: bool = True) -> Preflight:
+    """Check that a replay can start and estimate its size and duration; changes nothing.
+
+    Args:
+        req: The request (validated here).
+        settings: Platform settings (Kafka, lake).
+        runner: Job runner (asked whether the version already runs).
+        resume: Follow an existing run of the version instead of refusing it (DAG reruns). A version that
+            already serves is still reported via :class:`VersionBusy`.
+        check_start: When resuming, refuse a request whose start differs from the one the version was launched
+            with (False: follow the run whatever its start, e.g. ``kappa replay`` without ``--start``).
+
+    Raises:
+        ReplayError: Invalid request, unknown view/version, version registered with other code, retired
+            version, a start the topic's retention no longer covers (one line naming every partition's gap), or
+            a start other than the one the version is already building from.
+        VersionBusy: The version already runs or is past building (without ``resume``), or already serves.
+    """
+    from kappa.log.topics import TopicError, offsets_for_timestamp, partition_offsets
+
+    req.validate()
+    vv = ViewVersion.resolve(req.view, req.version, settings)
+    module, declared, topic = vv.module, vv.stream_topic, vv.topic
+    registry = registry_of(settings)
+    existing = registry.get(req.view, req.version)
+    job = runner.status(req.view, req.version)
+    if existing is not None:
+        current_hash = code_hash(module)
+        if existing.code_hash != current_hash:
+            raise ReplayError(f"{req.ref} was registered with other code (sha256 {existing.code_hash[:12]}, now "
+                              f"{current_hash[:12]}); a version's table belongs to its code: create version "
+                              f"{req.version + 1}")
+        if existing.state == "retired":
+            raise ReplayError(f"{req.ref} is retired; serve it again with `kappa rollback {req.view} --to "
+                              f"{req.version}` instead of replaying it")
+        if existing.state == "serving":
+            raise VersionBusy(f"{req.ref} already serves; nothing to replay", existing)
+    if existing is None and job.state == "running":
+        raise VersionBusy(f"{req.ref} already runs ({job.detail}) but is not registered (started by hand?); its "
+                          "start is unknown, so it cannot be verified - stop it with `kappa view stop "
+                          f"{req.view} --version {req.version}` and replay again")
+    busy = job.state == "running" or (existing is not None and existing.state in _BUSY_STATES)
+    if busy and not resume:
+        state = existing.state if existing is not None else "unregistered"
+        raise VersionBusy(f"{req.ref} is already {state} (job {job.state}: {job.detail}); refusing to start it "
+                          "again - see `kappa status`, or stop it with `kappa view stop "
+                          f"{req.view} --version {req.version}`", existing)
+
+    try:
+        bounds = partition_offsets(settings, topic)
+    except TopicError as exc:
+        raise ReplayError(f"{req.ref}: {one_line(exc)}") from None
+    log_start = {p: lo for p, (lo, _hi) in bounds.items()}
+    log_end = {p: hi for p, (_lo, hi) in bounds.items()}
+
+    def requested() -> dict[int, int]:
+        if req.start == "earliest":
+            return dict(log_start)
+        if req.start == "timestamp":
+            return offsets_for_timestamp(settings, topic, int(req.start_timestamp_ms or 0))
+        asked = parse_offsets(req.start_offsets, (declared, topic))
+        missing = sorted(set(log_end) - set(asked))
+        unknown = sorted(set(asked) - set(log_end))
+        if missing or unknown:
+            raise ReplayError(f"start_offsets must name every partition of {topic} "
+                              f"({', '.join(map(str, sorted(log_end)))}); missing {missing or '-'}, "
+                              f"unknown {unknown or '-'}")
+        beyond = {p: o for p, o in asked.items() if o > log_end[p]}
+        if beyond:
+            raise ReplayError(f"start_offsets beyond the log end of {topic}: " + ", ".join(
+                f"partition {p} -> {o} (end {log_end[p]})" for p, o in sorted(beyond.items())))
+        return asked
+
+    resumed = offsets_from_json(existing.start_offsets) if existing is not None else {}
+    if resumed:
+        start = resumed
+        if check_start:  # one version, one start: a different one is refused, not silently ignored
+            asked = requested()
+            # "earliest" still matches a run that started at the log start retention has since moved past
+            same = (all(resumed.get(p, 0) <= o for p, o in asked.items()) if req.start == "earliest"
+                    else all(resumed.get(p, 0) == o for p, o in asked.items()))
+            if not same:
+                raise ReplayError(
+                    f"{req.ref} is already {existing.state} from {_short_offsets(resumed)}; the requested start "
+                    f"({_describe_start(req)}) is {_short_offsets(asked)} - one version has one start: follow it "
+                    f"without --start, or replay the new start into version {req.version + 1}")
+        # what must still be readable is what the job has not processed yet
+        processed, _batch = vv.committed_offsets()
+        needed = {p: max(o, processed.get(p, o)) for p, o in start.items()}
+    else:
+        start = requested()
+        needed = start
+    gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
+    if gaps:
+        paths = ViewPaths(settings.lake_uri, "events_raw", 1)
+        detail = "; ".join(f"partition {p} starts at {low} (requested {o}: {low - o:,} records gone)"
+                           for p, (o, low) in sorted(gaps.items()))
+        raise ReplayError(f"{topic} no longer retains the start of {req.ref}: {detail}. Replay from the events_raw "
+                          f"archive ({paths.table}) instead, or start inside retention (earliest / ts:<ms>)")
+
+    if req.bounded:
+        at_end = offsets_for_timestamp(settings, topic, int(req.end_timestamp_ms or 0))
+        target = {p: max(start.get(p, 0), at_end.get(p, log_end[p])) for p in log_end}
+    else:
+        target = dict(log_end)
+    records = sum(max(0, target[p] - start.get(p, 0)) for p in target)
+    avg = _sample_record_bytes(settings, topic, start, target) if records else 0.0
+    rate, source = measured_throughput(registry)
+    return Preflight(
+        request=req, module=module, topic=topic, start_offsets=dict(sorted(start.items())), log_start=log_start,
+        log_end=log_end, target_offsets=target, records=records, avg_record_bytes=avg,
+        bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
+        eta_seconds=None if rate is None else records / rate,
+        existing_state=existing.state if existing is not None else None, job_state=job.state,
+    )
+
+
+def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int],
+                         end: Mapping[int, int], *, limit: int = _SAMPLE_RECORDS, timeout: float = 5.0) -> float:
+    """Average key + value size of up to ``limit`` records from the start of the range."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    parts = [p for p in end if end[p] > start.get(p, 0)]
+    if not parts:
+        return 0.0
+    consumer = Consumer(settings.kafka_client_config({
+        "group.id": f"kappa-preflight-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+        "enable.partition.eof": False, "auto.offset.reset": "earliest"}))
+    sizes: list[int] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in parts])
+        deadline = time.monotonic() + timeout
+        while len(sizes) < limit and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=limit - len(sizes), timeout=0.5):
+                if msg.error() is None:
+                    sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
+    finally:
+        consumer.close()
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def measured_throughput(registry: Registry) -> tuple[float | None, str]:
+    """Records/s this platform replayed at: all records over all seconds (registration -> caught_up, start-up
+    included) of the last :data:`THROUGHPUT_HISTORY` replays of at least :data:`MIN_MEASURED_RECORDS` records.
+    (None, why) when there is no such replay: the ETA is then unknown until the replay's own batches give a rate -
+    never a made-up figure."""
+    try:
+        events = registry.events()
+        records = {(r.view, r.version): r for r in registry.list()}
+    except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
+        log.warning("cannot read replay history for the ETA: %s", one_line(exc))
+        return None, f"replay history unreadable: {one_line(exc)}"
+    registered: dict[tuple[str, int], datetime] = {}
+    runs: list[tuple[datetime, int, float, str]] = []
+    for e in events:
+        key = (e.view, e.version)
+        if e.from_state is None:
+            registered[key] = e.at
+        elif e.to_state == "caught_up" and e.from_state == "building" and key in registered:
+            rec = records.get(key)
+            if rec is None:
+                continue
+            start, end = offsets_from_json(rec.start_offsets), offsets_from_json(rec.end_offsets)
+            done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
+            seconds = (e.at - registered.pop(key)).total_seconds()
+            if done >= MIN_MEASURED_RECORDS and seconds > 0:
+                runs.append((e.at, done, seconds, rec.ref))
+    if not runs:
+        return None, f"no replay of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+    last = sorted(runs)[-THROUGHPUT_HISTORY:]
+    rate = sum(r[1] for r in last) / sum(r[2] for r in last)
+    refs = ", ".join(r[3] for r in last)
+    return rate, f"measured here: {len(last)} replay{'s' if len(last) > 1 else ''} ({refs}), start-up included"

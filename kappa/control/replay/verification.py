@@ -1,0 +1,322 @@
+"""Verification: is the new version's table exactly what its log range must give, within its expectations,
+and what changes for readers if it replaces the serving one.
+
+The checks (:mod:`kappa.verify.recompute`, the plain-Python oracles of :mod:`kappa.verify.oracle`, the expectations)
+and the diff report (:mod:`kappa.verify.diffreport`) are described in ``docs/replay.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from kappa.control.registry import RegistryError
+from kappa.control.replay.planning import _short_offsets
+from kappa.control.replay.request import VERIFY_MODES, ReplayError, offsets_from_json, spark_offsets
+from kappa.control.replay.version import ViewVersion, alias_of, registry_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.runtime.view import ViewDefinition
+
+__all__ = ["Verification", "expectations_check", "table_rows", "verify"]
+
+log = logging.getLogger("kappa.control.replay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """Outcome of :func:`verify`.
+
+    Attributes:
+        view: View name.
+        version: Version verified.
+        mode: ``strict`` or ``none``.
+        passed: Every check passed (always True for ``none``).
+        delta_version: Delta version of the table that was checked.
+        batch_id: Micro-batch that Delta version holds (txnVersion of the version's appId).
+        start_offsets: Start of the checked offset range.
+        end_offsets: End (exclusive) of the checked offset range (that batch's end offsets).
+        rows: Rows in the table at ``delta_version`` (counted by the recompute or the oracle; 0 when neither ran).
+        expected_rows: Rows the recompute produced.
+        missing: Keys expected and absent from the table (the largest count of the checks).
+        extra: Keys in the table and not expected (idem).
+        different: Keys present in both with different values (idem).
+        duplicates: Keys present more than once in the table.
+        examples: Up to 5 differences per check, ``"<check>: <key>: ..."``.
+        first_difference: The first differing key of the first failed check.
+        recompute: The recompute of the version's own transform (:mod:`kappa.verify.recompute`), as a dict.
+        oracle: The plain-Python oracle's check (:mod:`kappa.verify.oracle`) when one exists for the version, else None.
+        expectations: Violations per expectation over the run and their limits (:func:`expectations_check`),
+            None for a version without expectations.
+        compared_with: Version serving when verified (None if none, or this version itself).
+        only_new: Keys only in this version's table (vs. ``compared_with``).
+        only_old: Keys only in the serving version's table.
+        changed: Keys in both with different values in the columns both tables have.
+        report: The diff report against the serving version (:class:`kappa.verify.diffreport.DiffReport`, with the paths
+            of its JSON and PNG files), None when no other version serves.
+        message: One human line.
+    """
+
+    view: str
+    version: int
+    mode: str
+    passed: bool
+    delta_version: int | None = None
+    batch_id: int | None = None
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    rows: int = 0
+    expected_rows: int = 0
+    missing: int = 0
+    extra: int = 0
+    different: int = 0
+    duplicates: int = 0
+    examples: tuple[str, ...] = ()
+    first_difference: str | None = None
+    recompute: dict[str, Any] | None = None
+    oracle: dict[str, Any] | None = None
+    expectations: dict[str, Any] | None = None
+    compared_with: int | None = None
+    only_new: int = 0
+    only_old: int = 0
+    changed: int = 0
+    report: dict[str, Any] | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        out = dataclasses.asdict(self)
+        out["start_offsets"] = {str(p): o for p, o in self.start_offsets.items()}
+        out["end_offsets"] = {str(p): o for p, o in self.end_offsets.items()}
+        out["examples"] = list(self.examples)
+        return out
+
+
+def table_rows(table: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """All rows of a delta-rs table snapshot as dicts (arro3, no pyarrow)."""
+    data = table.scan().read_all()
+    names = list(data.column_names)
+    columns = [data.column(i).to_pylist() for i in range(len(names))]
+    return names, [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _diff_against_serving(spark: Any, vv: ViewVersion, delta_version: int) -> Any:
+    """The diff report against the serving version (:mod:`kappa.verify.diffreport`), or None when none serves (or this
+    version does)."""
+    from deltalake import DeltaTable
+
+    from kappa.verify.diffreport import diff_report
+
+    try:
+        target = alias_of(vv.settings).target(vv.name)
+    except RegistryError:
+        return None
+    if target.version == vv.version or not DeltaTable.is_deltatable(target.table_path):
+        return None
+    return diff_report(spark, view=vv.name, version=vv.version, table=vv.paths.table, delta_version=delta_version,
+                       serving_version=target.version, serving_table=target.table_path, keys=vv.definition.keys,
+                       out_dir=vv.report_dir())
+
+
+def _oracle_check(spec: Any, definition: ViewDefinition, settings: Settings, *, start: Mapping[int, int],
+                  end: Mapping[int, int], batches: list[Any], end_timestamp_ms: int | None,
+                  rows: list[dict[str, Any]]) -> Any:
+    """The plain-Python oracle's recomputation of ``[start, end)`` against the table's ``rows``. The records are
+    read and validated with jsonschema in Python (not Spark's decoding); which schema, key field and lookups is
+    what the view version declares."""
+    from kappa.verify import oracle
+    from kappa.verify.compare import Check
+
+    def validated(records: list[Any], fmt: Any) -> list[Any]:
+        return oracle.validate_records(records, fmt.subject, key_field=fmt.key_field, tombstones=fmt.tombstones)
+
+    records = oracle.read_log(settings, settings.topic(definition.stream_topic), start=start or None, end=end)
+    if end_timestamp_ms is not None:
+        records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
+    lookups = {name: validated(oracle.read_log(settings, settings.topic(lookup.topic)), lookup.format)
+               for name, lookup in definition.lookups.items()}
+    expected = spec.compute(oracle.OracleInput(events=validated(records, definition.stream_format), lookups=lookups,
+                                               batches=batches if spec.uses_batches else None))
+    actual: dict[tuple, tuple] = {}
+    duplicates = 0
+    for row in rows:
+        key, value = spec.adapt(row)
+        duplicates += key in actual
+        actual[key] = value
+    missing = expected.keys() - actual.keys()
+    extra = actual.keys() - expected.keys()
+    different = [k for k in expected.keys() & actual.keys() if expected[k] != actual[k]]
+    found = sorted([(k, f"{k}: missing from the table, oracle={expected[k]}") for k in missing]
+                   + [(k, f"{k}: in the table only, table={actual[k]}") for k in extra]
+                   + [(k, f"{k}: table={actual[k]} oracle={expected[k]}") for k in different], key=lambda x: str(x[0]))
+    examples = tuple(text for _k, text in found[:5])
+    passed = not (missing or extra or different or duplicates)
+    message = (f"{len(rows):,} rows equal the oracle" if passed else
+               f"differs from the oracle: {len(missing)} missing, {len(extra)} extra, {len(different)} different, "
+               f"{duplicates} duplicated keys; first differing key {examples[0] if examples else '-'}")
+    return Check(name="oracle", passed=passed, rows=len(rows), expected_rows=len(expected), missing=len(missing),
+                 extra=len(extra), different=len(different), duplicates=duplicates,
+                 first_difference=examples[0] if examples else None, examples=examples, message=message)
+
+
+def expectations_check(settings: Settings, view: str, version: int, *, upto: int | None = None) -> Any:
+    """The version's expectation counts over its run (from the Delta commits' lineage) against the declared
+    limits, as a :class:`kappa.verify.compare.Check` named ``expectations`` (None: the version declares none)."""
+    return _expectations(ViewVersion.resolve(view, version, settings), upto=upto)
+
+
+def _expectations(vv: ViewVersion, *, upto: int | None = None) -> Any:
+    from deltalake import DeltaTable
+
+    from kappa.runtime.lineage import expectations_from_history
+    from kappa.verify.compare import Check
+
+    definition = vv.definition
+    if not definition.expectations:
+        return None
+    rows, violations = 0, {}
+    if DeltaTable.is_deltatable(vv.paths.table):
+        table = DeltaTable(vv.paths.table)
+        rows, violations = expectations_from_history(vv.run_commits(table), vv.app_id() or "", upto=upto)
+    broken, parts = [], []
+    for rule in definition.expectations:
+        n = violations.get(rule.name, 0)
+        rate = n / rows if rows else 0.0
+        limit = 0.0 if rule.on_violation == "fail" else rule.max_violation_rate
+        text = f"{rule.name} ({rule.on_violation}) {n:,} of {rows:,} rows ({rate:.1%}"
+        text += f", max {limit:.1%})" if limit is not None else ")"
+        parts.append(text)
+        if limit is not None and rate > limit:
+            broken.append(text)
+    message = ("expectations over their limit: " + "; ".join(broken)) if broken else \
+        ("expectations: " + "; ".join(parts))
+    return Check(name="expectations", passed=not broken, rows=rows, message=message,
+                 details={"rows": rows, "violations": violations,
+                          "limits": {r.name: (0.0 if r.on_violation == "fail" else r.max_violation_rate)
+                                     for r in definition.expectations}})
+
+
+def verify(view: str, version: int, settings: Settings, mode: str = "strict", *, by: str,
+           end_timestamp_ms: int | None = None) -> Verification:
+    """Check a caught-up version; ``verified`` or ``failed`` in the registry.
+
+    ``strict``: open the version's table at its latest Delta version, find the micro-batch it holds (the Delta
+    txn of the version's appId) and every batch boundary of the run before it (end offsets, watermark, lookup
+    offsets: :mod:`kappa.runtime.lineage`, the checkpoint's offset log as a fallback), then
+
+    * **recompute** (every version): Spark re-runs the version's own transform over exactly those micro-batches
+      of the log and the view's write semantics over its output (:mod:`kappa.verify.recompute`); the table must hold
+      the same keys with the same values, no duplicated key, and the quarantine every invalid record once;
+    * **oracle** (versions with an entry in :data:`kappa.verify.oracle.ORACLES`): the independent plain-Python
+      recomputation of the same range must equal the table too.
+
+    ``none``: no check, the registry note says so. The serving alias is never touched; a failure marks the
+    version ``failed`` with the reason (the first differing key). A serving or failed version is re-checked
+    read-only (its state stays). Also reports how the table differs from the
+    version currently serving (keys only in the new one, only in the old one, changed values).
+
+    Raises:
+        ReplayError: Unknown/unregistered version, not caught up yet, or nothing processed yet.
+    """
+    from deltalake import DeltaTable
+
+    from kappa.verify import oracle
+    from kappa.runtime.rerun import spark_session
+    from kappa.verify.recompute import recompute
+
+    if mode not in VERIFY_MODES:
+        raise ReplayError(f"verify mode {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
+    vv = ViewVersion.resolve(view, version, settings)
+    definition = vv.definition
+    ref = vv.ref
+    registry = registry_of(settings)
+    rec = registry.get(view, version)
+    if rec is None:
+        raise ReplayError(f"{ref} is not registered; replay it first (`kappa replay {view} --version {version}`)")
+    if rec.state in {"building", "retired"}:
+        raise ReplayError(f"{ref} is {rec.state}; only a caught-up version can be verified")
+    record_state = rec.state in {"caught_up", "verified"}
+
+    if mode == "none":
+        result = Verification(view=view, version=version, mode="none", passed=True,
+                              message=f"{ref}: not verified (verify=none), accepted as is")
+        if record_state:
+            registry.set_state(view, version, "verified", by=by, expected={"caught_up", "verified"},
+                               note=result.message)
+        return result
+
+    paths = vv.paths
+    if not DeltaTable.is_deltatable(paths.table):
+        raise ReplayError(f"{ref}: no Delta table at {paths.table} yet")
+    table = DeltaTable(paths.table)
+    delta_version = table.version()
+    app_id = vv.app_id() or rec.app_id
+    batch = table.transaction_version(app_id)
+    if batch is None:
+        raise ReplayError(f"{ref}: Delta version {delta_version} of {paths.table} has no commit of {app_id}; "
+                          "nothing processed yet")
+    topic = vv.topic
+    batches = vv.batch_boundaries(table, app_id, batch)
+    if not batches or batches[-1].batch_id != batch:
+        raise ReplayError(f"{ref}: neither the Delta history nor the checkpoint has the offsets of batch {batch} "
+                          f"(Delta version {delta_version})")
+    end = dict(batches[-1].end_offsets)
+    start = offsets_from_json(rec.start_offsets) or {
+        int(p): int(o) for p, o in (vv.run_info().get("start_offsets") or {}).items()}
+
+    spec = oracle.ORACLES.get((view, version))
+    if spec is not None and spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
+        raise ReplayError(f"{ref}: only batches {batches[0].batch_id}..{batch} have known boundaries (Delta "
+                          "history and checkpoint both purged older ones); a strict check of an event-time "
+                          "view needs every batch from 0 - verify=none, or replay again")
+    with spark_session(settings) as spark:
+        checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
+                            batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
+                            quarantine_path=paths.quarantine, spark=spark)]
+        report = _diff_against_serving(spark, vv, delta_version)
+    expectations = _expectations(vv, upto=batch)
+    if expectations is not None:
+        checks.append(expectations)
+    n_rows = checks[0].rows  # the recompute counted the table at this Delta version
+    if spec is not None:  # only the plain-Python oracle needs the rows in Python
+        _names, rows = table_rows(table)
+        n_rows = len(rows)
+        checks.append(_oracle_check(spec, definition, settings, start=start, end=end, batches=batches,
+                                    end_timestamp_ms=end_timestamp_ms, rows=rows))
+    passed = all(c.passed for c in checks)
+    failed = [c for c in checks if not c.passed]
+    versus = (f"; vs serving v{report.serving_version}: {report.added} keys only here, {report.removed} only "
+              f"there, {report.changed} changed (diff report {report.json_path})" if report is not None else "")
+    where = f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+    names = " and the ".join(c.name for c in checks if c.name != "expectations")
+    quality = f"; {expectations.message}" if expectations is not None else ""
+    if passed:
+        message = f"{ref}: {n_rows:,} rows equal the {names} ({where}){quality}{versus}"
+    else:
+        message = f"{ref}: " + "; ".join(f.message for f in failed) + f" ({where}){versus}"
+    by_name = {c.name: c for c in checks}
+    result = Verification(
+        view=view, version=version, mode="strict", passed=passed, delta_version=delta_version, batch_id=batch,
+        start_offsets=start, end_offsets=end, rows=n_rows, expected_rows=checks[0].expected_rows,
+        missing=max(c.missing for c in checks), extra=max(c.extra for c in checks),
+        different=max(c.different for c in checks), duplicates=max(c.duplicates for c in checks),
+        examples=tuple(f"{c.name}: {e}" for c in checks for e in c.examples),
+        first_difference=failed[0].first_difference if failed else None,
+        recompute=by_name["recompute"].to_dict(), oracle=by_name["oracle"].to_dict() if "oracle" in by_name else None,
+        expectations=expectations.to_dict() if expectations is not None else None,
+        compared_with=report.serving_version if report else None, only_new=report.added if report else 0,
+        only_old=report.removed if report else 0, changed=report.changed if report else 0,
+        report=report.to_dict() if report else None, message=message)
+    if record_state:
+        fields: dict[str, Any] = {"end_offsets": spark_offsets(topic, end)}
+        if app_id != rec.app_id:
+            fields["app_id"] = app_id
+        if passed:
+            registry.set_state(view, version, "verified", by=by, expected={"caught_up", "verified"},
+                               note=message[:1000], **fields)
+        else:
+            registry.set_state(view, version, "failed", by=by, note=message[:1000], **fields)
+    return result

@@ -1,0 +1,197 @@
+"""A view version resolved once: the names, code, topic, paths and run identity every replay step needs.
+
+``ViewVersion.resolve(view, version, settings)`` checks the declaration (``platform.yaml``, or
+``$KAPPA_PLATFORM``) and loads the version's module once; the steps then pass the value along instead of
+re-deriving paths, topic, module, run id and Delta appId from strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kappa.runtime.checkpoint import checkpoint_batches, last_commit, pending_watermark, run_info
+from kappa.runtime.deltars import local_path
+from kappa.identity import ViewPaths, app_id, view_ref
+from kappa.runtime.lineage import batches_from_history
+from kappa.control.registry import Registry, VersionRecord
+from kappa.control.replay.request import ReplayError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.runtime.lineage import BatchBoundary
+    from kappa.control.serving import ServingAlias
+    from kappa.runtime.view import ViewDefinition
+
+__all__ = ["ViewVersion", "alias_of", "committed_offsets", "module_of", "registry_of", "run_app_id",
+           "stream_topic"]
+
+
+def module_of(view: str, version: int) -> str:
+    """Module of a declared view version, or a one-line ReplayError naming what is declared."""
+    from kappa.catalog import UnknownView, load_catalog
+
+    try:
+        return load_catalog().module_of(view, version)
+    except UnknownView as exc:
+        raise ReplayError(str(exc)) from None
+
+
+def stream_topic(view: str, version: int) -> str:
+    """The declared topic a view version streams from (its ``ViewDefinition.stream_topic``)."""
+    from kappa.runtime.view import load_view
+
+    return load_view(module_of(view, version)).stream_topic
+
+
+def registry_of(settings: Settings) -> Registry:
+    return Registry(settings.lake_uri)
+
+
+def alias_of(settings: Settings) -> ServingAlias:
+    from kappa.control.serving import ServingAlias
+
+    return ServingAlias(settings.lake_uri)
+
+
+def committed_offsets(settings: Settings, view: str, version: int, topic: str) -> tuple[dict[int, int], int | None]:
+    """End offsets of the last *committed* micro-batch of the view version's main query (and its id)."""
+    return last_commit(f"{ViewPaths(settings.lake_uri, view, version).checkpoint}/main", topic)
+
+
+def run_app_id(settings: Settings, view: str, version: int) -> str | None:
+    """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
+    return ViewVersion.resolve(view, version, settings).app_id()
+
+
+@dataclass(frozen=True)
+class ViewVersion:
+    """One declared version of one view, resolved once.
+
+    Attributes:
+        name: View name.
+        version: Version number.
+        module: Module implementing it (``VIEW = ViewDefinition(...)``).
+        stream_topic: The declared topic it streams from.
+        topic: The physical Kafka topic (``KAPPA_TOPIC_PREFIX`` applied).
+        paths: Its table, checkpoint, staging table and the shared quarantine (:class:`kappa.runtime.job.ViewPaths`).
+        settings: The platform settings it was resolved with.
+    """
+
+    name: str
+    version: int
+    module: str
+    stream_topic: str
+    topic: str
+    paths: ViewPaths
+    settings: Settings = field(repr=False, compare=False)
+
+    @classmethod
+    def resolve(cls, view: str, version: int, settings: Settings) -> ViewVersion:
+        """Check the declaration and load the module once.
+
+        Raises:
+            ReplayError: Unknown view or version (one line naming what is declared).
+        """
+        from kappa.runtime.view import load_view
+
+        module = module_of(view, version)
+        declared = load_view(module).stream_topic
+        return cls(name=view, version=version, module=module, stream_topic=declared,
+                   topic=settings.topic(declared), paths=ViewPaths(settings.lake_uri, view, version),
+                   settings=settings)
+
+    @property
+    def ref(self) -> str:
+        """``<view>@v<N>``."""
+        return view_ref(self.name, self.version)
+
+    @property
+    def definition(self) -> ViewDefinition:
+        """The version's :class:`kappa.runtime.view.ViewDefinition` (its transform, keys, expectations...)."""
+        from kappa.runtime.view import load_view
+
+        return load_view(self.module)
+
+    # run identity ------------------------------------------------------------------------------------
+    def run_info(self) -> dict[str, Any]:
+        """The checkpoint's ``run.json`` (run id, start and target offsets; empty before the first run)."""
+        return run_info(self.paths.checkpoint)
+
+    def table_run_id(self) -> str | None:
+        """``kappa.runId`` property the job stamped on its Delta table (None if no table yet)."""
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(self.paths.table):
+            return None
+        return DeltaTable(self.paths.table).metadata().configuration.get("kappa.runId") or None
+
+    def app_id(self) -> str | None:
+        """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
+        run = self.table_run_id() or self.run_info().get("run_id")
+        return app_id(self.name, self.version, run) if run else None
+
+    def ensure_run_id(self, record: VersionRecord | None) -> str:
+        """The run id the version's job will use; for local lakes written to run.json before the job starts.
+
+        The job reads ``run.json`` from its checkpoint when it exists, so the registry row can carry the exact
+        Delta appId from the start. On object-store lakes the job picks its own id; the progress sampling
+        records it later.
+        """
+        known = self.table_run_id() or self.run_info().get("run_id")
+        if known:
+            return str(known)
+        if record is not None and not record.app_id.endswith(":pending"):
+            run_id = record.app_id.rsplit(":", 1)[-1]
+        else:
+            run_id = uuid.uuid4().hex[:12]
+        if self.paths.is_local:
+            run_file = self.paths.local("run.json")
+            run_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = run_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"run_id": run_id, "view": self.name, "version": self.version,
+                                       "created": time.time(), "created_by": "kappa.control.replay"}, indent=2))
+            os.replace(tmp, run_file)
+            return run_id
+        return "pending"
+
+    def committed_offsets(self) -> tuple[dict[int, int], int | None]:
+        """End offsets of the last committed micro-batch of its query (and the batch id)."""
+        return last_commit(f"{self.paths.checkpoint}/main", self.topic)
+
+    def pending_watermark(self) -> tuple[int, int] | None:
+        """(watermark of the last committed batch, the later one it set for the next) when output is still owed
+        (:func:`kappa.runtime.checkpoint.pending_watermark`)."""
+        return pending_watermark(f"{self.paths.checkpoint}/main")
+
+    # what its Delta commits recorded -----------------------------------------------------------------
+    def run_commits(self, table: Any) -> list[dict[str, Any]]:
+        """Commit infos of its table (a delta-rs ``DeltaTable``) and of its staging table (bulk catch-up)."""
+        from deltalake import DeltaTable
+
+        commits = list(table.history())
+        if DeltaTable.is_deltatable(self.paths.staging):
+            commits += DeltaTable(self.paths.staging).history()
+        return commits
+
+    def batch_boundaries(self, table: Any, app_id: str, upto: int) -> list[BatchBoundary]:
+        """Every batch boundary of the run up to ``upto``: from the Delta commits (:mod:`kappa.runtime.lineage`, complete
+        for the table's history; batches of a bulk catch-up are commits of the run's staging table), else from
+        the checkpoint (only its last ``minBatchesToRetain`` batches)."""
+        history = batches_from_history(self.run_commits(table), app_id, upto=upto)
+        if [b.batch_id for b in history] == list(range(upto + 1)):
+            return history
+        merged = {b.batch_id: b for b in checkpoint_batches(f"{self.paths.checkpoint}/main", self.topic, upto=upto)}
+        merged.update({b.batch_id: b for b in history})
+        return [merged[b] for b in sorted(merged)]
+
+    def report_dir(self) -> Path:
+        """Where its reports go: ``views/<view>/v<N>/reports`` on a local lake, else under ``$KAPPA_HOME``."""
+        if self.paths.is_local:
+            return Path(local_path(self.paths.root)) / "reports"
+        return Path(self.settings.home) / "reports" / self.name / f"v{self.version}"

@@ -1,0 +1,453 @@
+"""Runs view-version drivers as Kubernetes Deployments (live) or Jobs (bounded), built from the chart's template.
+
+The chart (``helm/kappa``) renders the view-driver Deployment (and, in Spark-on-Kubernetes mode, the driver's
+headless Service) from one named template. It renders the same template once more with placeholders into the
+ConfigMap ``<release>-view-template``, which the Airflow pods mount at ``$KAPPA_VIEW_TEMPLATE_DIR``
+(``/etc/kappa/view-template``)::
+
+    deployment.yaml    Deployment with __KAPPA_VIEW__, __KAPPA_VIEW_SLUG__, __KAPPA_VERSION__, __KAPPA_STARTING__
+    service.yaml       driver Service (Spark-on-Kubernetes mode only)
+
+:meth:`KubernetesRunner.manifest` fills the placeholders, so a replay started from a DAG creates exactly the
+object ``helm install`` would have created for that view version: same labels and selector, ``Recreate``
+strategy with one replica (one driver per checkpoint), image, environment, ports, probes, security context
+and resources. ``tests/deploy`` asserts this against ``helm template``.
+
+A bounded replay (``JobSpec.end_timestamp_ms``) stops by itself once it passed its end; under a Deployment the
+kubelet would restart the finished driver forever, so :meth:`KubernetesRunner.job_manifest` wraps the very same
+pod template in a ``batch/v1`` Job (``restartPolicy: OnFailure``, ``backoffLimit``): a crash restarts the driver
+from its checkpoint, a clean exit completes the Job, and :meth:`KubernetesRunner.status` reports ``finished``.
+
+The official ``kubernetes`` client is imported only when the API is called (``start``/``stop``/``status``);
+``manifest`` is pure and needs nothing but PyYAML.
+
+Example:
+    >>> runner = KubernetesRunner.from_env()                       # doctest: +SKIP
+    >>> runner.manifest("user_sessions", 2, "earliest")["metadata"]["name"]  # doctest: +SKIP
+    'kappa-view-user-sessions-v2'
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from kappa.errors import KappaError
+from kappa.identity import view_ref
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+
+__all__ = [
+    "PLACEHOLDERS",
+    "KubernetesRunner",
+    "KubernetesRunnerError",
+    "validate_starting",
+    "view_slug",
+]
+
+#: Where the chart mounts the view-template ConfigMap (``deployment.yaml``, ``service.yaml``) unless
+#: ``KAPPA_VIEW_TEMPLATE_DIR`` says otherwise; the namespace is ``KAPPA_K8S_NAMESPACE`` (the chart sets it from
+#: the downward API), else the template's, else the pod's.
+DEFAULT_TEMPLATE_DIR = "/etc/kappa/view-template"
+
+PLACEHOLDERS = {
+    "view": "__KAPPA_VIEW__",
+    "slug": "__KAPPA_VIEW_SLUG__",
+    "version": "__KAPPA_VERSION__",
+    "starting": "__KAPPA_STARTING__",
+}
+_PLACEHOLDER_RE = re.compile(r"__KAPPA_(?:VIEW_SLUG|VIEW|VERSION|STARTING)__")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_VIEW_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_INSTALL_HINT = "the Kubernetes runner needs the official client: pip install kubernetes"
+#: Restarts of a crashing bounded driver before its Job fails (each resumes from the checkpoint).
+JOB_BACKOFF_LIMIT = 6
+#: A finished bounded Job (and its pod's logs) is kept this long for status and post-mortems.
+JOB_TTL_SECONDS = 7 * 24 * 3600
+
+
+class KubernetesRunnerError(KappaError, RuntimeError):
+    """Invalid request, missing template/client, or a Kubernetes API failure (one-line message)."""
+
+
+def view_slug(view: str) -> str:
+    """DNS-label form of a view name, as the chart computes it (``user_sessions`` -> ``user-sessions``)."""
+    slug = view.replace("_", "-").lower()
+    if not _VIEW_NAME.match(view) or not _DNS_LABEL.match(slug):
+        raise KubernetesRunnerError(f"view name {view!r} cannot be turned into a DNS label")
+    return slug
+
+
+def validate_starting(starting: str) -> str:
+    """Check a start position: ``earliest`` | ``latest`` | ``ts:<epoch ms>`` | JSON offsets object."""
+    if starting in ("earliest", "latest"):
+        return starting
+    if starting.startswith("ts:") and starting[3:].isdigit():
+        return starting
+    try:
+        offsets = json.loads(starting)
+    except ValueError:
+        offsets = None
+    if isinstance(offsets, dict) and offsets:
+        return starting
+    raise KubernetesRunnerError(
+        f"invalid starting position {starting!r}: expected earliest, latest, ts:<epoch ms> or a JSON offsets object"
+    )
+
+
+def _fill(node: Any, values: dict[str, str]) -> Any:
+    """Replace every placeholder in every string (keys included) of a parsed YAML tree, in one pass."""
+    if isinstance(node, str):
+        return _PLACEHOLDER_RE.sub(lambda m: values[m.group(0)], node)
+    if isinstance(node, dict):
+        return {_fill(k, values): _fill(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, values) for v in node]
+    return node
+
+
+@dataclass(frozen=True)
+class _FallbackStatus:
+    """Same fields as ``kappa.control.runners.base.JobStatus``; used only if that module is unavailable."""
+
+    ref: str
+    state: str
+    detail: str = ""
+    metrics_url: str | None = None
+
+
+def _status(ref: str, state: str, detail: str = "", metrics_url: str | None = None) -> Any:
+    try:  # the platform's runner interface, when present (kept optional: this module is self-contained)
+        from kappa.control.runners.base import JobStatus
+    except ImportError:  # pragma: no cover - only without the base module
+        return _FallbackStatus(ref, state, detail, metrics_url)
+    return JobStatus(ref=ref, state=state, detail=detail, metrics_url=metrics_url)  # type: ignore[arg-type]
+
+
+class KubernetesRunner:
+    """Starts, stops and reports view-version drivers as Deployments in one namespace.
+
+    Args:
+        deployment_template: text of the chart's ``deployment.yaml`` template (with placeholders).
+        service_template: text of ``service.yaml`` (driver Service, Spark-on-Kubernetes mode) or None.
+        namespace: namespace to work in; defaults to ``$KAPPA_K8S_NAMESPACE``, the pod's namespace, or the
+            namespace rendered into the template.
+        apps_api / core_api / batch_api: ``kubernetes.client.AppsV1Api`` / ``CoreV1Api`` / ``BatchV1Api``
+            instances (tests inject fakes);
+            created lazily from the in-cluster (else kubeconfig) configuration otherwise.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        deployment_template: str,
+        service_template: str | None = None,
+        *,
+        namespace: str | None = None,
+        apps_api: Any = None,
+        core_api: Any = None,
+        batch_api: Any = None,
+    ) -> None:
+        self._deployment_template = self._parse_template(deployment_template, "deployment.yaml", "Deployment")
+        self._service_template = (
+            self._parse_template(service_template, "service.yaml", "Service") if service_template else None
+        )
+        self.namespace = (
+            namespace
+            or self._deployment_template.get("metadata", {}).get("namespace")
+            or (_SERVICE_ACCOUNT_NS.read_text().strip() if _SERVICE_ACCOUNT_NS.exists() else "default")
+        )
+        self._apps = apps_api
+        self._core = core_api
+        self._batch = batch_api
+
+    # ------------------------------------------------------------------------------------------ building
+    @classmethod
+    def from_dir(cls, template_dir: str | Path | None = None, *, settings: "Settings | None" = None,
+                 **kwargs: Any) -> KubernetesRunner:
+        """Build from a mounted view-template ConfigMap (default ``KAPPA_VIEW_TEMPLATE_DIR``, else
+        :data:`DEFAULT_TEMPLATE_DIR`) in the namespace ``KAPPA_K8S_NAMESPACE`` (when set)."""
+        from kappa.config import Settings
+
+        settings = settings or Settings.from_env()
+        directory = Path(template_dir or settings.view_template_dir or DEFAULT_TEMPLATE_DIR)
+        deployment = directory / "deployment.yaml"
+        if not deployment.is_file():
+            raise KubernetesRunnerError(
+                f"{deployment} not found: mount the chart's <release>-view-template ConfigMap there "
+                "or set KAPPA_VIEW_TEMPLATE_DIR"
+            )
+        service = directory / "service.yaml"
+        kwargs.setdefault("namespace", settings.k8s_namespace)
+        return cls(
+            deployment.read_text(encoding="utf-8"),
+            service.read_text(encoding="utf-8") if service.is_file() else None,
+            **kwargs,
+        )
+
+    from_env = from_dir
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> KubernetesRunner:
+        """The runner ``KAPPA_RUNNER=kubernetes`` names (:func:`kappa.control.runners.runner_for`)."""
+        return cls.from_dir(settings=settings)
+
+    @classmethod
+    def from_configmap(cls, data: dict[str, str], **kwargs: Any) -> KubernetesRunner:
+        """Build from the ``data`` of the view-template ConfigMap (e.g. read through the API)."""
+        if "deployment.yaml" not in data:
+            raise KubernetesRunnerError("view-template ConfigMap has no deployment.yaml key")
+        return cls(data["deployment.yaml"], data.get("service.yaml"), **kwargs)
+
+    @staticmethod
+    def _parse_template(text: str, what: str, kind: str) -> dict[str, Any]:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise KubernetesRunnerError(f"view template {what} is not valid YAML: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("kind") != kind:
+            raise KubernetesRunnerError(f"view template {what} is not a {kind} manifest")
+        if kind == "Deployment" and PLACEHOLDERS["version"] not in json.dumps(doc):
+            raise KubernetesRunnerError(f"view template {what} has no {PLACEHOLDERS['version']} placeholder")
+        return doc
+
+    def _values(self, view: str, version: int, starting: str) -> dict[str, str]:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise KubernetesRunnerError(f"view version must be a positive integer, got {version!r}")
+        return {
+            PLACEHOLDERS["view"]: view,
+            PLACEHOLDERS["slug"]: view_slug(view),
+            PLACEHOLDERS["version"]: str(version),
+            PLACEHOLDERS["starting"]: validate_starting(starting),
+        }
+
+    @staticmethod
+    def _check_names(obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        label = obj["metadata"].get("labels", {}).get("app.kubernetes.io/name", "")
+        for what, value in (("name", name), ("app.kubernetes.io/name label", label)):
+            if len(value) > 63 or not _DNS_LABEL.match(value):
+                raise KubernetesRunnerError(f"{obj['kind']} {what} {value!r} is not a DNS label of at most 63 characters")
+        return obj
+
+    def manifest(self, view: str, version: int, starting: str = "latest") -> dict[str, Any]:
+        """The Deployment of one view-version driver, exactly as the chart renders it (pure; no API call)."""
+        values = self._values(view, version, starting)
+        return self._check_names(_fill(copy.deepcopy(self._deployment_template), values))
+
+    def job_manifest(self, view: str, version: int, starting: str = "earliest") -> dict[str, Any]:
+        """The bounded-run form: the chart's driver pod template (unchanged but for ``restartPolicy``) in a Job.
+
+        Same name, labels (so the metrics PodMonitor, NetworkPolicies and executor ownership apply) and
+        ``kappa.io/starting`` annotation as the Deployment; no Helm ownership annotations, since no chart
+        release renders Jobs.
+        """
+        deployment = self.manifest(view, version, starting)
+        metadata = copy.deepcopy(deployment["metadata"])
+        annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if not k.startswith("meta.helm.sh/")}
+        metadata["annotations"] = {**annotations, "kappa.io/bounded": "true"}
+        template = copy.deepcopy(deployment["spec"]["template"])
+        template["spec"]["restartPolicy"] = "OnFailure"
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": metadata,
+            "spec": {
+                "backoffLimit": JOB_BACKOFF_LIMIT,
+                "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+                "template": template,
+            },
+        }
+
+    def service_manifest(self, view: str, version: int) -> dict[str, Any] | None:
+        """The driver's headless Service (Spark-on-Kubernetes mode), or None in Spark local mode."""
+        if self._service_template is None:
+            return None
+        values = self._values(view, version, "latest")
+        return self._check_names(_fill(copy.deepcopy(self._service_template), values))
+
+    def deployment_name(self, view: str, version: int) -> str:
+        return str(self.manifest(view, version)["metadata"]["name"])
+
+    # ------------------------------------------------------------------------------------------ API
+    def _clients(self) -> tuple[Any, Any]:
+        if self._apps is None or self._core is None or self._batch is None:
+            try:
+                from kubernetes import client, config
+            except ImportError:
+                raise KubernetesRunnerError(_INSTALL_HINT) from None
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                try:
+                    config.load_kube_config()
+                except Exception as exc:
+                    raise KubernetesRunnerError(f"no in-cluster or kubeconfig configuration: {exc}") from None
+            api = client.ApiClient()
+            self._apps = self._apps or client.AppsV1Api(api)
+            self._core = self._core or client.CoreV1Api(api)
+            self._batch = self._batch or client.BatchV1Api(api)
+        return self._apps, self._core
+
+    @staticmethod
+    def _http_status(exc: BaseException) -> int | None:
+        status = getattr(exc, "status", None)
+        return status if isinstance(status, int) else None
+
+    def _call(self, what: str, fn: Any, *args: Any, ignore: tuple[int, ...] = (), **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # kubernetes.client.exceptions.ApiException, urllib3 errors
+            status = self._http_status(exc)
+            if status in ignore:
+                return None
+            reason = getattr(exc, "reason", None) or exc.__class__.__name__
+            raise KubernetesRunnerError(f"{what} failed: {status or ''} {reason}".replace("  ", " ")) from exc
+
+    def start(
+        self,
+        spec_or_view: Any,
+        version: int | None = None,
+        starting: str | None = None,
+        *,
+        wait: bool = False,
+        timeout: float = 600.0,
+    ) -> Any:
+        """Create the driver (and its Service); a driver that already exists is left alone (no-op).
+
+        Accepts a ``kappa.control.runners.base.JobSpec`` -- its bounded-run options (``--end-ts``,
+        ``--max-offsets-per-trigger``) and ``env`` are appended to the template's container, and a bounded spec
+        (``end_timestamp_ms``) becomes a Job instead of a Deployment -- or ``(view, version, starting)``.
+        With ``wait``, returns once the driver pod is Ready.
+        """
+        extra_args: list[str] = []
+        extra_env: dict[str, str] = {}
+        bounded = False
+        if isinstance(spec_or_view, str):
+            if version is None:
+                raise KubernetesRunnerError("start(view, version, starting): version is required")
+            view, starting = spec_or_view, starting or "latest"
+        else:
+            spec = spec_or_view
+            view, version, starting = spec.view, spec.version, starting or spec.starting
+            bounded = getattr(spec, "end_timestamp_ms", None) is not None
+            extra_args = [str(a) for a in spec.run_options()]  # the template carries view, version, start, port
+            extra_env = {str(k): str(v) for k, v in (getattr(spec, "env", None) or {}).items()}
+        version = int(version)  # type: ignore[arg-type]
+        body = self.job_manifest(view, version, starting) if bounded else self.manifest(view, version, starting)
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["args"] = list(container["args"]) + extra_args
+        if extra_env:
+            container["env"] = list(container.get("env", [])) + [{"name": k, "value": v} for k, v in extra_env.items()]
+        apps, core = self._clients()
+        name = body["metadata"]["name"]
+        if self._read_deployment(name) is None and self._read_job(name) is None:
+            service = self.service_manifest(view, version)
+            if service is not None:
+                self._call(f"create service/{service['metadata']['name']}", core.create_namespaced_service,
+                           self.namespace, service, ignore=(409,))
+            if bounded:
+                self._call(f"create job/{name}", self._batch.create_namespaced_job, self.namespace, body,
+                           ignore=(409,))
+            else:
+                self._call(f"create deployment/{name}", apps.create_namespaced_deployment, self.namespace, body,
+                           ignore=(409,))
+        if wait:
+            return self.wait(view, version, ready=True, timeout=timeout)
+        return self.status(view, version)
+
+    def _read_deployment(self, name: str) -> Any:
+        apps, _core = self._clients()
+        return self._call(f"read deployment/{name}", apps.read_namespaced_deployment, name, self.namespace,
+                          ignore=(404,))
+
+    def _read_job(self, name: str) -> Any:
+        self._clients()
+        return self._call(f"read job/{name}", self._batch.read_namespaced_job, name, self.namespace, ignore=(404,))
+
+    def stop(self, view: str, version: int, *, wait: bool = False, timeout: float = 300.0) -> Any:
+        """Delete the driver's Deployment or Job (foreground: its pod goes first) and its Service."""
+        name = self.deployment_name(view, version)
+        apps, core = self._clients()
+        self._call(f"delete deployment/{name}", apps.delete_namespaced_deployment, name, self.namespace,
+                   propagation_policy="Foreground", ignore=(404,))
+        self._call(f"delete job/{name}", self._batch.delete_namespaced_job, name, self.namespace,
+                   propagation_policy="Foreground", ignore=(404,))
+        service = self.service_manifest(view, version)
+        if service is not None:
+            self._call(f"delete service/{service['metadata']['name']}", core.delete_namespaced_service,
+                       service["metadata"]["name"], self.namespace, ignore=(404,))
+        if wait:
+            return self.wait(view, version, ready=False, timeout=timeout)
+        return self.status(view, version)
+
+    def status(self, view: str, version: int) -> Any:
+        """``running`` while the driver's Deployment (or unfinished Job) exists -- the detail says whether its
+        pod is Ready --, ``finished`` once a bounded Job completed, ``failed`` when the driver crash-loops, the
+        rollout exceeded its deadline or the Job ran out of retries, ``stopped`` otherwise."""
+        manifest = self.manifest(view, version)
+        name = manifest["metadata"]["name"]
+        ref = view_ref(view, version)
+        _apps, core = self._clients()
+        dep = self._read_deployment(name)
+        kind = "deployment"
+        if dep is None:
+            dep = self._read_job(name)
+            kind = "job"
+            if dep is None:
+                return _status(ref, "stopped", "no deployment")
+        dep = dep.to_dict() if hasattr(dep, "to_dict") else dep
+        meta, st = dep.get("metadata") or {}, dep.get("status") or {}
+        if meta.get("deletion_timestamp") or meta.get("deletionTimestamp"):
+            return _status(ref, "stopped", f"{kind}/{name} is being deleted")
+        for cond in st.get("conditions") or []:
+            if str(cond.get("status", "True")) != "True":
+                continue
+            if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+                return _status(ref, "failed", f"deployment/{name}: {cond.get('message') or 'progress deadline exceeded'}")
+            if kind == "job" and cond.get("type") == "Complete":
+                return _status(ref, "finished", f"job/{name}: bounded run completed")
+            if kind == "job" and cond.get("type") == "Failed":
+                return _status(ref, "failed", f"job/{name}: {cond.get('reason') or 'failed'} "
+                                              f"{cond.get('message') or ''}".strip())
+        selector = ",".join(f"{k}={v}" for k, v in manifest["spec"]["selector"]["matchLabels"].items())
+        pods = self._call(f"list pods of {kind}/{name}", core.list_namespaced_pod, self.namespace,
+                          label_selector=selector)
+        pods = pods.to_dict() if hasattr(pods, "to_dict") else (pods or {})
+        for pod in pods.get("items") or []:
+            for cs in (pod.get("status") or {}).get("container_statuses") or []:
+                waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+                if waiting in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"):
+                    return _status(ref, "failed", f"{kind}/{name}: {waiting} (restarts {cs.get('restart_count', 0)})")
+        ready = (st.get("ready_replicas", st.get("readyReplicas")) if kind == "deployment" else st.get("ready")) or 0
+        return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}")
+
+    def wait(self, view: str, version: int, *, ready: bool = True, timeout: float = 600.0, poll: float = 5.0) -> Any:
+        """Poll until the driver is Ready (``ready=True``) or gone (``ready=False``); raise on timeout/failure."""
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.status(view, version)
+            if ready and current.state == "running" and current.detail.endswith(" ready"):
+                return current
+            if ready and current.state == "finished":
+                return current
+            if not ready and current.state == "stopped" and current.detail == "no deployment":
+                return current
+            if ready and current.state == "failed":
+                raise KubernetesRunnerError(f"{view_ref(view, version)} failed: {current.detail}")
+            if time.monotonic() >= deadline:
+                raise KubernetesRunnerError(
+                    f"{view_ref(view, version)} not {'ready' if ready else 'stopped'} after {timeout:.0f}s "
+                    f"({current.state}: {current.detail})"
+                )
+            time.sleep(poll)

@@ -1,0 +1,656 @@
+"""``kappa``: the platform's command line (the DAGs call the same Python API).
+
+Errors a user can cause (bad arguments, a second driver, a missing prerequisite) print one line, not a trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.errors import KappaError, one_line
+
+__all__ = ["app", "main", "UserError"]
+
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+app = typer.Typer(help="Kappa platform: Kafka log -> Spark views on Delta.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+view_app = typer.Typer(help="Run and manage view-version drivers.", no_args_is_help=True)
+broker_app = typer.Typer(help="The local KRaft broker.", no_args_is_help=True)
+topics_app = typer.Typer(help="Topics declared in kappa/platform.yaml.", no_args_is_help=True)
+host_app = typer.Typer(help="The view host: many view versions in one Spark application.", no_args_is_help=True)
+producer_app = typer.Typer(help="The live producer of the local stack.", no_args_is_help=True)
+app.add_typer(producer_app, name="producer")
+airflow_app = typer.Typer(help="The local stack's Airflow, through its REST API.", no_args_is_help=True)
+app.add_typer(airflow_app, name="airflow")
+app.add_typer(view_app, name="view")
+app.add_typer(host_app, name="host")
+app.add_typer(broker_app, name="broker")
+app.add_typer(topics_app, name="topics")
+
+
+class UserError(KappaError):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _settings():
+    from kappa.config import Settings
+
+    return Settings.from_env()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean 'you asked for something impossible' or 'a part said no', shown without a traceback:
+    the platform's own (:class:`kappa.errors.KappaError`) and the builtin ones a bad argument raises."""
+    return (KappaError, ValueError, FileNotFoundError, KeyError)
+
+
+# -------------------------------------------------------------------------------------------- views
+def _load_view(name: str, version: int | None):
+    from kappa.runtime.view import declared_view
+
+    return declared_view(name, version)
+
+
+@view_app.command("run")
+def view_run(
+    view: str = typer.Argument(..., help="View name (kappa/platform.yaml)."),
+    version: Optional[int] = typer.Option(None, help="View version (default: the view's default_version)."),
+    starting: str = typer.Option("latest", help="earliest | latest | ts:<epoch ms> | JSON offsets (new runs)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Prometheus /metrics port (0 = any free port; default "
+                                               "KAPPA_METRICS_PORT, 9400)."),
+    trigger_seconds: float = typer.Option(2.0, help="Processing-time trigger interval of live runs."),
+    available_now: bool = typer.Option(False, "--available-now", help="Process what the log holds, then stop."),
+    end_ts: Optional[int] = typer.Option(None, help="Bounded backfill: stop at this Kafka timestamp (ms)."),
+    max_offsets_per_trigger: Optional[int] = typer.Option(None, help="Bound micro-batch size."),
+) -> None:
+    """Run one view-version driver in the foreground until SIGTERM (or until a bounded run ends)."""
+    from kappa.runtime.driver import run_view
+
+    settings = _settings()
+    run_view(settings, view, version, starting=starting,
+             metrics_port=settings.metrics_port if metrics_port is None else metrics_port,
+             trigger_seconds=trigger_seconds, available_now=available_now, end_ts=end_ts,
+             max_offsets_per_trigger=max_offsets_per_trigger,
+             echo=lambda line: console.print(line, highlight=False))
+
+
+@view_app.command("start")
+def view_start(
+    view: str,
+    version: Optional[int] = typer.Option(None),
+    starting: str = typer.Option("latest"),
+    metrics_port: Optional[int] = typer.Option(None, help="Prometheus port (default: the version's stable port)."),
+) -> None:
+    """Start a view-version driver in the background (local runner)."""
+    from kappa.control.runners.local import LocalRunner
+    from kappa.runtime.driver import JobSpec
+
+    definition = _load_view(view, version)
+    status = LocalRunner(_settings()).start(JobSpec(view, definition.version, starting=starting,
+                                                    metrics_port=metrics_port))
+    console.print(f"{status.ref}: {status.state} ({status.detail}) {status.metrics_url or ''}", highlight=False)
+
+
+@view_app.command("stop")
+def view_stop(view: str, version: Optional[int] = typer.Option(None)) -> None:
+    """Stop a background view-version driver (local runner)."""
+    from kappa.control.runners.local import LocalRunner
+
+    definition = _load_view(view, version)
+    status = LocalRunner(_settings()).stop(view, definition.version)
+    console.print(f"{status.ref}: {status.state} ({status.detail})", highlight=False)
+
+
+@host_app.command("run")
+def host_run(
+    view: list[str] = typer.Option([], "--view", help="Always run this view: name or name@vN (repeatable)."),
+    starting: list[str] = typer.Option(["earliest"], "--starting", help="Start position of new checkpoints of "
+                                       "the --view versions: once for all, or once per --view in the same order."),
+    driver_memory: str = typer.Option("2g", help="Heap of the host's Spark driver JVM."),
+    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535, help="Prometheus port of the first "
+                                     "--view; the i-th --view (from 0) gets this + i. 0: any free port for each."),
+) -> None:
+    """Run the view host in the foreground: the --view versions plus those asked for under
+    $KAPPA_HOME/run/host/desired (by the local runner), each its own query in one Spark application."""
+    from kappa.runtime.driver import host_specs, run_host
+
+    run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory)
+
+
+# -------------------------------------------------------------------------------------------- broker
+@broker_app.command("start")
+def broker_start() -> None:
+    """Start the local KRaft broker (data survives restarts)."""
+    from kappa.log.broker import LocalBroker
+
+    settings = _settings()
+    if not settings.local_broker:
+        raise UserError(f"KAPPA_KAFKA_BOOTSTRAP={settings.kafka_bootstrap} points at an external cluster; "
+                        "no local broker to start")
+    broker = LocalBroker.from_settings(settings).start()
+    console.print(f"broker running at {broker.bootstrap} (data in {broker.data_dir})", highlight=False)
+
+
+@broker_app.command("stop")
+def broker_stop() -> None:
+    """Stop the local broker."""
+    from kappa.log.broker import LocalBroker
+
+    LocalBroker.from_settings(_settings()).stop()
+    console.print("broker stopped")
+
+
+@broker_app.command("status")
+def broker_status() -> None:
+    from kappa.log.broker import LocalBroker
+
+    broker = LocalBroker.from_settings(_settings())
+    console.print(f"broker {'running' if broker.is_running() else 'stopped'} at {broker.bootstrap}",
+                  highlight=False)
+
+
+# -------------------------------------------------------------------------------------------- topics
+@topics_app.command("ensure")
+def topics_ensure() -> None:
+    """Create or update every declared topic (idempotent)."""
+    from kappa.log.topics import declared_topics, ensure_topics
+
+    settings = _settings()
+    changes = ensure_topics(settings, declared_topics(settings))
+    for change in changes:
+        console.print(str(change), highlight=False)
+    if not changes:
+        console.print("topics up to date")
+
+
+# -------------------------------------------------------------------------------------------- data
+@app.command("produce")
+def produce(
+    count: int = typer.Option(100_000, help="Events to produce (0 with --live: until stopped)."),
+    rate: Optional[float] = typer.Option(None, help="Events/s (paced); default: as fast as possible."),
+    live: bool = typer.Option(False, "--live", help="Stamp events with the wall clock (demo) instead of a "
+                              "reproducible synthetic clock."),
+    seed: int = typer.Option(0, help="Seed of the entities and the event stream."),
+    campaigns: int = typer.Option(100, help="Number of campaigns (10 ads each)."),
+    late_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of late/out-of-order events."),
+    max_lateness_ms: int = typer.Option(5000, min=0, help="Maximum lateness of late events."),
+    malformed_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of malformed records."),
+    no_campaigns: bool = typer.Option(False, "--no-campaigns", help="Do not (re)publish the ad->campaign map."),
+    topic: str = typer.Option("ad-events"),
+) -> None:
+    """Write Yahoo Streaming Benchmark ad events with the idempotent producer."""
+    from kappa.log import generator
+
+    settings = _settings()
+    u = generator.universe(seed=seed, campaigns=campaigns)
+    topic = settings.topic(topic)  # a declared name; KAPPA_TOPIC_PREFIX makes it the physical one
+    if not no_campaigns:
+        generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
+    if live and count == 0:
+        if not rate:
+            raise UserError("--live --count 0 needs --rate")
+        chunk, i = max(1, int(rate * 5)), 0
+        while True:  # until SIGTERM (kappa down)
+            generator.produce(settings, topic, generator.events(
+                chunk, seed=seed + i, universe=u, late_fraction=late_fraction, max_lateness_ms=max_lateness_ms,
+                malformed_fraction=malformed_fraction, live=True), rate=rate)
+            i += 1
+    if count <= 0:
+        raise UserError("--count must be positive (or 0 together with --live --rate)")
+    result = generator.produce(settings, topic, generator.events(
+        count, seed=seed, universe=u, rate_per_s=rate or 1000.0, late_fraction=late_fraction,
+        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, live=live),
+        rate=rate)
+    console.print_json(json.dumps(result.as_dict()))
+
+
+# -------------------------------------------------------------------------------------------- stack
+@app.command("up")
+def up(
+    rate: float = typer.Option(200.0, help="Live producer rate (events/s)."),
+    airflow: bool = typer.Option(True, help="Also start Airflow standalone."),
+    wait: float = typer.Option(600.0, min=0.0, help="Seconds to wait for every view's first micro-batch (0: do "
+                               "not wait)."),
+) -> None:
+    """Start the local platform (broker, topics, views, producer, Airflow); return once it is usable."""
+    from kappa.front import stack
+
+    settings = _settings()
+    began = time.monotonic()
+    # a fresh broker answers the first idempotent producer with "coordinator load in progress, retrying":
+    # librdkafka's warning of a retry that succeeds, not something to act on
+    logging.getLogger("kappa.log.generator").setLevel(logging.ERROR)
+    stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
+    if wait:
+        _wait_views(settings, timeout=wait)
+        console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a micro-batch",
+                      highlight=False)
+    if airflow:  # after the views: they get the machine first (Airflow's first start migrates its database)
+        daemon = stack.start_airflow(settings)
+        console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
+        if wait:
+            _wait_airflow(settings, timeout=wait)
+    if wait:
+        console.print(f"\nready in {time.monotonic() - began:.0f} s: every view has committed rows"
+                      + (", Airflow's DAGs can be triggered" if airflow else ""), highlight=False)
+    cli = settings.cli
+    console.print(
+        "\n[bold]Next[/bold] (from this folder)\n"
+        f"  {cli} status\n"
+        f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
+        f"  {cli} replay campaign_window_counts --version 2 --start earliest\n"
+        f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
+        f"  {'make down':<26} stop everything (data stays in .kappa/)", highlight=False)
+
+
+def _wait_views(settings, *, timeout: float) -> None:
+    """Show each view's way to its first micro-batch (a live table on a terminal, one line per change
+    otherwise) until every view has committed one."""
+    from rich.live import Live
+
+    from kappa.front import stack
+
+    def table(rows) -> Table:
+        t = Table("view", "state", "detail", box=None)
+        for r in rows:
+            t.add_row(r.ref, r.state if not r.ready else f"ready {r.ready_after:.0f} s", r.detail)
+        return t
+
+    if console.is_terminal:
+        with Live(table([]), console=console, refresh_per_second=4) as live:
+            stack.wait_ready(settings, timeout=timeout, on_change=lambda rows: live.update(table(rows)))
+    else:
+        seen: dict[str, str] = {}
+
+        def lines(rows) -> None:
+            for r in rows:
+                text = f"{r.state} ({r.detail})" + (f" after {r.ready_after:.0f} s" if r.ready else "")
+                if seen.get(r.ref) != text:
+                    seen[r.ref] = text
+                    console.print(f"view       {r.ref:<28} {text}", highlight=False)
+
+        stack.wait_ready(settings, timeout=timeout, on_change=lines)
+
+
+def _wait_airflow(settings, *, timeout: float) -> None:
+    """Wait until Airflow's API answers, its scheduler is healthy and the DAGs are parsed."""
+    from kappa.front import stack
+
+    deadline = time.monotonic() + timeout
+    with console.status("waiting for Airflow: API server, scheduler, DAGs parsed"):
+        while not stack.airflow_ready(settings):
+            if time.monotonic() > deadline:
+                raise UserError(f"Airflow did not answer on {stack.airflow_url(settings)} within {timeout:.0f} s; see "
+                                f"{Path(settings.home) / 'logs' / 'airflow.log'}")
+            time.sleep(2)
+    console.print(f"airflow    ready (login admin/{stack.airflow_password(settings)})", highlight=False)
+
+
+@app.command("down")
+def down() -> None:
+    """Stop everything `kappa up` started (data stays)."""
+    from kappa.front import stack
+
+    stack.down(_settings(), echo=lambda m: console.print(m, highlight=False))
+
+
+@producer_app.command("start")
+def producer_start(rate: float = typer.Option(200.0, help="Events/s.")) -> None:
+    """Start the live producer of the local stack (no-op if it runs)."""
+    from kappa.front import stack
+
+    settings = _settings()
+    daemon = stack.start_producer(settings, rate=rate)
+    console.print(f"producer running (pid {daemon.pid()}, log {daemon.log_file})", highlight=False)
+
+
+@producer_app.command("stop")
+def producer_stop() -> None:
+    """Stop the live producer; the views keep running and catch up."""
+    from kappa.front import stack
+
+    console.print("producer stopped" if stack.stop_producer(_settings()) else "producer was not running")
+
+
+@app.command("status")
+def status() -> None:
+    """Processes of the local stack, and the registry of view versions (fits 80 columns: notes are wrapped)."""
+    from kappa.front import stack
+
+    settings = _settings()
+    table = Table("component", "state", box=None)
+    table.add_column("where", overflow="fold")
+    for component, state, where in stack.status(settings):
+        table.add_row(component, state, where)
+    console.print(table)
+    try:
+        from kappa.control.registry import Registry
+
+        records = Registry(settings.lake_uri).list()
+    except Exception as exc:  # noqa: BLE001 - registry not created yet
+        console.print(f"registry: {one_line(exc) or 'empty'}", highlight=False)
+        return
+    if not records:
+        console.print("registry: no replays yet (each view serves its default version)")
+        return
+    console.print()
+    reg = Table("version", "state", "since (UTC)", box=None)
+    for r in records:
+        reg.add_row(r.ref, r.state, str(r.updated_at)[:19])
+    console.print(reg)
+    for r in records:  # the notes in full, wrapped: a replay's progress, why it caught up, a failure
+        console.print(f"{r.ref} ({r.state_changed_by}): {r.note or '-'}", highlight=False, soft_wrap=False)
+
+
+@app.command("query")
+def query(
+    sql: str = typer.Argument(..., help="SQL over the serving views (campaign_window_counts, ...)."),
+    as_of: Optional[str] = typer.Option(None, "--as-of", help="Delta version (int) or ISO timestamp."),
+    limit: int = typer.Option(50, help="Rows to print."),
+) -> None:
+    """Answer SQL over the serving views without Spark (DuckDB over delta-rs), with freshness."""
+    from kappa.front.query import run_query
+
+    result = run_query(sql, as_of=as_of, settings=_settings())
+    table = Table(*result.columns)
+    for row in result.rows[:limit]:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+    for name, f in result.freshness.items():
+        console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
+                      f"{f.last_commit}, watermark {f.watermark}", highlight=False)
+
+
+# -------------------------------------------------------------------------------------------- replays
+def _by() -> str:
+    import getpass
+
+    return f"cli:{getpass.getuser()}"
+
+
+def _replay_request(view: str, version: int, **fields):
+    from kappa.control.replay import ReplayRequest
+
+    return ReplayRequest(view=view, version=version, triggered_by=_by(), **fields).validate()
+
+
+@app.command("replay")
+def replay_cmd(
+    view: str = typer.Argument(..., help="View name (kappa/platform.yaml)."),
+    version: int = typer.Option(..., help="Version to build (declared under the view's versions)."),
+    start: Optional[str] = typer.Option(None, help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'. "
+                                        "Default: earliest for a new version; a version under way keeps its start."),
+    end: str = typer.Option("live", help="live (then keep following the log) | ts:<epoch ms> (bounded)."),
+    verify: str = typer.Option("strict", help="strict (must equal a recompute of its own transform over the same "
+                               "micro-batches, and the plain-Python oracle where one exists) | none."),
+    promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
+    watch_minutes: float = typer.Option(10.0, min=0.0, help="With --promote: watch the new version this long and "
+                                        "roll back if it breaks (0: no watch)."),
+    max_offsets_per_trigger: Optional[int] = typer.Option(None, min=1, help="Bound the replay's micro-batches."),
+    max_lag: int = typer.Option(2000, min=0, help="Live: caught up once at most this many records lag behind."),
+    timeout: float = typer.Option(0.0, min=0.0, help="Stop waiting after this many seconds (0: no limit)."),
+    detach: bool = typer.Option(False, "--detach", help="Return once the job runs; the same command without "
+                                "--start attaches again (progress, verify, promote)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Preflight and the plan of steps only: change nothing."),
+) -> None:
+    """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote).
+
+    Interrupting the wait (Ctrl-C) or --detach leaves the job running; rerunning the command follows it."""
+    from kappa.control import replay
+    from kappa.control.runners import runner_for
+
+    settings = _settings()
+    req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
+                          verify=verify, auto_promote=promote, keep_hours=keep_hours,
+                          max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
+                          watch_minutes=watch_minutes)
+    runner = runner_for(settings)
+    # rerunning the command follows a replay that is already under way (it never starts a second driver); an
+    # explicit --start must match the one it runs from
+    pre = replay.preflight(req, settings, runner, resume=True, check_start=start is not None)
+    console.print(pre.summary(), highlight=False)
+    if dry_run:
+        console.print("dry run - nothing registered, started or written; a replay would:", highlight=False)
+        for i, step in enumerate(pre.plan(), 1):
+            console.print(f"  {i}. {step}", highlight=False)
+        return
+    rec = replay.launch(req, settings, runner, pre)
+    job = runner.status(view, version)
+    console.print(f"{req.ref}: {rec.state}, job {job.state} (app id {rec.app_id})"
+                  + (f", metrics {job.metrics_url}" if job.metrics_url else ""), highlight=False)
+    if detach:
+        console.print(f"detached; follow it with: {settings.cli} replay {view} --version {version}"
+                      + (" --promote" if promote else ""), highlight=False)
+        return
+    _follow(req, settings, runner, timeout=timeout)
+    result = replay.verify(view, version, settings, req.verify, by=req.triggered_by,
+                           end_timestamp_ms=req.end_timestamp_ms)
+    _print_verification(result)
+    if not result.passed:
+        raise UserError(f"{req.ref} failed verification; serving unchanged")
+    if req.auto_promote:
+        switched = replay.promote(view, version, settings, runner, by=req.triggered_by, keep_hours=keep_hours)
+        console.print(switched.message, highlight=False)
+        _watch(req, settings, runner, switched.previous_version)
+    else:
+        console.print(f"promote it with: {settings.cli} promote {view} --version {version}", highlight=False)
+
+
+def _watch(req, settings, runner, previous: int | None) -> None:
+    """The watch window after a switch (kappa.control.replay.watch): roll back when the new version breaks."""
+    from kappa.control.replay.watch import watch
+
+    policy = req.watch_policy()
+    if policy.minutes == 0 or previous in (None, req.version):
+        return
+    console.print(f"watching {req.ref} for {policy.minutes:g} min (rolls back to v{previous} if it breaks; "
+                  "Ctrl-C stops watching, the switch stays)", highlight=False)
+    result = watch(req.view, req.version, settings, runner, previous_version=previous, policy=policy,
+                   by=req.triggered_by)
+    console.print(result.message, highlight=False)
+    if not result.healthy:
+        raise UserError(result.message)
+
+
+def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_every: float = 10.0) -> None:
+    """Progress bar until the replay has caught up (the job keeps running if this is interrupted)."""
+    from collections import deque
+
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    from kappa.control import replay
+
+    samples: deque = deque(maxlen=10)
+    deadline = time.monotonic() + timeout if timeout else None
+    last_record = 0.0
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[detail]}"))
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(req.ref, total=None, detail="starting")
+        while True:
+            record = time.monotonic() - last_record >= record_every
+            sample = replay.progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
+                                     previous=samples[0] if samples else None, record=record, by=req.triggered_by)
+            if record:
+                last_record = time.monotonic()
+            samples.append(sample)
+            bar.update(task, total=max(sample.total, 1), completed=sample.done,
+                       detail=f"lag {sample.lag:,}  ETA {sample.eta_text}")
+            caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                                      end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+            if caught:
+                bar.update(task, completed=max(sample.total, 1), detail=f"caught up (lag {sample.lag:,})")
+                bar.console.print(f"{req.ref} caught up: {caught.reason}", highlight=False)
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise UserError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
+                                "running - run `kappa verify` / `kappa promote` once it has")
+            time.sleep(poll)
+
+
+@app.command("verify")
+def verify_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    version: int = typer.Option(..., help="Version to check (must have caught up)."),
+    mode: str = typer.Option("strict", help="strict (equal to a recompute of its own transform, and to the "
+                             "plain-Python oracle where one exists) | none."),
+    end_ts: Optional[int] = typer.Option(None, help="Bounded replays: their end timestamp (ms)."),
+) -> None:
+    """Check a caught-up version: recompute of its own transform, plus the oracle if any (-> verified or failed)."""
+    from kappa.control import replay
+
+    result = replay.verify(view, version, _settings(), mode, by=_by(), end_timestamp_ms=end_ts)
+    _print_verification(result)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def _print_verification(result) -> None:
+    """The verification's line, its differences and the diff report against the serving version (paths)."""
+    from kappa.verify.diffreport import DiffReport
+
+    console.print(result.message, highlight=False)
+    for example in result.examples:
+        console.print(f"  {example}", highlight=False)
+    if result.report:
+        report = DiffReport(**result.report)
+        console.print(report.summary(), highlight=False)
+        for line in report.lines():
+            console.print(f"  {line}", highlight=False)
+
+
+@app.command("promote")
+def promote_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    version: int = typer.Option(..., help="Verified version to serve."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
+) -> None:
+    """Switch the view's serving alias to a verified version (atomic, idempotent); stop the old job."""
+    from kappa.control import replay
+    from kappa.control.runners import runner_for
+
+    settings = _settings()
+    result = replay.promote(view, version, settings, runner_for(settings), by=_by(),
+                            keep_hours=keep_hours)
+    console.print(result.message, highlight=False)
+
+
+@app.command("rollback")
+def rollback_cmd(
+    view: str = typer.Argument(..., help="View name."),
+    to: Optional[int] = typer.Option(None, "--to", help="Version to serve again (default: the previous one)."),
+    keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
+) -> None:
+    """Serve a kept earlier version again: switch the alias back, restart its job, stop the other one."""
+    from kappa.control import replay
+    from kappa.control.runners import runner_for
+
+    settings = _settings()
+    result = replay.rollback(view, to, settings, runner_for(settings), by=_by(), keep_hours=keep_hours)
+    console.print(result.message, highlight=False)
+
+
+@app.command("retire")
+def retire_cmd(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list the versions past their keep period."),
+) -> None:
+    """Delete the tables and checkpoints of retired versions past their keep period (their jobs are stopped
+    first); the scheduled ``kappa_retire`` DAG does the same."""
+    from kappa.control import replay
+    from kappa.control.runners import runner_for
+
+    settings = _settings()
+    if dry_run:
+        due = replay.alias_of(settings).expired()
+        for rec in due:
+            console.print(f"{rec.ref}: retired, kept until {rec.delete_after:%Y-%m-%d %H:%M} UTC: would be deleted "
+                          f"({rec.table_path})", highlight=False)
+        if not due:
+            console.print("nothing to retire: no retired version is past its keep period", highlight=False)
+        return
+    results = replay.retire_expired(settings, runner_for(settings), by=_by())
+    for result in results:
+        console.print(result.message, highlight=False)
+    if not results:
+        console.print("nothing to retire: no retired version is past its keep period", highlight=False)
+    if any(not r.deleted for r in results):
+        raise typer.Exit(1)
+
+
+# -------------------------------------------------------------------------------------------- airflow
+@airflow_app.command("trigger")
+def airflow_trigger(
+    dag: str = typer.Argument(..., help="DAG id: kappa_replay | kappa_rollback | kappa_retire."),
+    conf: str = typer.Option("{}", help="The run's Params as JSON, e.g. '{\"view\": \"campaign_window_counts\", "
+                             "\"version\": 2}'."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (a failed run exits non-zero)."),
+    timeout: float = typer.Option(3600.0, min=1.0, help="With --wait: give up after this many seconds."),
+) -> None:
+    """Trigger a DAG of the local Airflow with Params and print the run's URL (REST API, no Airflow CLI)."""
+    from kappa.front.airflow_client import AirflowAPI
+
+    try:
+        params = json.loads(conf)
+    except ValueError as exc:
+        raise UserError(f"--conf is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise UserError("--conf must be a JSON object of Params")
+    api = AirflowAPI.local(_settings())
+    run_id = api.trigger(dag, params, note=f"triggered by {_by()}")
+    console.print(f"{dag}: run {run_id}\n{api.run_url(dag, run_id)}", highlight=False)
+    if not wait:
+        return
+
+    def show(state) -> None:
+        tasks = "  ".join(f"{task} {st}" for task, st in state.tasks.items())
+        console.print(f"{state.state:<8} {tasks}", highlight=False)
+
+    final = api.wait(dag, run_id, timeout=timeout, on_change=show)
+    if final.state != "success":
+        failed = [t for t, st in final.tasks.items() if st in ("failed", "upstream_failed")]
+        raise UserError(f"{dag} run {run_id} {final.state} (tasks {', '.join(failed) or '-'}); see "
+                        f"{api.run_url(dag, run_id)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``kappa`` console script."""
+    code = 0
+    try:
+        returned = app(args=argv, standalone_mode=False)
+        if isinstance(returned, int):  # typer.Exit(n) outside standalone mode is returned, not raised
+            code = returned
+    except SystemExit as exc:  # typer/click exits (help, usage errors already printed)
+        code = exc.code if isinstance(exc.code, int) else 1
+    except typer.Abort:
+        code = 130
+    except Exception as exc:  # noqa: BLE001 - one line for user errors, full trace otherwise
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            code = exc.exit_code
+        elif isinstance(exc, _user_errors()):
+            msg = one_line(exc)
+            err.print(f"error: {msg}", highlight=False, markup=False)
+            code = 2
+        else:
+            code = 1
+            raise
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""The local stack behind ``make run``: broker, topics, the four views, a live producer and Airflow.
+
+Everything runs as background process groups recorded under ``$KAPPA_HOME/run`` (pid files) with logs in
+``$KAPPA_HOME/logs``; ``kappa down`` stops them all. The data (Kafka log, Delta tables, checkpoints, Airflow's
+database) stays in ``$KAPPA_HOME`` so ``make run`` after ``make down`` continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kappa.config import Settings
+from kappa.errors import KappaError, one_line
+from kappa.identity import view_ref
+from kappa.process import Daemon, child_env
+
+__all__ = ["Readiness", "StackError", "airflow_ready", "airflow_url", "down",
+           "stack_views", "start_airflow", "start_producer", "status", "stop_producer", "up", "wait_ready"]
+
+class StackError(KappaError, RuntimeError):
+    """The local stack did not come up (one line: who, why, which log)."""
+
+
+def airflow_env(settings: Settings) -> dict[str, str]:
+    """Environment of the local Airflow: its home under KAPPA_HOME, the repo's dags/, no examples."""
+    home = Path(settings.home) / "airflow"
+    return {
+        **child_env(settings),
+        # standalone starts its components as `airflow ...` subprocesses: use this environment's one
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(Path(settings.repo_root) / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__API__PORT": str(settings.airflow_port),
+        "AIRFLOW__API__HOST": "127.0.0.1",  # loopback, like every other service of the local stack
+        # the UI's links and the tasks' execution API calls go to that address (the default, localhost:8080,
+        # may resolve to ::1 or name another port)
+        "AIRFLOW__API__BASE_URL": airflow_url(settings),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{airflow_url(settings)}/execution/",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        # an idle Airflow on a 2-core machine: a few executor slots instead of 32 idle LocalExecutor workers,
+        # one DAG parsing process, a scheduler that sleeps between empty loops
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "5",
+        # a replay's sensor reports progress every 10 s here (the DAG's default, 60 s, suits a cluster)
+        "KAPPA_REPLAY_POKE_SECONDS": str(settings.replay_poke_seconds or 10),
+    }
+
+
+def airflow_password(settings: Settings) -> str | None:
+    path = Path(settings.home) / "airflow" / "simple_auth_manager_passwords.json.generated"
+    try:
+        return json.loads(path.read_text()).get("admin")
+    except (OSError, ValueError):
+        return None
+
+
+def start_producer(settings: Settings, *, rate: float = 200.0) -> Daemon:
+    """Start the live producer (YSB events at ``rate`` events/s, 5 % late, 1 % malformed) unless it runs."""
+    producer = Daemon("producer", settings)
+    producer.start([sys.executable, "-m", "kappa.front.cli", "produce", "--live", "--rate", str(rate),
+                    "--count", "0", "--no-campaigns", "--late-fraction", "0.05", "--malformed-fraction", "0.01"],
+                   env=child_env(settings))
+    return producer
+
+
+def stop_producer(settings: Settings) -> bool:
+    """Stop the live producer; the views keep running (False if it did not run)."""
+    return Daemon("producer", settings).stop()
+
+
+@dataclass
+class Readiness:
+    """Where one view version of the stack is on its way to its first committed micro-batch."""
+
+    ref: str
+    state: str = "starting"
+    detail: str = "waiting for the view host"
+    ready_after: float | None = None  # seconds since the wait began
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_after is not None
+
+
+def stack_views(settings: Settings) -> list[tuple[str, int]]:
+    """(view, default version) of every declared view: what ``up`` runs."""
+    from kappa.catalog import load_catalog
+
+    return [(name, spec.default_version) for name, spec in load_catalog().views.items()]
+
+
+def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
+               on_change: Callable[[list[Readiness]], None] | None = None) -> list[Readiness]:
+    """Block until every view of the stack runs and has committed a micro-batch that covers its topic as it was
+    when the wait began (so its table holds rows, and after a restart it has caught up with what was there).
+
+    Raises:
+        StackError: A view failed, or ``timeout`` seconds passed (the message names who is not ready and where
+            its log is).
+    """
+    from kappa.control.replay import committed_offsets, stream_topic
+    from kappa.control.runners.local import LocalRunner
+    from kappa.log.topics import partition_offsets
+
+    runner = LocalRunner(settings, mode="host")
+    began = time.monotonic()
+    views = stack_views(settings)
+    targets = {view_ref(v, n): {p: hi for p, (_lo, hi) in partition_offsets(settings, settings.topic(
+        stream_topic(v, n))).items()} for v, n in views}
+    rows = {view_ref(v, n): Readiness(view_ref(v, n)) for v, n in views}
+    last: list[tuple[str, str]] = []
+    while True:
+        for view, version in views:
+            row = rows[view_ref(view, version)]
+            if row.ready:
+                continue
+            job = runner.status(view, version)
+            if job.state == "failed":
+                raise StackError(f"{row.ref} failed: {one_line(job.detail)}; see {Path(settings.home) / 'logs'}"
+                                 "/view-host.log")
+            if job.state != "running":
+                row.state, row.detail = "starting", job.detail or "waiting for the view host"
+                continue
+            offsets, batch = committed_offsets(settings, view, version, settings.topic(stream_topic(view, version)))
+            behind = sum(max(0, end - offsets.get(p, 0)) for p, end in targets[row.ref].items())
+            if batch is None:
+                row.state, row.detail = "running", "query started, first micro-batch under way"
+            elif behind:
+                row.state, row.detail = "running", f"batch {batch} committed, {behind:,} records to catch up"
+            else:
+                row.state, row.detail = "ready", f"batch {batch} committed"
+                row.ready_after = time.monotonic() - began
+        snapshot = [(r.state, r.detail) for r in rows.values()]
+        if on_change is not None and snapshot != last:
+            on_change(list(rows.values()))
+        last = snapshot
+        if all(r.ready for r in rows.values()):
+            return list(rows.values())
+        if time.monotonic() - began > timeout:
+            waiting = ", ".join(f"{r.ref} ({r.detail})" for r in rows.values() if not r.ready)
+            raise StackError(f"not ready after {timeout:.0f} s: {waiting}; see {Path(settings.home) / 'logs'}"
+                             "/view-host.log")
+        time.sleep(poll)
+
+
+def airflow_ready(settings: Settings, timeout: float = 2.0) -> bool:
+    """Whether the local Airflow is usable: the API server answers, the scheduler reports healthy and the
+    platform's DAGs are parsed (a replay can be triggered)."""
+    from kappa.front.airflow_client import AirflowAPI, AirflowError
+
+    try:
+        with urllib.request.urlopen(f"{airflow_url(settings)}/api/v2/monitor/health", timeout=timeout) as resp:
+            health = json.loads(resp.read())
+    except (OSError, ValueError):
+        return False
+    if (health.get("scheduler") or {}).get("status") != "healthy":
+        return False
+    try:
+        return AirflowAPI.local(settings).has_dag("kappa_replay")
+    except AirflowError:
+        return False
+
+
+def airflow_url(settings: Settings) -> str:
+    return f"http://127.0.0.1:{settings.airflow_port}"
+
+
+def start_airflow(settings: Settings) -> Daemon:
+    """Start Airflow standalone for the stack unless it runs (its first start migrates its database: a minute)."""
+    daemon = Daemon("airflow", settings)
+    daemon.start([sys.executable, "-m", "airflow", "standalone"], env=airflow_env(settings))
+    return daemon
+
+
+def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
+    """Start (or continue) the broker, the topics, the live producer and every view (in the view host);
+    idempotent. Returns once every view's query runs (:func:`wait_ready` waits for their first micro-batches;
+    :func:`start_airflow` adds Airflow - after the views, so they get the machine first)."""
+    from kappa.log.generator import campaign_records, publish_campaigns, universe
+    from kappa.control.runners.base import JobSpec
+    from kappa.control.runners.local import LocalRunner
+    from kappa.log.topics import declared_topics, ensure_topics, partition_offsets
+
+    if settings.local_broker:
+        from kappa.log.broker import LocalBroker
+
+        broker = LocalBroker.from_settings(settings).start()
+        echo(f"kafka      {broker.bootstrap}  (KRaft, data in {broker.data_dir})")
+    else:
+        echo(f"kafka      {settings.kafka_bootstrap}  (external)")
+    for change in ensure_topics(settings, declared_topics(settings)):
+        echo(f"topic      {change}")
+    campaigns = settings.topic("campaigns")
+    if sum(high for _low, high in partition_offsets(settings, campaigns).values()) == 0:
+        publish_campaigns(settings, campaign_records(universe(seed=0)), topic=campaigns)
+        echo("campaigns  published 1000 ad -> campaign mappings (100 campaigns)")
+
+    # the producer first: the views' first micro-batches then hold rows
+    producer = start_producer(settings, rate=rate)
+    echo(f"producer   {rate:g} events/s into {settings.topic('ad-events')} (log {_short(producer.log_file)})")
+    runner = LocalRunner(settings, mode="host")  # every live view in one Spark application (kappa.runtime.host)
+    views = stack_views(settings)
+    echo(f"views      starting {len(views)} view versions in the view host (log "
+         f"{_short(Path(settings.home) / 'logs' / 'view-host.log')})")
+    for name, version in views:
+        runner.start(JobSpec(name, version, starting="earliest"))
+
+
+def down(settings: Settings, *, echo=print) -> None:
+    """Stop everything ``up`` started; data stays."""
+    from kappa.control.runners.local import LocalRunner
+
+    for name in ("producer", "airflow"):
+        if Daemon(name, settings).stop():
+            echo(f"stopped {name}")
+    from kappa.runtime.host import stop_host
+
+    runner = LocalRunner(settings, mode="own")
+    run_dir = Path(settings.home) / "run"
+    for state in sorted(run_dir.glob("*@v*.json")):
+        view, version = state.stem.split("@v")
+        if runner.status(view, int(version)).state == "running":
+            status = runner.stop(view, int(version))
+            echo(f"stopped {status.ref}")
+    if stop_host(settings):  # it drains and stops every view version it runs; they restart with the next `up`
+        echo("stopped view host")
+    if settings.local_broker:
+        from kappa.log.broker import LocalBroker
+
+        if LocalBroker.from_settings(settings).stop():
+            echo("stopped kafka")
+
+
+def _short(path: Path) -> str:
+    """A path relative to the working directory when it is below it (what a user types), else absolute."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def status(settings: Settings) -> list[tuple[str, str, str]]:
+    """(component, state, where) rows for ``kappa status``: the broker, the view host, every view version the
+    local runner knows (with its metrics URL while it runs), the producer and Airflow."""
+    from kappa.runtime.host import host_dir, host_pid
+    from kappa.control.runners.local import LocalRunner
+
+    rows: list[tuple[str, str, str]] = []
+    if settings.local_broker:
+        from kappa.log.broker import LocalBroker
+
+        broker = LocalBroker.from_settings(settings)
+        rows.append(("kafka", "running" if broker.is_running() else "stopped", broker.bootstrap))
+    runner = LocalRunner(settings)
+    run = Path(settings.home) / "run"
+    pid = host_pid(settings)
+    rows.append(("view host", "running" if pid else "stopped", f"pid {pid}, one JVM" if pid else ""))
+    refs = {p.stem for p in run.glob("*@v*.json")} | {p.stem for p in (host_dir(settings) / "desired").glob("*.json")}
+    for ref in sorted(refs):
+        view, version = ref.split("@v")
+        st = runner.status(view, int(version))
+        rows.append((st.ref, st.state, st.metrics_url if st.state == "running" and st.metrics_url else st.detail))
+    producer = Daemon("producer", settings)
+    rows.append(("producer", "running" if producer.pid() else "stopped", f"log {_short(producer.log_file)}"))
+    airflow = Daemon("airflow", settings)
+    password = airflow_password(settings)
+    rows.append(("airflow", "running" if airflow.pid() else "stopped",
+                 f"{airflow_url(settings)} admin/{password or '(being generated)'}"))
+    return rows

@@ -1,0 +1,149 @@
+"""Starting and stopping the platform's background processes: one home for every process group it spawns.
+
+Every long-running part the platform starts on this machine - a view driver, the view host, the producer,
+Airflow - runs as the leader of a process group of its own (``start_new_session``), logs to a file under
+``$KAPPA_HOME/logs`` and is stopped group-wide: SIGTERM to the leader (which shuts its children down itself),
+then whatever is left of the group. A :class:`Daemon` adds a pid file under ``$KAPPA_HOME/run``.
+
+Example:
+    >>> from kappa.config import Settings  # doctest: +SKIP
+    >>> d = Daemon("producer", Settings.from_env())  # doctest: +SKIP
+    >>> d.start([sys.executable, "-m", "kappa.log.generator", "--rate", "200"])  # doctest: +SKIP
+    >>> d.stop()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+
+__all__ = ["Daemon", "child_env", "group_members", "pid_alive", "spawn", "terminate_group"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp after the command name
+            out.append(int(stat.parent.name))
+    return out
+
+
+def terminate_group(pid: int, timeout: float, *, grace: float = 10.0) -> None:
+    """SIGTERM the process-group leader ``pid`` (it shuts its children down itself), wait up to ``timeout`` s,
+    then SIGTERM whatever is left of its group and SIGKILL what is still there after ``grace`` s (a child the
+    leader left behind, e.g. Airflow standalone's scheduler, must not outlive it). SIGKILL at once if the leader
+    itself did not stop. Returns once no live process of the group is left (or 5 s after the SIGKILL)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL if pid_alive(pid) else signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously: return once the group is gone
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def child_env(settings: "Settings") -> dict[str, str]:
+    """Environment that makes a child process (driver, host, producer) see the same home, lake, topics, Kafka."""
+    env = {"KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri, "PYTHONUNBUFFERED": "1",
+           "KAPPA_TOPIC_PREFIX": settings.topic_prefix}
+    if not settings.local_broker:
+        env["KAPPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    return env
+
+
+def spawn(args: Sequence[str], *, log_file: Path, settings: "Settings", env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
+    """Start ``args`` as the leader of a new process group, stdin closed, stdout and stderr appended to
+    ``log_file``, in the environment of this process plus :func:`child_env` plus ``env``; from the repository
+    root unless ``cwd`` says otherwise."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(list(args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **child_env(settings), **(env or {})},
+                                cwd=str(cwd or settings.repo_root), start_new_session=True)
+
+
+@dataclass
+class Daemon:
+    """A background process group with a pid file (``$KAPPA_HOME/run/<name>.pid``) and a log file
+    (``$KAPPA_HOME/logs/<name>.log``)."""
+
+    name: str
+    settings: "Settings"
+
+    @property
+    def pid_file(self) -> Path:
+        return Path(self.settings.home) / "run" / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.settings.home) / "logs" / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def start(self, args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+        """Start ``args`` unless the daemon runs; returns its pid."""
+        running = self.pid()
+        if running:
+            return running
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        proc = spawn(args, log_file=self.log_file, settings=self.settings, env=env, cwd=cwd)
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Stop the process group; False if it did not run."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        terminate_group(pid, timeout)  # the leader shuts its children down itself
+        self.pid_file.unlink(missing_ok=True)
+        return True

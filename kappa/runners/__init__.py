@@ -1,1 +1,0 @@
-"""View-job runners: local processes (``local``) and Kubernetes workloads (``kubernetes``)."""

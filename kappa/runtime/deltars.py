@@ -1,0 +1,126 @@
+"""The lake through delta-rs (no JVM): Arrow rows in and out, local paths, idempotent appends.
+
+Used by the control plane (registry, serving alias, queries) and by the one data-plane write that does not need
+Spark: the quarantine append of a micro-batch (:class:`kappa.runtime.sink.QuarantineSink`). delta-rs loads a table's
+snapshot natively in milliseconds, where delta-spark reconstructs it with a Spark job on every idempotent commit
+(``txnVersion`` -> ``Snapshot.computedState``), measured at 0.98 CPU-s per append against 0.014 here
+(docs/performance.md).
+
+**Idempotent appends** (:func:`append_once`) follow the Delta protocol's application transactions, the same
+mechanism delta-spark's ``txnAppId``/``txnVersion`` options use: the commit carries ``txn(appId, version)``, and a
+version at or below the one recorded is skipped. Blind appends of different appIds commute, so concurrent writers
+of one table (every view's quarantine) simply retry on the next log version (delta-rs' conflict checker). On S3,
+delta-rs 1.x commits with conditional writes (``If-None-Match``), so several drivers may append to one table
+there too; the tables it appends to are never committed to by delta-spark after their creation.
+
+**Two writers on a local table.** Spark's Hadoop ``file:`` file system keeps a checksum sidecar
+(``._last_checkpoint.crc``) beside each file it writes; delta-rs rewrites ``_last_checkpoint`` without it, and a
+stale sidecar makes Spark's reader fail the checksum, sleep, retry and fall back to listing the log. After a
+delta-rs commit on a local table the sidecar is removed (:func:`drop_stale_checksum`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+import arro3.core as ac
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+__all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema",
+           "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
+
+TS = ac.DataType.timestamp("us", tz="UTC")
+STR = ac.DataType.string()
+I64 = ac.DataType.int64()
+I32 = ac.DataType.int32()
+BIN = ac.DataType.binary()
+
+#: Arrow type of each Spark SQL type name the platform's delta-rs tables use.
+SQL_TYPES = {"STRING": STR, "INT": I32, "BIGINT": I64, "TIMESTAMP": TS, "BINARY": BIN}
+
+
+def is_local_uri(uri: str) -> bool:
+    """True for plain paths and ``file:`` URIs (False for ``s3a://``, ``abfss://``...)."""
+    return "://" not in uri or uri.startswith("file:")
+
+
+def local_path(uri: str) -> str:
+    """Filesystem path of a local URI (``file:///x`` / ``file:/x`` -> ``/x``)."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if uri.startswith("file:"):
+        return uri[len("file:"):]
+    return uri
+
+
+def rs_uri(uri: str) -> str:
+    """The URI delta-rs opens for a lake URI Spark opens (a local path; ``s3a://`` is ``s3://`` there)."""
+    if is_local_uri(uri):
+        return local_path(uri)
+    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
+def to_micros(value: datetime | None) -> int | None:
+    """Microseconds since the epoch of a timezone-aware datetime (``ValueError`` for a naive one)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError(f"timestamp {value.isoformat()} has no time zone (use UTC)")
+    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _array(values: list[Any], dtype: Any) -> Any:
+    if dtype == TS:  # arro3 cannot build timestamps from datetimes: go through int64 microseconds
+        return ac.Array([v if v is None or isinstance(v, int) else to_micros(v) for v in values], I64).cast(TS)
+    return ac.Array(values, dtype)
+
+
+def arrow_schema(columns: Iterable[tuple[str, Any]]) -> Any:
+    return ac.Schema([ac.Field(name, dtype, True) for name, dtype in columns])
+
+
+def arrow_rows(columns: tuple[tuple[str, Any], ...], rows: list[dict[str, Any]],
+               extra: tuple[tuple[str, Any], ...] = ()) -> Any:
+    """An Arrow table of ``rows`` (dicts) with the typed ``columns`` (+ ``extra``); timestamps may be given as
+    timezone-aware datetimes or as epoch microseconds."""
+    cols = columns + extra
+    arrays = [_array([r.get(name) for r in rows], dtype) for name, dtype in cols]
+    return ac.Table.from_arrays(arrays, schema=arrow_schema(cols))
+
+
+def _utc(value: Any) -> Any:
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
+
+
+def read_rows(table: DeltaTable) -> list[dict[str, Any]]:
+    """Every row of a (small) Delta table as dicts, timestamps in UTC."""
+    data = table.scan().read_all()
+    names = list(data.column_names)
+    columns = [[_utc(v) for v in data.column(i).to_pylist()] for i in range(len(names))]
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def drop_stale_checksum(uri: str) -> None:
+    """Remove the Hadoop checksum sidecar of ``_last_checkpoint`` that a delta-rs checkpoint left stale (local)."""
+    if is_local_uri(uri):
+        Path(local_path(uri), "_delta_log", "._last_checkpoint.crc").unlink(missing_ok=True)
+
+
+def append_once(table: DeltaTable, data: Any, app_id: str, version: int) -> bool:
+    """Append ``data`` (an Arrow table) to ``table`` in one commit carrying ``txn(app_id, version)``, unless the
+    table already recorded ``version`` or a later one for ``app_id``. Returns False when it was skipped.
+
+    ``table`` is brought up to date first (incrementally); the caller must be the only writer of ``app_id``
+    (a view version's run holds its driver lock).
+    """
+    table.update_incremental()
+    done = table.transaction_version(app_id)
+    if done is not None and done >= version:
+        return False
+    write_deltalake(table, data, mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]))
+    drop_stale_checksum(table.table_uri)  # a commit may have written a checkpoint
+    return True

@@ -1,0 +1,280 @@
+"""The view host: many view versions in one Spark application (one JVM), each its own query and checkpoint.
+
+On a small machine one JVM per view costs more than the views themselves (four drivers of 1.3-1.7 GiB each);
+the host runs every live view version of ``make run`` in one SparkSession instead. Nothing about a view's
+guarantees changes: each view version still has its own streaming query, checkpoint, Delta appId and driver
+lock (a second copy of a version is refused in the host as anywhere else), and runs in its own FAIR scheduler
+pool, so a view with a large backlog (a replay joining the host) cannot starve the others. A query that fails
+is restarted alone, from its checkpoint (exactly-once makes that safe), after a backoff that doubles with each
+consecutive failure (``KAPPA_HOST_RESTART_BACKOFF_SECONDS``, reset after :data:`HEALTHY_SECONDS` of running);
+after ``KAPPA_HOST_MAX_RESTARTS`` consecutive failures it is stopped and reported ``failed`` while the others go on - the
+same policy a Kubernetes Deployment gives a view's own driver.
+
+The host is driven by files, so the local runner (and through it ``kappa replay`` and the Airflow DAGs) can add
+and remove view versions while it runs:
+
+.. code-block:: text
+
+    <home>/run/host/host.json             the host process (pid, start time); host.lock: one host per home
+    <home>/run/host/desired/<ref>.json    a JobSpec the host must run (written by LocalRunner.start)
+    <home>/run/host/status/<ref>.json     what the host did with it: running | restarting | finished | failed |
+                                          stopped
+
+Removing a desired file stops that view version (``LocalRunner.stop``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kappa.errors import one_line
+from kappa.process import pid_alive, spawn, terminate_group
+from kappa.runtime.driver import JobSpec, host_command
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+    from kappa.runtime.job import ViewJob
+
+__all__ = ["ViewHost", "host_dir", "desire", "undesire", "hosted_status", "host_pid", "start_host", "stop_host"]
+
+log = logging.getLogger("kappa.runtime.host")
+
+#: The longest wait before restarting a failed query (the backoff doubles with each consecutive failure).
+MAX_BACKOFF_SECONDS = 300.0
+#: A query running this long without failing starts counting its failures from zero again.
+HEALTHY_SECONDS = 300.0
+
+
+def host_dir(settings: "Settings") -> Path:
+    return Path(settings.home) / "run" / "host"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)  # readers never see half a file
+
+
+class ViewHost:
+    """Runs the view versions listed in ``<home>/run/host/desired`` in one SparkSession until SIGTERM."""
+
+    def __init__(self, settings: "Settings", *, driver_memory: str = "2g", static: list[JobSpec] | None = None) -> None:
+        self.settings = settings
+        self.static = {spec.ref: spec for spec in static or []}  # always desired (e.g. a grouped deployment)
+        self.dir = host_dir(settings)
+        self.driver_memory = driver_memory
+        self.jobs: dict[str, "ViewJob"] = {}
+        self.specs: dict[str, JobSpec] = {}
+        self._stop = threading.Event()
+        self._spark: Any = None
+        self._lookups: Any = None
+        self._failures: dict[str, int] = {}  # consecutive failures per view version
+        self._restart_at: dict[str, float] = {}  # monotonic time a failed version may start again
+        self._started_at: dict[str, float] = {}
+
+    # ---------------------------------------------------------------------------------------------------
+    @property
+    def spark(self) -> Any:
+        if self._spark is None:
+            from kappa.runtime.spark import build_spark
+
+            self._spark = build_spark(
+                "kappa-view-host", self.settings, driver_memory=self.driver_memory,
+                extra_conf={"spark.scheduler.mode": "FAIR"})
+        return self._spark
+
+    def _desired(self) -> dict[str, JobSpec]:
+        out: dict[str, JobSpec] = dict(self.static)
+        for path in sorted((self.dir / "desired").glob("*.json")):
+            try:
+                out[path.stem] = JobSpec(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("ignoring %s: %s", path, exc)
+        return out
+
+    def _status(self, ref: str, state: str, detail: str = "", metrics_url: str | None = None) -> None:
+        _write_json(self.dir / "status" / f"{ref}.json", {
+            "ref": ref, "state": state, "detail": detail, "metrics_url": metrics_url, "pid": os.getpid(),
+            "updated": time.time()})
+
+    def _start(self, spec: JobSpec) -> None:
+        from kappa.catalog import load_catalog
+        from kappa.runtime.job import ViewJob
+        from kappa.runtime.lookups import LookupCache
+        from kappa.runtime.view import load_view
+
+        catalog = load_catalog()
+        view = load_view(catalog.views[spec.view].versions[spec.version])
+        if self._lookups is None:
+            self._lookups = LookupCache(self.spark, self.settings)
+        # the pool is a property of the thread that starts the query; Spark's stream thread inherits it
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", spec.ref)
+        job = ViewJob(view, self.settings, spark=self.spark, starting=spec.starting,
+                      available_now=spec.end_timestamp_ms is not None, end_timestamp_ms=spec.end_timestamp_ms,
+                      max_offsets_per_trigger=spec.max_offsets_per_trigger, metrics_port=spec.metrics_port,
+                      lookups=self._lookups)
+        try:
+            job.start()
+        except Exception as exc:  # noqa: BLE001 - one view failing to start must not stop the others
+            self._failed(spec.ref, f"cannot start: {one_line(exc)}")
+            return
+        finally:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+        self.jobs[spec.ref], self.specs[spec.ref] = job, spec
+        self._started_at[spec.ref] = time.monotonic()
+        url = f"http://127.0.0.1:{job.bound_port}/metrics" if job.bound_port else None
+        log.info("%s running in the host (app id %s, pool %s, metrics %s)", spec.ref, job.app_id, spec.ref, url)
+        self._status(spec.ref, "running", f"host pid {os.getpid()}, app id {job.app_id}", url)
+
+    def _stop_job(self, ref: str, state: str, detail: str) -> None:
+        job = self.jobs.pop(ref, None)
+        self.specs.pop(ref, None)
+        if job is not None:
+            job.stop()
+        self._status(ref, state, detail)
+
+    def reconcile(self) -> None:
+        """Start what is desired and not running, stop what runs and is no longer desired, check failures."""
+        desired = self._desired()
+        for ref in list(self.jobs):
+            if ref not in desired:
+                self._stop_job(ref, "stopped", "stopped by request")
+        for ref in [r for r in self._restart_at if r not in desired]:  # waiting for a restart, then withdrawn
+            self._restart_at.pop(ref)
+            self._failures.pop(ref, None)
+            self._status(ref, "stopped", "stopped by request")
+        for ref, spec in desired.items():
+            if ref not in self.jobs:
+                status = self.dir / "status" / f"{ref}.json"
+                previous = json.loads(status.read_text()) if status.exists() else {}
+                # a version that finished or failed stays so until it is asked for again (a new desired file)
+                desired_file = self.dir / "desired" / f"{ref}.json"
+                desired_at = desired_file.stat().st_mtime if desired_file.exists() else 0.0
+                if previous.get("state") in ("finished", "failed") and previous.get("updated", 0) >= desired_at:
+                    continue
+                if time.monotonic() < self._restart_at.get(ref, 0.0):
+                    continue
+                self._restart_at.pop(ref, None)
+                self._start(spec)
+        for ref, job in list(self.jobs.items()):
+            failure = job.failure()
+            if failure:
+                if not job.recover():
+                    self._failed(ref, failure)
+                continue
+            if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
+                self._failures.pop(ref, None)
+            if all(not q.isActive for q in job.queries):
+                bounded = self.specs[ref].end_timestamp_ms is not None
+                self._stop_job(ref, "finished" if bounded else "stopped", "bounded run completed" if bounded
+                               else "query ended")
+
+    def _failed(self, ref: str, failure: str) -> None:
+        """Stop a failed query; restart it after a backoff, or leave it ``failed`` after too many in a row."""
+        failures = self._failures.get(ref, 0) + 1
+        self._failures[ref] = failures
+        first_line = one_line(failure)
+        if failures > self.settings.host_max_restarts:
+            log.error("%s failed %s times in a row, left stopped: %s", ref, failures, first_line)
+            self._stop_job(ref, "failed", failure)
+            return
+        delay = min(MAX_BACKOFF_SECONDS, self.settings.host_restart_backoff_seconds * 2 ** (failures - 1))
+        log.error("%s failed (%s of %s): %s; restarting it from its checkpoint in %.0f s", ref, failures,
+                  self.settings.host_max_restarts, first_line, delay)
+        self._restart_at[ref] = time.monotonic() + delay
+        self._stop_job(ref, "restarting", f"failure {failures} of {self.settings.host_max_restarts}, restart in {delay:.0f} s: "
+                                          f"{first_line}")
+
+    def run(self) -> None:
+        """Reconcile every ``settings.host_poll_seconds`` until SIGTERM/SIGINT, then stop every view version."""
+        from kappa.runtime.lock import DriverLock
+
+        lock = DriverLock(self.dir / "host.lock", owner="view-host")
+        lock.acquire()  # one host per KAPPA_HOME
+        _write_json(self.dir / "host.json", {"pid": os.getpid(), "started": time.time()})
+
+        def _term(signum: int, _frame: Any) -> None:
+            log.info("signal %s: stopping the view host", signum)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, _term)
+        signal.signal(signal.SIGINT, _term)
+        try:
+            while not self._stop.is_set():
+                self.reconcile()
+                self._stop.wait(self.settings.host_poll_seconds)
+        finally:
+            for ref in list(self.jobs):
+                self._stop_job(ref, "stopped", "host stopped")
+            if self._lookups is not None:
+                self._lookups.close()
+            if self._spark is not None:
+                self._spark.stop()
+            lock.release()
+
+
+def desire(settings: "Settings", spec: JobSpec) -> None:
+    """Ask the host to run ``spec`` (replaces an earlier request for the same view version)."""
+    _write_json(host_dir(settings) / "desired" / f"{spec.ref}.json", asdict(spec))
+
+
+def undesire(settings: "Settings", ref: str) -> bool:
+    path = host_dir(settings) / "desired" / f"{ref}.json"
+    existed = path.exists()
+    path.unlink(missing_ok=True)
+    return existed
+
+
+def hosted_status(settings: "Settings", ref: str) -> dict[str, Any] | None:
+    path = host_dir(settings) / "status" / f"{ref}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def host_pid(settings: "Settings") -> int | None:
+    """Pid of the running view host of this KAPPA_HOME, if any."""
+    try:
+        pid = int(json.loads((host_dir(settings) / "host.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def start_host(settings: "Settings", *, timeout: float = 60.0) -> int:
+    """Start the view host in the background (:func:`kappa.runtime.driver.host_command`) unless it runs; returns
+    its pid."""
+    pid = host_pid(settings)
+    if pid:
+        return pid
+    log_file = Path(settings.home) / "logs" / "view-host.log"
+    (host_dir(settings) / "host.json").unlink(missing_ok=True)
+    proc = spawn(host_command(), log_file=log_file, settings=settings)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = host_pid(settings)
+        if pid:
+            return pid
+        if proc.poll() is not None:
+            raise RuntimeError(f"the view host exited with {proc.returncode}; see {log_file}")
+        time.sleep(0.2)
+    raise RuntimeError(f"the view host did not start within {timeout:.0f} s; see {log_file}")
+
+
+def stop_host(settings: "Settings", *, timeout: float = 120.0) -> bool:
+    """Stop the view host (it drains and stops every view version it runs); False if none ran."""
+    pid = host_pid(settings)
+    if pid is None:
+        return False
+    terminate_group(pid, timeout)
+    return True

@@ -1,0 +1,695 @@
+"""The plumbing that runs any view version: Kafka -> decode/quarantine -> pure transform -> idempotent Delta.
+
+One driver per view version (``kappa.runtime.lock``). State of a view version lives under
+``<lake>/views/<view>/v<N>/``: ``table/`` (the Delta table), ``checkpoint/`` (Spark offsets, commits and
+operator state, plus ``run.json`` holding the run id that makes the Delta appId). The Delta appId is
+``kappa:<view>@v<N>:<run id>`` and the Delta txnVersion is the micro-batch id, so:
+
+* a batch re-run after a crash (Delta committed, checkpoint not) is skipped by Delta;
+* a new version (or a deliberately new run) has a new appId, so a replay is never silently skipped.
+
+Bad records go to the shared ``<lake>/quarantine`` Delta table exactly once, keyed the same way, from the same
+micro-batch: every view version runs *one* streaming query that reads and decodes its topic once per batch
+(:mod:`kappa.runtime.plan`); :mod:`kappa.runtime.batch` commits each batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from kappa.runtime.batch import BatchHandler
+from kappa.runtime.checkpoint import last_commit, offsets_of, run_progress
+from kappa.errors import KappaError, one_line
+from kappa.identity import ViewPaths, app_id
+from kappa.runtime.lineage import batch_metadata, parse_offset_log
+from kappa.runtime.lock import DriverLock
+from kappa.runtime.late import dropped_by_watermark, late_records
+from kappa.runtime.lookups import LookupCache
+from kappa.runtime.metrics import ViewMetrics
+from kappa.runtime.parsing import decode
+from kappa.runtime.plan import stateful_plan
+from kappa.runtime.sink import QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, ensure_table, last_version, table_columns
+from kappa.runtime.view import ViewDefinition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from kappa.config import Settings
+
+__all__ = ["ViewJob", "RunMismatch", "failure_line", "starting_options"]
+
+log = logging.getLogger("kappa.runtime.job")
+
+
+class RunMismatch(KappaError, RuntimeError):
+    """The Delta table was written by another run of this version than the checkpoint's."""
+
+
+def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
+    """Spark Kafka source options for a starting position.
+
+    ``earliest`` | ``latest`` | ``ts:<epoch ms>`` | a JSON object ``{"topic": {"0": offset, ...}}`` (or a dict).
+    Only used when the checkpoint is new; a resumed job continues from its checkpoint.
+    """
+    if isinstance(starting, Mapping):
+        return {"startingOffsets": json.dumps(starting)}
+    value = starting.strip()
+    if value in ("earliest", "latest"):
+        return {"startingOffsets": value}
+    if value.startswith("ts:"):
+        ts = value[3:]
+        if not ts.isdigit():
+            raise ValueError(f"starting position {value!r}: expected ts:<epoch millis>")
+        return {"startingTimestamp": ts}
+    if value.startswith("{"):
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"starting offsets are not valid JSON: {exc}") from None
+        return {"startingOffsets": value}
+    raise ValueError(f"starting position {value!r}: use earliest, latest, ts:<epoch ms> or JSON offsets")
+
+
+#: Message of the progress-reporting NullPointerException of Spark 4.1's Kafka source (SPARK-55271).
+_SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)" because the return value of ' \
+    '"scala.Option.get()" is null'
+
+
+#: Spark's phases of a micro-batch (progress ``durationMs`` keys) reported beside ours.
+SPARK_PHASES = {"offsets": ("latestOffset",), "plan": ("queryPlanning", "getBatch"),
+                "commit": ("walCommit", "commitOffsets")}
+
+
+def _offsets_json(text: str | None) -> dict | None:
+    """Kafka source offsets from a progress report (``None`` when absent or not JSON)."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Failed|Exit)): (.+)$")
+
+
+def failure_line(text: str) -> str:
+    """One line for a query failure: the last Python ``<Error>: <message>`` line of an embedded traceback (the
+    error of the user's code in ``foreachBatch``), else the first line."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if starts:  # the traceback's frames are indented; its first unindented line is the error
+        for line in lines[starts[-1] + 1:]:
+            if line[:1].isspace():
+                continue
+            found = _PYTHON_ERROR.match(line.strip())
+            if found:
+                return f"{found.group(1)}: {found.group(2)}"
+            break
+    return lines[0] if lines else text
+
+
+class ViewJob:
+    """Runs one view version until stopped (live) or until the available data is processed (bounded).
+
+    Args:
+        view: the view version to run.
+        settings: platform settings (Kafka, lake root, jars).
+        spark: an existing SparkSession (tests share one); a new one is built when omitted.
+        starting: start position for a new checkpoint (see :func:`starting_options`).
+        trigger_seconds: processing-time trigger of live runs.
+        available_now: process what the log holds at start, then stop (bounded backfill, tests).
+        end_timestamp_ms: only records with a Kafka timestamp before this are processed (bounded backfill).
+        max_offsets_per_trigger: bound micro-batch size (replays).
+        metrics_port: serve Prometheus metrics on this port (0 = any free port, None = no server).
+        lag_poll_seconds: how often the log end offsets are asked for (lag, progress metrics).
+        lookups: a lookup cache shared with other views of the same Spark application (the view host).
+    """
+
+    def __init__(
+        self,
+        view: ViewDefinition,
+        settings: "Settings",
+        *,
+        spark: "SparkSession | None" = None,
+        starting: str | Mapping[str, Any] = "latest",
+        trigger_seconds: float = 2.0,
+        available_now: bool = False,
+        end_timestamp_ms: int | None = None,
+        max_offsets_per_trigger: int | None = None,
+        metrics_port: int | None = None,
+        lag_poll_seconds: float = 3.0,
+        lookups: LookupCache | None = None,
+    ) -> None:
+        self.view = view
+        self.settings = settings
+        self.paths = ViewPaths(settings.lake_uri, view.name, view.version)
+        self.starting = starting_options(starting)
+        self.trigger_seconds = trigger_seconds
+        self.available_now = available_now
+        self.end_timestamp_ms = end_timestamp_ms
+        self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.metrics = ViewMetrics(view.name, view.version)
+        self.metrics_port = metrics_port
+        self.lag_poll_seconds = lag_poll_seconds
+        self._spark = spark
+        self._own_spark = spark is None
+        self._lock = DriverLock(self.paths.local("driver.lock"), owner=view.ref) if self.paths.is_local else None
+        self.queries: list[StreamingQuery] = []
+        self._listener: Any = None
+        self._stop = threading.Event()
+        self._batches_ended = 0  # progress events of the main query (one per committed micro-batch)
+        self._batch_ended = threading.Condition()
+        self._lag_thread: threading.Thread | None = None
+        self.run_id: str | None = None
+        self.app_id: str | None = None
+        self.start_offsets: dict[int, int] | None = None
+        self.target_offsets: dict[int, int] | None = None  # what the run had to reach when it started
+        self.processed_offsets: dict[int, int] = {}
+        self.bound_port: int | None = None
+        self._recoveries = 0
+        self.late_batches: list[int] = []  # micro-batches whose late records were looked for (kappa.runtime.late)
+        self._lookup_cache: LookupCache | None = lookups
+        self._own_lookups = lookups is None
+
+    # ---------------------------------------------------------------------------------------------------
+    @property
+    def spark(self) -> "SparkSession":
+        if self._spark is None:
+            from kappa.runtime.spark import build_spark
+
+            self._spark = build_spark(f"kappa-{self.view.ref}", self.settings)
+        return self._spark
+
+    @property
+    def query_name(self) -> str:
+        return f"{self.view.ref}:main"
+
+    def _kafka_options(self) -> dict[str, str]:
+        return dict(self.settings.spark_kafka_options())
+
+    def _read_stream(self, topic: str) -> "DataFrame":
+        reader = self.spark.readStream.format("kafka").options(**self._kafka_options())
+        reader = reader.option("subscribe", topic).options(**self.starting)
+        # a compacted topic has offset gaps by design; a deleted-by-retention one is real data loss
+        compacted = self.view.stream_format.tombstones
+        reader = reader.option("failOnDataLoss", "false" if compacted else "true")
+        if self.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.max_offsets_per_trigger))
+        return reader.load()
+
+    def _decoded_stream(self) -> "DataFrame":
+        return self._decode(self._read_stream(self.settings.topic(self.view.stream_topic)))
+
+    def _decode(self, raw: "DataFrame") -> "DataFrame":
+        """Kafka records -> :func:`kappa.runtime.parsing.decode` output, up to the bounded end (stream and re-reads)."""
+        from pyspark.sql import functions as F
+
+        decoded = decode(raw, self.view.stream_format)
+        if self.end_timestamp_ms is not None:
+            decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
+        return decoded
+
+    @property
+    def lookups(self) -> LookupCache:
+        if self._lookup_cache is None:
+            self._lookup_cache = LookupCache(self.spark, self.settings)
+        return self._lookup_cache
+
+    # ---------------------------------------------------------------------------------------------------
+    def _prepare_run(self) -> None:
+        """Create or resume the run: run id in the checkpoint, matched against the table's."""
+        from delta.tables import DeltaTable
+
+        run_file = self.paths.local("run.json") if self.paths.is_local else None
+        info: dict[str, Any] = {}
+        if run_file is not None and run_file.exists():
+            info = json.loads(run_file.read_text())
+        table_exists = DeltaTable.isDeltaTable(self.spark, self.paths.table)
+        table_run = None
+        if table_exists:
+            props = DeltaTable.forPath(self.spark, self.paths.table).detail().collect()[0]["properties"]
+            table_run = (props or {}).get("kappa.runId")
+        if not info:
+            if table_run is not None and last_version(self.spark, self.paths.table) > 0:
+                raise RunMismatch(
+                    f"{self.view.ref}: table {self.paths.table} already holds data of run {table_run} but its "
+                    "checkpoint is gone; replaying into it would duplicate rows - start a new version instead")
+            info = {"run_id": table_run or uuid.uuid4().hex[:12], "view": self.view.name,
+                    "version": self.view.version, "created": time.time(), "starting": self.starting}
+            if run_file is not None:
+                run_file.parent.mkdir(parents=True, exist_ok=True)
+                run_file.write_text(json.dumps(info, indent=2))
+        elif table_run is not None and table_run != info["run_id"]:
+            raise RunMismatch(f"{self.view.ref}: checkpoint run {info['run_id']} does not match the table's "
+                              f"run {table_run}; refusing to mix two runs in one table")
+        self.run_id = info["run_id"]
+        self.app_id = app_id(self.view.name, self.view.version, self.run_id)
+        if info.get("start_offsets"):
+            self.start_offsets = offsets_of(info["start_offsets"])
+        if info.get("target_offsets"):
+            self.target_offsets = offsets_of(info["target_offsets"])
+        else:  # the run's target: what the log held when it started (progress is measured against it)
+            try:
+                self.target_offsets = self._run_target()
+            except Exception as exc:  # noqa: BLE001 - Kafka unreachable: progress falls back to the log end
+                log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
+            if self.target_offsets is not None and run_file is not None:
+                info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
+                run_file.write_text(json.dumps(info, indent=2))
+        self._run_file, self._run_info = run_file, info
+        if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
+            topic = self.settings.topic(self.view.stream_topic)
+            self.processed_offsets.update(last_commit(f"{self.paths.checkpoint}/main", topic)[0])
+
+    def _run_target(self) -> dict[int, int]:
+        """Where this run is complete: the offsets at a bounded run's end timestamp, else the log end now."""
+        from kappa.log.topics import offsets_for_timestamp, partition_offsets
+
+        topic = self.settings.topic(self.view.stream_topic)
+        if self.end_timestamp_ms is not None:
+            return offsets_for_timestamp(self.settings, topic, self.end_timestamp_ms)
+        return {p: high for p, (_low, high) in partition_offsets(self.settings, topic).items()}
+
+    def _remember_start(self, offsets: dict[int, int]) -> None:
+        """Record the run's start offsets in run.json, once per run (progress is measured from them to the
+        run's target: :func:`kappa.runtime.checkpoint.run_progress`)."""
+        if self.start_offsets is None:
+            self.start_offsets = dict(offsets)
+            if self._run_file is not None:
+                self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
+                self._run_file.write_text(json.dumps(self._run_info, indent=2))
+
+    # ---------------------------------------------------------------------------------------------------
+    def start(self) -> "ViewJob":
+        """Take the driver lock, create the tables, start the queries and the metrics endpoint."""
+        if self._lock is not None:
+            self._lock.acquire()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self._prepare_run()
+        self._refuse_old_layout()
+        view = self.view
+        lookups = self.lookups.frames(view.lookups)
+        decoded = self._decoded_stream()
+        if view.stateful:
+            # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
+            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions)
+            output_schema = stream.schema["out"].dataType
+        else:
+            # stateless: the streaming plan only gives the output schema; the transform runs on each batch
+            from kappa.runtime.parsing import valid_rows
+
+            stream = decoded
+            output_schema = view.transform(valid_rows(decoded), **lookups).schema
+        ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
+                     partition_by=view.partition_by,
+                     properties={"kappa.runId": self.run_id or "", "kappa.runtime.view": view.name,
+                                 "kappa.version": str(view.version), "delta.appendOnly":
+                                 "true" if view.write == "append" else "false"})
+        ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
+        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=self.paths.staging)
+        self.handler = BatchHandler(view=view, sink=self.sink,
+                                    quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
+                                    metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
+                                    catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
+                                    late_rows=self._late_rows, topic=self.settings.topic(view.stream_topic),
+                                    fault=self.settings.fault)
+        self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
+
+        if self.metrics_port is not None:
+            self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
+            log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
+        self._install_listener()
+        self._stream = stream
+        self.queries = [self._start_query()]
+        self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
+        self._lag_thread.start()
+
+    def _refuse_old_layout(self) -> None:
+        """A checkpoint with a separate quarantine query (older layout) cannot be resumed by one query."""
+        if self.paths.is_local and self.paths.local("quarantine").is_dir():
+            raise RunMismatch(
+                f"{self.view.ref}: checkpoint {self.paths.checkpoint} was written by an older kappa that ran a "
+                "second query for the quarantine; replay this view into a new version (or remove the version's "
+                "table and checkpoint to rebuild it)")
+
+    def _start_query(self) -> "StreamingQuery":
+        writer = self._stream.writeStream.queryName(self.query_name).option(
+            "checkpointLocation", f"{self.paths.checkpoint}/main")
+        if self.view.stateful:
+            writer = writer.outputMode(self.view.output_mode)
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
+        return writer.foreachBatch(self.handler).start()
+
+    def recover(self) -> bool:
+        """Restart the query if it died of a known, harmless Spark failure; False if the failure is real.
+
+        Spark 4.1's Kafka source throws a NullPointerException while *reporting progress* of the first batch
+        after a restart when that batch is re-run from the offset log (SPARK-55271). The batch and its
+        checkpoint commit are complete by then, so starting the query again on the same checkpoint is safe.
+        """
+        query = self.queries[0] if self.queries else None
+        message = str(query.exception()) if query is not None and query.exception() is not None else ""
+        if not message or _SPARK_55271 not in message or self._recoveries >= 10:
+            return False
+        self._recoveries += 1
+        log.warning("%s: restarting its query after SPARK-55271 (progress-reporting NPE)", self.view.ref)
+        self.queries[0] = self._start_query()
+        return True
+
+    def _checkpoint_text(self, spark: "SparkSession", name: str) -> str | None:
+        """A file of the query's checkpoint (``offsets/<id>``, ``sources/0/0``) through Hadoop FS (any store)."""
+        uri = f"{self.paths.checkpoint}/main/{name}"
+        jvm = spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def _catching_up(self, spark: "SparkSession", batch_id: int) -> bool:
+        """Did micro-batch ``batch_id`` stop at ``maxOffsetsPerTrigger`` while more of the log is already there?
+
+        Read from the offset log (this batch's end offsets minus the previous batch's, or the query's initial
+        offsets) and the topic's end offsets now. Without a micro-batch bound every batch reads all there is.
+        """
+        if not self.max_offsets_per_trigger:
+            return False
+        try:
+            return self._stopped_at_bound(spark, batch_id)
+        except Exception as exc:  # noqa: BLE001 - not knowing is safe: the batch is written to the table
+            log.warning("%s: batch %s: cannot tell whether it is a catch-up batch (%s); writing it to the table",
+                        self.view.ref, batch_id, one_line(exc))
+            return False
+
+    def _stopped_at_bound(self, spark: "SparkSession", batch_id: int) -> bool:
+        from kappa.log.topics import partition_offsets
+
+        start, end, _watermark = self._batch_range(spark, batch_id)
+        read = sum(max(0, o - start.get(p, o)) for p, o in end.items())
+        # Spark prorates the bound over the partitions, rounding each share down
+        if not end or read < self.max_offsets_per_trigger - len(end):
+            return False
+        topic = self.settings.topic(self.view.stream_topic)
+        return any(high > end.get(p, high) for p, (_low, high) in partition_offsets(self.settings, topic).items())
+
+    def _initial_offsets(self, topic: str) -> dict[int, int] | None:
+        """The offsets the query started from (``sources/0/0`` of its checkpoint: ``v1`` then JSON)."""
+        try:
+            text = self._checkpoint_text(self.spark, "sources/0/0") or ""
+            first = json.loads(text.splitlines()[-1]) if text.strip() else {}
+            return {int(p): int(o) for p, o in (first.get(topic) or {}).items()} or None
+        except Exception as exc:  # noqa: BLE001 - progress falls back to the first batch's end offsets
+            log.warning("%s: cannot read the query's initial offsets: %s", self.view.ref, one_line(exc))
+            return None
+
+    def _batch_range(self, spark: "SparkSession", batch_id: int) -> tuple[dict[int, int], dict[int, int], int]:
+        """Micro-batch ``batch_id`` from the offset log: (start offsets, end offsets, the watermark of the
+        previous batch - the one Spark drops this batch's late rows by; 0 for the query's first batch)."""
+        topic = self.settings.topic(self.view.stream_topic)
+        end = parse_offset_log(self._checkpoint_text(spark, f"offsets/{batch_id}") or "", topic)[0]
+        previous_text = self._checkpoint_text(spark, f"offsets/{batch_id - 1}") if batch_id > 0 else None
+        if previous_text is not None:
+            start, watermark = parse_offset_log(previous_text, topic)
+        else:  # the first batch of the query: its initial offsets ("v1" then JSON, no watermark line)
+            first = json.loads((self._checkpoint_text(spark, "sources/0/0") or "{}").splitlines()[-1] or "{}")
+            start, watermark = {int(p): int(o) for p, o in (first.get(topic) or {}).items()}, 0
+        return start, end, watermark
+
+    def _late_rows(self, spark: "SparkSession", batch_id: int) -> "DataFrame | None":
+        """The records of micro-batch ``batch_id`` that its watermark dropped, to keep (:mod:`kappa.runtime.late`);
+        None when the view does not keep them or the batch dropped none."""
+        if self.view.late_bound is None or dropped_by_watermark(self.spark, self.query_name) == 0:
+            return None
+        start, end, watermark = self._batch_range(spark, batch_id)
+        if not watermark or not end:
+            return None
+        self.late_batches.append(batch_id)
+        topic = self.settings.topic(self.view.stream_topic)
+        raw = (spark.read.format("kafka").options(**self._kafka_options())
+               .option("assign", json.dumps({topic: sorted(end)}))
+               .option("startingOffsets", json.dumps({topic: {str(p): start.get(p, -2) for p in end}}))
+               .option("endingOffsets", json.dumps({topic: {str(p): o for p, o in end.items()}}))
+               .option("failOnDataLoss", "false" if self.view.stream_format.tombstones else "true").load())
+        return late_records(self._decode(raw), self.view.late_bound(), watermark)
+
+    def _settle(self) -> None:
+        """Compact what bulk catch-up staged and has not yet written to the view table (restart, bounded end)."""
+        batch_id = self.sink.pending(self.spark)
+        if batch_id is not None:
+            log.info("%s: writing the staged catch-up batches (up to %s) to the view table", self.view.ref, batch_id)
+            self.sink.compact(self.spark, batch_id, self._lineage(self.spark, batch_id))
+
+    def _lineage(self, spark: "SparkSession", batch_id: int) -> str | None:
+        """The batch's log range and watermark from the query's offset log (written before the batch runs), and
+        the offsets of the lookups it joined, as the Delta commit's ``userMetadata`` (:mod:`kappa.runtime.lineage`)."""
+        try:
+            text = self._checkpoint_text(spark, f"offsets/{batch_id}")
+            if text is None:
+                raise FileNotFoundError(f"offsets/{batch_id}")
+        except Exception as exc:  # noqa: BLE001 - lineage is for audits; the commit itself must go on
+            log.warning("%s: batch %s: cannot read its offset log for the commit's lineage: %s", self.view.ref,
+                        batch_id, one_line(exc))
+            return None
+        topic = self.settings.topic(self.view.stream_topic)
+        offsets, watermark = parse_offset_log(text, topic)
+        return batch_metadata(app_id=self.app_id or "", batch_id=batch_id, topic=topic, end_offsets=offsets,
+                              watermark_ms=watermark,
+                              lookups={name: self.lookups.offsets(lookup) for name, lookup in self.view.lookups.items()})
+
+    # progress, lag -------------------------------------------------------------------------------------
+    def _install_listener(self) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        job = self
+        main_name = self.query_name
+
+        class _Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                progress = event.progress
+                if progress.name != main_name:
+                    return
+                with job._batch_ended:  # a micro-batch committed: a stop waiting for it may go on
+                    job._batches_ended += 1
+                    job._batch_ended.notify_all()
+                try:
+                    job._on_progress(progress)
+                except Exception:  # metrics must never break the query
+                    log.exception("progress handling failed")
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self._listener = _Listener()
+        self.spark.streams.addListener(self._listener)
+
+    def _on_progress(self, progress: Any) -> None:
+        m = self.metrics
+        m.g(m.input_rate).set(progress.inputRowsPerSecond or 0.0)
+        m.g(m.processed_rate).set(progress.processedRowsPerSecond or 0.0)
+        m.g(m.input_rows).inc(progress.numInputRows or 0)
+        durations = progress.durationMs or {}
+        duration = durations.get("triggerExecution")
+        if duration is not None and progress.numInputRows:
+            m.batch_duration.labels(**m.labels).observe(duration / 1000.0)
+        # Spark's own phases of the batch, beside ours (kappa.runtime.batch): planning, offsets, offset/commit logs
+        for phase, keys in SPARK_PHASES.items():
+            seconds = sum(float(durations.get(k) or 0) for k in keys) / 1000.0
+            m.g(m.phase_seconds, phase=phase).set(seconds)
+            if getattr(self, "handler", None) is not None:
+                self.handler.times.add(phase, seconds)
+        watermark = (progress.eventTime or {}).get("watermark")
+        if watermark and not watermark.startswith("1970-01-01"):
+            from datetime import datetime
+
+            wm = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp()
+            m.g(m.watermark_delay).set(max(0.0, time.time() - wm))
+        dropped = sum(getattr(op, "numRowsDroppedByWatermark", 0) or 0 for op in progress.stateOperators or [])
+        m.g(m.rows_dropped_late).set(dropped)
+        if dropped:
+            m.g(m.late_dropped).inc(dropped)
+        for source in progress.sources or []:
+            end = _offsets_json(source.endOffset) or {}
+            start = _offsets_json(source.startOffset)
+            topic = self.settings.topic(self.view.stream_topic)
+            offsets = {int(p): int(o) for p, o in end.get(topic, {}).items()}
+            if start and self.start_offsets is None:
+                first = {int(p): int(o) for p, o in start.get(topic, {}).items()}
+                self._remember_start(first)
+            elif self.start_offsets is None and offsets and progress.numInputRows:
+                # the query's first batch reports no start: it began at the initial offsets in its checkpoint
+                initial = self._initial_offsets(topic)
+                self._remember_start(initial if initial is not None else {p: o for p, o in offsets.items()})
+            self.processed_offsets.update(offsets)
+
+    def _poll_lag(self) -> None:
+        from kappa.log.topics import partition_offsets
+
+        m = self.metrics
+        topic = self.settings.topic(self.view.stream_topic)
+        while not self._stop.wait(self.lag_poll_seconds):
+            try:
+                ends = partition_offsets(self.settings, topic)
+            except Exception as exc:  # Kafka unreachable: keep the last values, say why
+                log.warning("lag poll failed: %s", exc)
+                continue
+            total_lag = 0
+            for partition, (low, high) in ends.items():
+                processed = self.processed_offsets.get(partition, low if self.processed_offsets else None)
+                p = str(partition)
+                m.g(m.log_end, topic=topic, partition=p).set(high)
+                if processed is None:
+                    continue
+                lag = max(0, high - processed)
+                total_lag += lag
+                m.g(m.lag, topic=topic, partition=p).set(lag)
+                m.g(m.processed_offset, topic=topic, partition=p).set(processed)
+            try:  # off the batch path: delta-rs reads the table's log, no Spark job
+                from deltalake import DeltaTable as _RsTable
+
+                m.g(m.last_delta_version).set(_RsTable(self.paths.table.removeprefix("file:")).version())
+            except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
+                pass
+            if self.processed_offsets:
+                start = self.start_offsets or {p: low for p, (low, _high) in ends.items()}
+                target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}
+                m.g(m.progress).set(run_progress(start, target, self.processed_offsets).ratio)
+                rate = m.g(m.processed_rate)._value.get()
+                m.g(m.eta).set(total_lag / rate if rate > 0 else (0.0 if total_lag == 0 else float("inf")))
+
+    # lifecycle -----------------------------------------------------------------------------------------
+    def process_all_available(self) -> None:
+        """Block until every query has processed all data available now (tests)."""
+        for query in self.queries:
+            query.processAllAvailable()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait for the queries to end (bounded runs end by themselves); re-raise a query failure."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for query in self.queries:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    if remaining is None:
+                        query.awaitTermination()
+                    elif not query.awaitTermination(remaining):
+                        return False
+                except Exception:  # the query failed: recover if harmless, else report via failure()
+                    break
+            if self.failure() and self.recover():
+                continue
+            return True
+
+    def failure(self) -> str | None:
+        """The first query failure message, if any query died: the Python error raised in ``foreachBatch`` when
+        there is one (e.g. a ``fail`` expectation), not the JVM's wrapper around it."""
+        for query in self.queries:
+            exc = query.exception()
+            if exc is not None:
+                return failure_line(str(exc))
+        return None
+
+    def run_forever(self, on_tick: Callable[["ViewJob"], None] | None = None) -> None:
+        """Run until SIGTERM/SIGINT (live) or until a bounded run ends; re-raise a query failure."""
+        signalled = threading.Event()
+
+        def _term(signum: int, _frame: Any) -> None:
+            log.info("signal %s: stopping %s", signum, self.view.ref)
+            signalled.set()
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, _term)
+        signal.signal(signal.SIGINT, _term)
+        try:
+            while not self._stop.is_set():
+                if self.failure():
+                    if self.recover():
+                        continue
+                    break
+                if all(not q.isActive for q in self.queries):
+                    break
+                if on_tick:
+                    on_tick(self)
+                self._stop.wait(1.0)
+            failure = None if signalled.is_set() else self.failure()
+            if failure:
+                raise RuntimeError(f"{self.view.ref} failed: {failure}")
+        finally:
+            self.stop()
+
+    def stop(self, *, drain_seconds: float | None = None) -> None:
+        """Stop the queries (each between two micro-batches when possible), the metrics server and Spark.
+
+        A query is stopped once its current micro-batch finished (up to ``drain_seconds``, default
+        ``KAPPA_STOP_DRAIN_SECONDS``, 45 s: the local runner kills after 60 s, the chart's
+        terminationGracePeriodSeconds is 120): interrupting a batch
+        is safe - the checkpoint and the idempotent Delta commit make the re-run exact - but wastes its work.
+        """
+        self._stop.set()
+        ended = bool(self.queries) and all(not q.isActive for q in self.queries) and self.failure() is None
+        deadline = time.monotonic() + (self.settings.stop_drain_seconds if drain_seconds is None else drain_seconds)
+        with self._batch_ended:
+            seen = self._batches_ended
+        for query in self.queries:
+            try:
+                # the micro-batch running now commits (its progress event), or none runs; a live stream on a busy
+                # machine starts the next batch at once, so "no trigger active" alone may never be observed
+                while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                    with self._batch_ended:
+                        if self._batches_ended > seen and query.name == self.query_name:
+                            break
+                        self._batch_ended.wait(0.05)
+                query.stop()
+            except Exception:  # already stopped or the JVM is gone
+                pass
+        if ended and getattr(self, "sink", None) is not None:
+            try:  # a bounded run that ended on a catch-up batch: its staged rows belong in the table
+                self._settle()
+            except Exception as exc:  # noqa: BLE001 - the next start settles again; say why it did not now
+                log.error("%s: staged catch-up batches not written yet: %s", self.view.ref, exc)
+        if self._listener is not None:
+            try:
+                self.spark.streams.removeListener(self._listener)
+            except Exception:
+                pass
+            self._listener = None
+        self.metrics.close()
+        if self._lookup_cache is not None and self._own_lookups:
+            self._lookup_cache.close()
+            self._lookup_cache = None
+        if self._lock is not None:
+            self._lock.release()
+        if self._own_spark and self._spark is not None:
+            try:
+                self._spark.stop()
+            except Exception:  # the JVM is already gone (e.g. the whole process group got SIGTERM)
+                pass
+            self._spark = None

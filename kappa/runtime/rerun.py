@@ -1,0 +1,405 @@
+"""The re-run engine: a view version's own transform run again, by Spark, over recorded micro-batches.
+
+Used by verification (:mod:`kappa.verify.recompute`: re-run a live version over exactly the batches its Delta
+table holds and compare) and by the view authors' testing kit (:mod:`kappa.runtime.testing`: a transform on a
+few hand-written records). Both hand it *steps* - the recorded micro-batches, each with the lookups it joined -
+and staged input, one parquet folder per batch:
+
+.. code-block:: text
+
+    Kafka [start, end) ─ decode ─> valid records tagged with their micro-batch (stage_batches; invalid ones
+      │                            tagged INVALID, for the quarantine check)
+      ▼
+    stateful views: one batch at a time into a fresh streaming query (rerun_stateful: same cuts, same
+      │ watermarks, also the no-data batches); stateless views: batch jobs (rerun_stateless)
+      ▼
+    every batch's output tagged with its batch -> the view's write semantics (apply_writes)
+"""
+
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+from kappa.errors import KappaError, one_line
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from kappa.config import Settings
+    from kappa.runtime.lineage import BatchBoundary
+    from kappa.runtime.view import ViewDefinition
+
+__all__ = ["BATCH", "INVALID", "LookupSnapshots", "RecomputeError", "Step", "apply_writes", "empty_parquet",
+           "plan_steps", "read_range", "rerun_stateful", "rerun_stateless", "scratch_dir", "session_for", "spark_session",
+           "stage_batches", "without_dropped"]
+
+log = logging.getLogger("kappa.runtime.rerun")
+
+#: Column tagging a recomputed row with the recorded micro-batch (position) that produced it.
+BATCH = "_kappa_batch"
+#: ``_kappa_batch`` of the staged invalid records (compared with the quarantine, never re-run).
+INVALID = -1
+#: How long the re-run may stay idle where the original ran a no-data batch before that batch is skipped.
+NO_DATA_WAIT_SECONDS = 5.0
+
+class RecomputeError(KappaError, ValueError):
+    """The recorded run cannot be recomputed exactly (the message says why, in one line)."""
+
+# ------------------------------------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class Step:
+    """A recorded micro-batch: its position (= batch id), whether it read records, the lookups it joined."""
+
+    pos: int
+    data: bool
+    lookups: Mapping[str, Mapping[int, int]]
+
+
+def plan_steps(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> tuple[list[Step], dict[int, list[int]]]:
+    """The recorded batches as steps of the re-run, and per partition the end offset after each batch."""
+    ids = [b.batch_id for b in batches]
+    if ids != list(range(len(ids))):
+        missing = sorted(set(range(max(ids, default=-1) + 1)) - set(ids))
+        raise RecomputeError(f"the boundaries of batches {_ranges(missing)} are no longer recorded (Delta history "
+                             "and checkpoint both purged them); a recompute needs every batch of the run")
+    partitions = sorted({p for b in batches for p in b.end_offsets} | set(start))
+    ends: dict[int, list[int]] = {p: [] for p in partitions}
+    steps = []
+    previous = {p: int(start.get(p, 0)) for p in partitions}
+    for b in batches:
+        current = {p: max(previous[p], int(b.end_offsets.get(p, previous[p]))) for p in partitions}
+        steps.append(Step(pos=b.batch_id, data=any(current[p] > previous[p] for p in partitions) or b.batch_id == 0,
+                            lookups=b.lookups))
+        for p in partitions:
+            ends[p].append(current[p])
+        previous = current
+    return steps, ends
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``1-3, 7``."""
+    out: list[str] = []
+    for i in ids:
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out[:6]) + (" ..." if len(out) > 6 else "")
+
+# ------------------------------------------------------------------------------------------------ feeding
+class _Feeder:
+    """Hands the recorded micro-batches to the re-run one at a time and collects each batch's output.
+
+    The next batch's files are moved into the watched folder from within the current batch's ``foreachBatch``
+    call, so the engine finds them when it plans its next batch: no no-data batch can slip in between, unless
+    the original ran one there - then nothing is handed over and the engine runs its own no-data batch.
+    """
+
+    def __init__(self, *, view: "ViewDefinition", steps: list[Step], staged: Path, feed: Path, out: Path,
+                 empty: Callable[[], Path], no_data_wait: float = NO_DATA_WAIT_SECONDS) -> None:
+        self.view, self.steps, self.staged, self.feed, self.out, self.empty = view, steps, staged, feed, out, empty
+        self.no_data_wait = no_data_wait
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.cursor = 0  # the next recorded batch to reproduce
+        self.expect_data = False
+        self.changed = time.monotonic()
+        self.batches_run = 0
+        self.skipped: list[int] = []  # recorded no-data batches the re-run did not need
+        self.error: str | None = None
+
+    def start(self) -> None:
+        with self.lock:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Move on to ``cursor``: done, its files into the feed (a data batch), or wait for a no-data batch."""
+        self.changed = time.monotonic()
+        if self.cursor >= len(self.steps):
+            self.done.set()
+            return
+        step = self.steps[self.cursor]
+        if not step.data:
+            self.expect_data = False
+            return
+        folder = self.staged / f"{BATCH}={step.pos}"
+        files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+        if not files:  # a batch that read records none of which was valid: still a batch, with no rows
+            shutil.copyfile(self.empty(), self.feed / f".{step.pos:09d}.tmp")
+            os.replace(self.feed / f".{step.pos:09d}.tmp", self.feed / f"{step.pos:09d}-empty.parquet")
+        for i, f in enumerate(files):
+            os.replace(f, self.feed / f"{step.pos:09d}-{i}.parquet")
+        self.expect_data = True
+
+    def skip_no_data(self) -> bool:
+        """Skip the recorded no-data batch at ``cursor`` when the re-run has been idle there for a while."""
+        with self.lock:
+            if (self.done.is_set() or self.expect_data or self.cursor >= len(self.steps)
+                    or time.monotonic() - self.changed < self.no_data_wait):
+                return False
+            self.skipped.append(self.steps[self.cursor].pos)
+            self.cursor += 1
+            self._hand_over()
+            return True
+
+    def on_batch(self, frame: "DataFrame", batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        try:
+            with self.lock:
+                if self.done.is_set():
+                    return  # a trailing no-data batch after the last recorded one
+                # the batch of the files handed over, or the no-data batch the original ran at this point
+                pos = self.steps[self.cursor].pos
+                without_dropped(self.view, frame).withColumn(BATCH, F.lit(pos)).write.mode("append").parquet(
+                    str(self.out))
+                self.batches_run += 1
+                self.cursor += 1
+                self._hand_over()
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread; the query stops on it
+            self.error = one_line(exc)
+            self.done.set()
+            raise
+
+# ------------------------------------------------------------------------------------------------ re-run
+def scratch_dir(settings: "Settings") -> str:
+    root = Path(settings.home) / "scratch"
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+@contextmanager
+def spark_session(settings: "Settings") -> Iterator["SparkSession"]:
+    """The process's Spark session (the active one, else a local one built here and stopped afterwards)."""
+    session, own = session_for(settings, None)
+    try:
+        yield session
+    finally:
+        if own:
+            session.stop()
+
+
+def session_for(settings: "Settings", spark: "SparkSession | None") -> tuple["SparkSession", bool]:
+    if spark is not None:
+        return spark, False
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession() or SparkSession._instantiatedSession  # noqa: SLF001 - any thread's
+    if active is not None:
+        return active, False
+    from kappa.runtime.spark import build_spark
+
+    return build_spark("kappa-verify", settings), True
+
+
+def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path, feed: Path,
+                    out: Path, schema: Any, lookups_for: Any, empty: Callable[[], Path], checkpoint: Path,
+                    timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS) -> tuple[Any, int, list[int]]:
+    """Re-run a stateful transform in a fresh streaming query fed one recorded batch at a time (:class:`_Feeder`).
+    Returns the output schema, the batches run and the recorded no-data batches skipped."""
+    feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty,
+                     no_data_wait=no_data_wait)
+    transformed = view.transform(spark.readStream.schema(schema).parquet(str(feed)), **lookups_for.single())
+    feeder.start()
+    query = (transformed.writeStream.outputMode(view.output_mode)
+             .queryName(f"kappa-recompute-{view.name}-v{view.version}").foreachBatch(feeder.on_batch)
+             .option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds").start())
+    deadline = time.monotonic() + timeout
+    try:
+        while not feeder.done.wait(0.5):
+            if query.exception() is not None or not query.isActive:
+                break
+            if time.monotonic() > deadline:
+                raise RecomputeError(f"the re-run did not finish within {timeout:.0f} s "
+                                     f"({feeder.batches_run} of {len(steps)} batches)")
+            if not query.status.get("isTriggerActive"):
+                feeder.skip_no_data()
+    finally:
+        query.stop()
+    failure = feeder.error or (one_line(query.exception()) if query.exception() is not None else None)
+    if failure:
+        raise RecomputeError(f"the re-run of the transform failed: {failure}")
+    if not feeder.done.is_set():
+        raise RecomputeError(f"the re-run stopped after {feeder.batches_run} of {len(steps)} batches")
+    return transformed.schema, feeder.batches_run, feeder.skipped
+
+
+def rerun_stateless(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path,
+                     out: Path, schema: Any, lookups_for: Any, per_batch: bool = False) -> tuple[Any, int, list[int]]:
+    """Re-run a stateless transform with batch jobs: a row's output depends only on the row and the lookups its
+    batch joined, so the recorded batches that joined the same lookup contents run as one job - unless the write
+    semantics need each row's batch (merge / upsert_delete: the last batch wins) or ``per_batch``, then one job
+    per batch."""
+    from pyspark.sql import functions as F
+
+    data = [s.pos for s in steps if s.data]
+    groups: list[list[int]] = []
+    together = view.write == "append" and not per_batch
+    for pos in data:
+        if groups and together and lookups_for.key(pos) == lookups_for.key(groups[-1][-1]):
+            groups[-1].append(pos)
+        else:
+            groups.append([pos])
+    out_schema = None
+    for group in groups:
+        folders = [str(staged / f"{BATCH}={p}") for p in group if (staged / f"{BATCH}={p}").is_dir()]
+        rows = spark.read.schema(schema).parquet(*folders) if folders else spark.createDataFrame([], schema)
+        output = without_dropped(view, view.transform(rows, **lookups_for(group[-1])))
+        out_schema = output.schema
+        output.withColumn(BATCH, F.lit(group[-1])).write.mode("append").parquet(str(out))
+    if out_schema is None:
+        raise RecomputeError("the run read no batch with records")
+    return out_schema, len(data), []
+
+
+def without_dropped(view: "ViewDefinition", output: "DataFrame") -> "DataFrame":
+    """The output rows a ``drop`` expectation kept out of the table removed."""
+    for rule in view.expectations:
+        if rule.on_violation == "drop":
+            output = output.where(~rule.violated())
+    return output
+
+
+def read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefinition", topic: str,
+                start: Mapping[int, int], end: Mapping[int, int]) -> "DataFrame":
+    """The decoded records of ``topic`` in ``[start, end)`` (a Spark batch read of exactly those offsets)."""
+    import json
+
+    from kappa.runtime.parsing import decode
+
+    parts = sorted(p for p, e in end.items() if e > int(start.get(p, 0)))
+    if not parts:
+        raise RecomputeError("the run processed no record (its batches never moved past the start offsets)")
+    raw = (spark.read.format("kafka").options(**settings.spark_kafka_options())
+           .option("assign", json.dumps({topic: parts}))
+           .option("startingOffsets", json.dumps({topic: {str(p): int(start.get(p, -2)) for p in parts}}))
+           .option("endingOffsets", json.dumps({topic: {str(p): int(end[p]) for p in parts}}))
+           .option("failOnDataLoss", "false" if view.stream_format.tombstones else "true").load())
+    return decode(raw, view.stream_format)
+
+
+def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: list[Step], ends: Mapping[int, list[int]],
+                  start: Mapping[int, int], staged: Path) -> None:
+    """Write every record of the range once, in one Spark job, as parquet under ``staged/_kappa_batch=<pos>``:
+    the valid ones in the folder of the recorded micro-batch that read them, the invalid ones (kept for the
+    quarantine check) under ``_kappa_batch=-1``. The batch is found by a broadcast join with the batches'
+    offset ranges (JVM only, no Python worker)."""
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS
+
+    ranges = []
+    for partition, after in ends.items():
+        low = int(start.get(partition, 0))
+        for step, high in zip(steps, after):
+            if high > low:
+                ranges.append((int(partition), step.pos, low, high))
+            low = max(low, high)
+    spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG")
+    tagged = decoded.join(F.broadcast(spans), (F.col("partition") == F.col("r_partition"))
+                          & (F.col("offset") >= F.col("r_low")) & (F.col("offset") < F.col("r_high")), "left")
+    # the barrier keeps from_json evaluated once per record (see kappa.runtime.parsing._split)
+    valid = F.col("_error").isNull() & (F.col(BARRIER) >= F.lit(0.0))
+    keep = [c for c in decoded.columns if c not in INTERNAL_COLUMNS]
+    (tagged.select(*keep, F.when(valid, F.col("r_pos")).otherwise(F.lit(INVALID)).alias(BATCH))
+     .write.partitionBy(BATCH).parquet(str(staged)))
+
+
+def empty_parquet(spark: "SparkSession", schema: Any, folder: Path) -> Path:
+    """A parquet file with ``schema`` and no row (handed over for a batch whose records were all invalid)."""
+    if not folder.is_dir():
+        spark.createDataFrame([], schema).coalesce(1).write.parquet(str(folder))
+    return next(iter(sorted(folder.glob("*.parquet"))))
+
+
+class LookupSnapshots:
+    """The lookups each recorded batch joined, read at the offsets its lineage names (cached per offsets)."""
+
+    def __init__(self, spark: "SparkSession", settings: "Settings", view: "ViewDefinition",
+                 steps: list[Step]) -> None:
+        self.spark, self.settings, self.view, self.steps = spark, settings, view, steps
+        self._frames: dict[tuple, "DataFrame"] = {}
+
+    def _ends(self, name: str, pos: int) -> dict[int, int] | None:
+        """Offsets of lookup ``name`` batch ``pos`` joined: its own record, else the nearest recorded one."""
+        recorded = [(abs(s.pos - pos), s.lookups[name]) for s in self.steps if s.lookups.get(name)]
+        return dict(min(recorded, key=lambda x: x[0])[1]) if recorded else None
+
+    def frame(self, name: str, ends: Mapping[int, int] | None) -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        from kappa.runtime.lookups import lookup_frame
+
+        key = (name, tuple(sorted((ends or {}).items())))
+        if key not in self._frames:
+            frame = lookup_frame(self.spark, self.settings, self.view.lookups[name], ends).persist()
+            frame.count()
+            self._frames[key] = frame
+        return F.broadcast(self._frames[key])
+
+    def __call__(self, pos: int) -> dict[str, "DataFrame"]:
+        return {name: self.frame(name, self._ends(name, pos)) for name in self.view.lookups}
+
+    def key(self, pos: int) -> tuple:
+        """What batch ``pos`` joined: the same key, the same lookup contents (the offsets each lookup was read at)."""
+        return tuple((name, tuple(sorted((self._ends(name, pos) or {}).items()))) for name in sorted(self.view.lookups))
+
+    def single(self) -> dict[str, "DataFrame"]:
+        """One version per lookup for a stateful view (its join is part of the streaming plan)."""
+        out = {}
+        for name in self.view.lookups:
+            versions: dict[tuple, list[int]] = {}
+            for s in self.steps:
+                if s.data and s.lookups.get(name):
+                    versions.setdefault(tuple(sorted(s.lookups[name].items())), []).append(s.pos)
+            if len(versions) > 1:
+                contents = {k: sorted(map(tuple, self.frame(name, dict(k)).collect())) for k in versions}
+                if len({tuple(c) for c in contents.values()}) > 1:
+                    spans = "; ".join(f"batches {_ranges(b)} joined offsets {dict(k)}" for k, b in versions.items())
+                    raise RecomputeError(
+                        f"lookup {name!r} changed during the run ({spans}); a stateful view joins its lookups "
+                        "inside the streaming plan, so the re-run can join one version only - compare with the "
+                        "oracle, or replay a range over which the lookup did not change")
+            last = max(versions.items(), key=lambda kv: max(kv[1]))[0] if versions else None
+            out[name] = self.frame(name, dict(last) if last is not None else None)
+        return out
+
+    def close(self) -> None:
+        for frame in self._frames.values():
+            try:
+                frame.unpersist()
+            except Exception:  # noqa: BLE001 - the session may be gone
+                pass
+        self._frames.clear()
+
+
+def apply_writes(view: "ViewDefinition", outputs: "DataFrame") -> "DataFrame":
+    """What the view's write semantics leave in the table after every batch's output, in batch order."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rows = outputs
+    if view.write in ("merge", "upsert_delete"):
+        order = [F.col(BATCH).desc()]
+        if view.write == "upsert_delete" and view.order_column:
+            order.append(F.col(view.order_column).desc())
+        rows = (rows.withColumn("_rn", F.row_number().over(Window.partitionBy(*view.keys).orderBy(*order)))
+                .where("_rn = 1").drop("_rn"))
+        if view.write == "upsert_delete":
+            rows = rows.where(~F.col("is_tombstone")).drop("is_tombstone")
+    fin = view.finality
+    if fin is not None and fin.flag_column not in outputs.columns:
+        event_max = outputs.agg(F.max(fin.event_max_column)).collect()[0][0]
+        flag = F.lit(False) if event_max is None else (
+            F.col(fin.window_end_column) <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
+        rows = rows.withColumn(fin.flag_column, flag)
+    return rows.drop(BATCH)

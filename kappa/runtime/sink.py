@@ -1,0 +1,426 @@
+"""Idempotent Delta commits keyed by (app id, batch id).
+
+* appends use the DataFrameWriter options ``txnAppId``/``txnVersion``; the quarantine's small appends use the same
+  Delta application transaction through delta-rs (:class:`QuarantineSink`);
+* MERGE (upserts, KTable deletes, window finality - ``WHEN NOT MATCHED BY SOURCE`` flags stored windows the
+  watermark passed, in the same commit) uses the documented SQL confs
+  ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (idempotent DML, Delta >= 2.3), set on the
+  micro-batch's own session (one per streaming query, so concurrent queries never see each other's values).
+
+Delta records ``(appId, txnVersion)`` in the commit itself; a batch that Spark re-runs after a crash between the
+Delta commit and the checkpoint commit is skipped by Delta, so it is never applied twice. Each commit happens
+in exactly one transaction: a batch either landed completely or not at all.
+
+**Bulk catch-up** (MERGE-less catch-up of a run). Until a run has made its first commit to the view table, its
+micro-batches that stopped at ``maxOffsetsPerTrigger`` while more of the log is waiting (a replay, a new view
+reading its backlog) are not merged: each is *appended* to the run's staging table ``<version>/staging`` with
+its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata``). The first batch that is not
+such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
+staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
+of all of them, tombstones dropped, in ONE append commit to the view table keyed by that batch id. From then on
+the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
+a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from kappa.runtime.deltars import SQL_TYPES
+from kappa.runtime.view import Finality, ViewDefinition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table",
+           "last_version", "table_columns", "txn_version"]
+
+QUARANTINE_SCHEMA = (
+    "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
+    "raw_key BINARY, raw_value BINARY, error STRING, batch_id BIGINT, quarantined_at TIMESTAMP"
+)
+
+#: The quarantine's columns as Arrow types (its appends go through delta-rs, see :class:`QuarantineSink`).
+QUARANTINE_COLUMNS = tuple((name, SQL_TYPES[sql]) for name, sql in
+                           (column.split() for column in QUARANTINE_SCHEMA.split(", ")))
+
+#: Column of the staging table holding the micro-batch id a staged row came from.
+STAGED_BATCH = "_kappa_batch"
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def ensure_table(spark: "SparkSession", path: str, schema: "StructType | str", *,
+                 partition_by: tuple[str, ...] = (), properties: dict[str, str] | None = None) -> None:
+    """Create an empty Delta table at ``path`` if none exists (readers then see an empty view, not an error).
+
+    Several drivers may create a shared table (the quarantine) at the same instant; the loser of that race sees
+    the winner's first commit appear and simply uses the table.
+    """
+    import time
+
+    from delta.tables import DeltaTable
+
+    if isinstance(schema, str):
+        from pyspark.sql.types import _parse_datatype_string
+
+        schema = _parse_datatype_string(schema)
+    for attempt in range(10):
+        if DeltaTable.isDeltaTable(spark, path):
+            return
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        for key, value in (properties or {}).items():
+            builder = builder.property(key, value)
+        try:
+            builder.execute()
+            return
+        except Exception as exc:  # noqa: BLE001 - only the creation race is retried
+            race = any(marker in str(exc) for marker in (
+                "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "FileAlreadyExists", "ConcurrentWrite",
+                "ProtocolChanged", "MetadataChanged", "DELTA_CONCURRENT"))
+            if not race or attempt == 9:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+def last_version(spark: "SparkSession", path: str) -> int:
+    """Latest committed Delta version of the table at ``path``."""
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+def txn_version(spark: "SparkSession", path: str, app_id: str) -> int | None:
+    """Last ``txnVersion`` Delta recorded for ``app_id`` in the table (None if never)."""
+    jvm = spark.sparkContext._jvm  # the Delta Scala API has no Python wrapper for SetTransaction lookups
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    opt = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions().get(app_id)
+    return None if opt.isEmpty() else int(opt.get())
+
+
+def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":
+    """Schema of the view's Delta table given the transform's output schema."""
+    from pyspark.sql.types import BooleanType, StructField, StructType
+
+    fields = [f for f in output.fields if not (view.write == "upsert_delete" and f.name == "is_tombstone")]
+    if view.finality is not None and view.finality.flag_column not in output.fieldNames():
+        fields.append(StructField(view.finality.flag_column, BooleanType(), False))
+    return StructType(fields)
+
+
+def _append_once(frame: "DataFrame", path: str, app_id: str, batch_id: int, user_metadata: str | None = None) -> None:
+    """Append ``frame`` to the Delta table at ``path`` unless ``(app_id, batch_id)`` is already committed there."""
+    writer = (frame.write.format("delta").mode("append").option("txnAppId", app_id)
+              .option("txnVersion", batch_id))
+    if user_metadata:
+        writer = writer.option("userMetadata", user_metadata)
+    writer.save(path)
+
+
+@contextmanager
+def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_metadata: str | None) -> Iterator[None]:
+    session.conf.set(_TXN_APP, app_id)
+    session.conf.set(_TXN_VERSION, str(batch_id))
+    if user_metadata:
+        session.conf.set(_USER_METADATA, user_metadata)
+    try:
+        yield
+    finally:
+        session.conf.unset(_TXN_APP)
+        session.conf.unset(_TXN_VERSION)
+        session.conf.unset(_USER_METADATA)
+
+
+def _passed(window_end: Any, event_max: Any, fin: Finality) -> bool:
+    """Is a window ending at ``window_end`` final once the event-time maximum is ``event_max``?"""
+    return window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
+
+
+def _maybe_open(fin: Finality, previous_max: Any) -> "Column":
+    """Stored rows that may still be open given the table's event-time maximum ``previous_max`` (the watermark
+    passed every other window; a margin of one more delay), over the MERGE target ``t``."""
+    from pyspark.sql import functions as F
+
+    return (F.col(f"t.`{fin.window_end_column}`")
+            > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+
+
+@dataclass
+class DeltaSink:
+    """Writes one view version's micro-batches into its Delta table, exactly once per batch id.
+
+    Every batch id gets exactly one commit, also when it has nothing to write (an empty commit carries the
+    batch's ``(appId, txnVersion)`` and lineage, so the table says which slice of the log it holds), and a batch
+    that changes nothing rewrites nothing: no MERGE runs for an empty batch, a MERGE reads only the windows that
+    are still open, and it visits stored rows for finality only when the new watermark closes one of them.
+    """
+
+    view: ViewDefinition
+    path: str
+    app_id: str
+    #: staging table of bulk catch-up (None: every batch is written to the view table directly)
+    staging: str | None = None
+    _event_max: Any = field(default=None, init=False, repr=False)
+    _event_max_known: bool = field(default=False, init=False, repr=False)
+    _bulk: bool | None = field(default=None, init=False, repr=False)
+    #: distinct window ends of the stored rows that are not final yet (None: not known, read from the table)
+    _open_ends: set | None = field(default=None, init=False, repr=False)
+
+    def bulk(self, session: "SparkSession") -> bool:
+        """True while this run may still stage batches: it has a staging table, its view is not append-only and
+        the view table has no commit of this run yet (asked once, then tracked in memory)."""
+        if self._bulk is None:
+            self._bulk = (self.staging is not None and self.view.write != "append"
+                          and txn_version(session, self.path, self.app_id) is None)
+        return self._bulk
+
+    def pending(self, session: "SparkSession") -> int | None:
+        """Batch id of the last staged batch not yet compacted into the view table (None: nothing pending)."""
+        from delta.tables import DeltaTable
+
+        if not self.bulk(session) or not DeltaTable.isDeltaTable(session, self.staging):
+            return None
+        return txn_version(session, self.staging, self.app_id)
+
+    def write(self, batch: "DataFrame", batch_id: int, *, user_metadata: str | None = None,
+              rows: int | None = None, batch_event_max: Any = None, window_ends: frozenset | None = None,
+              catching_up: bool = False) -> str:
+        """Apply ``batch`` (the transform's output for ``batch_id``) in a single idempotent commit.
+
+        Args:
+            batch: the output rows of the micro-batch (persisted by the caller).
+            batch_id: the micro-batch id (the Delta txnVersion).
+            user_metadata: the commit's ``userMetadata`` (the batch's log range, see :mod:`kappa.runtime.lineage`).
+            rows: number of rows in ``batch`` when the caller counted them (``None``: not known).
+            batch_event_max: max of the finality's event-time column over ``batch`` (windowed views).
+            window_ends: the distinct window ends of ``batch`` (windowed views; ``None``: not known).
+
+            catching_up: the batch stopped at the micro-batch bound with more of the log waiting; while the run
+                has no commit in the view table yet, it is staged instead of merged (see the module doc).
+
+        Returns what the commit did: ``append``, ``merge``, ``empty`` (a commit without data files), ``stage``
+        (appended to the staging table) or ``compact`` (the staged batches and this one, in one append).
+        """
+        if self.bulk(batch.sparkSession):
+            if catching_up:
+                self._stage(batch, batch_id, user_metadata)
+                return "stage"
+            self.compact(batch.sparkSession, batch_id, user_metadata, batch=batch)
+            return "compact"
+        if self.view.write == "append":
+            self._append(batch, batch_id, user_metadata)
+            return "append" if rows != 0 else "empty"
+        if self.view.write == "merge":
+            return self._merge(batch, batch_id, user_metadata, rows, batch_event_max, window_ends)
+        if self.view.write == "upsert_delete":
+            if rows == 0:
+                self._append(batch, batch_id, user_metadata)
+                return "empty"
+            self._upsert_delete(batch, batch_id, user_metadata)
+            return "merge"
+        raise ValueError(f"unknown write mode {self.view.write!r}")  # pragma: no cover - Literal type
+
+    def _stage(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+        from pyspark.sql import functions as F
+
+        _append_once(batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")), self.staging, self.app_id,
+                     batch_id, user_metadata)
+
+    def compact(self, session: "SparkSession", batch_id: int, user_metadata: str | None, *,
+                batch: "DataFrame | None" = None) -> None:
+        """End bulk catch-up: write the latest row per key of the staged batches (and ``batch``) to the view table
+        in one append commit keyed by ``batch_id``; later batches win, tombstones are dropped, finality follows
+        the event-time maximum of everything staged. Called with the first batch that is not a catch-up batch,
+        or without a batch (``batch_id`` = the last staged one) at the end of a bounded run and at a restart."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        parts = []
+        if DeltaTable.isDeltaTable(session, self.staging):
+            parts.append(session.read.format("delta").load(self.staging))
+        if batch is not None:
+            parts.append(batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")))
+        if not parts:
+            raise ValueError(f"{self.view.ref}: nothing to compact")
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part)
+        order = [F.col(STAGED_BATCH).desc()]
+        if self.view.write == "upsert_delete" and self.view.order_column:
+            order.append(F.col(self.view.order_column).desc())
+        latest = (rows.withColumn("_rn", F.row_number().over(Window.partitionBy(*self.view.keys).orderBy(*order)))
+                  .where("_rn = 1").drop("_rn", STAGED_BATCH))
+        if self.view.write == "upsert_delete":
+            latest = latest.where(~F.col("is_tombstone"))
+        fin = self.view.finality
+        event_max = None
+        result = latest.persist()
+        try:
+            if fin is not None:
+                event_max = result.agg(F.max(fin.event_max_column)).collect()[0][0]
+                flag = F.lit(False) if event_max is None else (
+                    F.col(fin.window_end_column)
+                    <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
+                result = result.withColumn(fin.flag_column, flag)
+            self._append(result, batch_id, user_metadata)
+        finally:
+            latest.unpersist()
+        self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, None
+
+    def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+        columns = table_columns(self.view, batch.schema).fieldNames()
+        _append_once(batch.select(*columns), self.path, self.app_id, batch_id, user_metadata)
+
+    def _table(self, session: "SparkSession"):
+        from delta.tables import DeltaTable
+
+        return DeltaTable.forPath(session, self.path)
+
+    def _cond(self) -> str:
+        return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in self.view.keys)
+
+    def _merge(self, batch: "DataFrame", batch_id: int, user_metadata: str | None, rows: int | None,
+               batch_event_max: Any, window_ends: frozenset | None = None) -> str:
+        from pyspark.sql import functions as F
+
+        session = batch.sparkSession
+        fin = self.view.finality
+        if rows == 0:  # nothing to upsert, and finality only moves with new rows: an empty commit
+            if fin is not None:
+                batch = batch.withColumn(fin.flag_column, F.lit(False))
+            self._append(batch, batch_id, user_metadata)
+            return "empty"
+        source, watermark, event_max, moved, previous_max = batch, None, None, False, None
+        if fin is not None:
+            previous_max = self._known_event_max(session, fin)
+            if rows is None:
+                batch_event_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
+            event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
+            moved = event_max is not None and event_max != previous_max
+            if event_max is not None:
+                watermark = F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
+            flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
+            source = batch.withColumn(fin.flag_column, flag)
+        cond, still_open = F.expr(self._cond()), F.lit(True)
+        if fin is not None and previous_max is not None:
+            # stored windows the previous watermark passed are final and no batch row can match them (Spark drops
+            # the late rows of such windows): both the join and the finality clause leave them out - a
+            # target-only predicate Delta skips files with, so a MERGE reads the open windows, not the whole table
+            still_open = _maybe_open(fin, previous_max)
+            cond = cond & still_open
+        merge = (self._table(session).alias("t").merge(source.alias("s"), cond)
+                 .whenMatchedUpdateAll().whenNotMatchedInsertAll())
+        if moved and self._closes_stored_window(session, fin, previous_max, event_max):
+            # stored windows the advanced watermark passed become final in the same commit (only when there
+            # are such windows: the clause makes the MERGE visit the stored rows outside the batch)
+            closing = (still_open & ~F.col(f"t.`{fin.flag_column}`")
+                       & (F.col(f"t.`{fin.window_end_column}`") <= watermark))
+            merge = merge.whenNotMatchedBySourceUpdate(condition=closing, set={fin.flag_column: F.lit(True)})
+        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
+            merge.execute()
+        if fin is not None:  # only once the commit went through
+            self._event_max = event_max
+            if window_ends is None or self._open_ends is None:
+                self._open_ends = None
+            else:
+                self._open_ends = {end for end in self._open_ends | window_ends if not _passed(end, event_max, fin)}
+        return "merge"
+
+    def _closes_stored_window(self, session: "SparkSession", fin: Finality, previous_max: Any,
+                              event_max: Any) -> bool:
+        """Does the watermark of ``event_max`` pass the end of a stored window that is not final yet?
+
+        The ends of the open windows are read from the table once, then tracked in memory from each batch's
+        window ends; a tumbling window view crosses a window end every window length, not every batch.
+        """
+        from pyspark.sql import functions as F
+
+        if self._open_ends is None:
+            stored = self._table(session).toDF().alias("t").where(~F.col(f"t.`{fin.flag_column}`"))
+            if previous_max is not None:
+                stored = stored.where(_maybe_open(fin, previous_max))
+            self._open_ends = {r[0] for r in stored.select(fin.window_end_column).distinct().collect()}
+        return any(_passed(end, event_max, fin) for end in self._open_ends)
+
+    def _known_event_max(self, session: "SparkSession", fin: Finality) -> Any:
+        """max(event_max_column) of the table: read once per driver, then carried forward in memory.
+
+        A window is final when its end is at or before that maximum minus the delay (Spark evicts its state and
+        drops later rows for it at that same point).
+        """
+        from pyspark.sql import functions as F
+
+        if not self._event_max_known:
+            self._event_max = self._table(session).toDF().agg(F.max(fin.event_max_column)).collect()[0][0]
+            self._event_max_known = True
+        return self._event_max
+
+    def _upsert_delete(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        if not self.view.order_column:
+            raise ValueError(f"{self.view.ref}: upsert_delete needs order_column")
+        latest = (
+            batch.withColumn("_rn", F.row_number().over(
+                Window.partitionBy(*self.view.keys).orderBy(F.col(self.view.order_column).desc())))
+            .where("_rn = 1").drop("_rn")
+        )
+        session = batch.sparkSession
+        columns = {c: f"s.`{c}`" for c in table_columns(self.view, batch.schema).fieldNames()}
+        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
+            (self._table(session).alias("t").merge(latest.alias("s"), self._cond())
+             .whenMatchedDelete(condition="s.is_tombstone")
+             .whenMatchedUpdate(condition="NOT s.is_tombstone", set=columns)
+             .whenNotMatchedInsert(condition="NOT s.is_tombstone", values=columns)
+             .execute())
+
+
+@dataclass
+class QuarantineSink:
+    """Appends a micro-batch's bad records to the shared quarantine table, exactly once per (view run, batch).
+
+    ``rows`` are records with the columns of :data:`kappa.runtime.plan.SIDE_COLUMNS`; the commit's appId is the view
+    run's appId plus ``/quarantine`` and its txnVersion the micro-batch id of the view's query.
+
+    The rows are few next to the batch (bad and late records); they are collected to the driver and appended
+    with delta-rs (:func:`kappa.runtime.deltars.append_once`): the same Delta application transaction as delta-spark's
+    ``txnAppId``, without the Spark job delta-spark runs to reconstruct the table's state on every idempotent
+    commit - on ``make run`` that job was as costly as the view's own commit (docs/performance.md).
+    """
+
+    view: ViewDefinition
+    path: str
+    app_id: str
+    _table: Any = field(default=None, init=False, repr=False)
+
+    def write(self, rows: "DataFrame", batch_id: int) -> int:
+        """Append ``rows`` for micro-batch ``batch_id`` unless that batch's commit is already in the table.
+
+        Returns the number of records the batch quarantines (also when its commit was already there).
+        """
+        from datetime import UTC, datetime
+
+        from deltalake import DeltaTable
+        from pyspark.sql import functions as F
+
+        from kappa.runtime.deltars import append_once, arrow_rows, rs_uri, to_micros
+        from kappa.runtime.plan import SIDE_COLUMNS
+
+        collected = rows.select(*(F.unix_micros(c).alias(c) if c == "kafka_timestamp" else F.col(c)
+                                  for c in SIDE_COLUMNS)).collect()
+        now = to_micros(datetime.now(UTC))
+        records = [{**r.asDict(), "view": self.view.name, "version": self.view.version, "batch_id": batch_id,
+                    "quarantined_at": now} for r in collected]
+        if self._table is None:
+            self._table = DeltaTable(rs_uri(self.path))
+        append_once(self._table, arrow_rows(QUARANTINE_COLUMNS, records), self.app_id, batch_id)
+        return len(records)

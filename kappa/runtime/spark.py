@@ -1,0 +1,131 @@
+"""SparkSession factory for view jobs, verification and tests.
+
+Every JVM artifact comes from ``.cache/jars/spark`` (fetched by ``make setup`` with Maven); Spark is never
+asked to resolve packages from a repository at run time (no ``spark.jars.packages``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from kappa.errors import KappaError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pyspark.sql import SparkSession
+
+    from kappa.config import Settings
+
+__all__ = ["spark_jars", "build_spark", "MissingJarsError"]
+
+
+class MissingJarsError(KappaError, RuntimeError):
+    """The Spark connector/Delta jars have not been fetched (run ``make setup``)."""
+
+
+_REQUIRED = ("spark-sql-kafka-0-10", "delta-spark", "delta-storage", "kafka-clients")
+
+
+def spark_jars(jars_dir: Path) -> list[str]:
+    """Return the local jar files Spark needs, failing with a one-line hint if any is missing."""
+    spark_dir = Path(jars_dir) / "spark"
+    jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
+    missing = [name for name in _REQUIRED if not any(Path(j).name.startswith(name) for j in jars)]
+    if missing:
+        raise MissingJarsError(f"missing Spark jars {missing} in {spark_dir}: run `make setup` first")
+    return jars
+
+
+def _local_cores(master: str) -> int | None:
+    """Task slots of a ``local``/``local[N]``/``local[*]`` master (None for a cluster master)."""
+    if master == "local":
+        return 1
+    if master.startswith("local[") and master.endswith("]"):
+        spec = master[len("local["):-1].split(",")[0]
+        return (os.cpu_count() or 1) if spec == "*" else int(spec)
+    return None
+
+
+def build_spark(
+    app_name: str,
+    settings: "Settings",
+    *,
+    master: str | None = None,
+    shuffle_partitions: int | None = None,
+    driver_memory: str = "1g",
+    warehouse_dir: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+) -> "SparkSession":
+    """Build (or return the active) SparkSession with Delta and the Kafka connector on the classpath.
+
+    Args:
+        app_name: Spark application name (shows in logs and the UI).
+        settings: the jars (``.cache/jars``, filled by ``make setup``), the master, the shuffle partitions, the UI and
+            the log level (``KAPPA_SPARK_*``, :class:`kappa.config.Settings`).
+        master: Spark master; defaults to ``settings.spark_master``.
+        shuffle_partitions: shuffle partitions, fixed in a streaming checkpoint at its first batch; default
+            ``settings.shuffle_partitions``, else the cores of a ``local[N]`` master (one task per core and stage:
+            every extra task of a micro-batch is fixed cost), else 4.
+        driver_memory: heap of the local driver JVM.
+        warehouse_dir: Spark SQL warehouse (catalog views for analysts live there); default ``<home>/warehouse``.
+        extra_conf: additional Spark settings, applied last.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = master or settings.spark_master
+    if shuffle_partitions is None:
+        shuffle_partitions = settings.shuffle_partitions or _local_cores(master) or 4
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local driver stays on loopback
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.jars", ",".join(spark_jars(settings.jars_dir)))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", str(settings.spark_ui).lower())
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.databricks.delta.properties.defaults.checkpointInterval", "20")
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.adaptive.enabled", "false")
+        # RocksDB commits upload the batch's changes, not a snapshot (snapshots in the background); it can be
+        # turned on for existing checkpoints
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # a micro-batch (stateful plan, stats, Delta MERGE) compiles ~100 generated classes; Spark's cache of
+        # them holds 100 by default, so every batch evicted and recompiled them all (~1 s of each batch)
+        .config("spark.sql.codegen.cache.maxEntries", "2000")
+    )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
+    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
+    java_options = ["-Xss8m"]
+    warehouse_dir = warehouse_dir or str(Path(settings.home) / "warehouse")
+    if warehouse_dir:
+        builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
+        java_options.append(f"-Dderby.system.home={warehouse_dir}")
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.spark_log_level)
+    # Delta's MERGE checkpoints its source locally and Spark warns at each unpersist that the lineage is gone:
+    # one line per live micro-batch, nothing to act on
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel("org.apache.spark.rdd.MapPartitionsRDD",
+                                                                   jvm.org.apache.logging.log4j.Level.ERROR)
+    # py4j logs each gateway connection it closes at INFO, also while the interpreter shuts down (when a
+    # configured handler's stream may be closed already): keep it to warnings
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return spark

@@ -1,0 +1,194 @@
+"""What a view version is: a pure transform plus the declarations the plumbing needs.
+
+A view version lives in ``jobs/<view>/v<N>.py`` and exposes ``VIEW = ViewDefinition(...)``. The transform is
+a pure function from input DataFrames to the output DataFrame; it never reads Kafka or writes Delta itself.
+The same plumbing runs every view: one streaming query (``kappa.runtime.job``, plan in ``kappa.runtime.plan``) reads Kafka ->
+decode/quarantine -> transform -> idempotent Delta write keyed by ``(app_id, batch_id)`` (``kappa.runtime.batch``,
+``kappa.runtime.sink``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Literal, Mapping
+
+from kappa.identity import view_ref
+from kappa.runtime.lookups import Lookup
+from kappa.runtime.parsing import RecordFormat
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["Expectation", "ViewDefinition", "Finality", "declared_view", "load_view", "tumbling_window_end"]
+
+WriteMode = Literal["append", "merge", "upsert_delete"]
+OnViolation = Literal["warn", "drop", "fail"]
+_EXPECTATION_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A data-quality rule over the rows a view version writes (its transform's output).
+
+    Attributes:
+        name: ``lower_snake_case``; the label of its metrics and the reason of the rows it quarantines.
+        condition: Spark SQL boolean expression over an output row that holds for a good row (NULL counts as a
+            violation), e.g. ``"view_count >= 0"``.
+        on_violation: ``warn`` - count the rows and write them; ``drop`` - keep them out of the table and put them
+            in the quarantine (reason ``expectation <name>: <condition>``, the row as JSON in ``raw_value``);
+            ``fail`` - stop the job before the micro-batch is written, with the rule and an offending row.
+        max_violation_rate: The version cannot be verified nor promoted once more than this fraction of its
+            checked rows violated the rule (``None``: no limit; a ``fail`` rule allows none).
+
+    Counts per rule go to the metrics (``kappa_expectation_violations_total``), to each Delta commit's lineage
+    (so the totals of a run are exact across restarts), to the verification result and the registry's audit log.
+    """
+
+    name: str
+    condition: str
+    on_violation: OnViolation = "warn"
+    max_violation_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _EXPECTATION_NAME.match(self.name):
+            raise ValueError(f"expectation name {self.name!r}: use lower_snake_case")
+        if self.on_violation not in ("warn", "drop", "fail"):
+            raise ValueError(f"expectation {self.name}: on_violation {self.on_violation!r}: use warn, drop or fail")
+        if not self.condition.strip():
+            raise ValueError(f"expectation {self.name}: empty condition")
+        if self.max_violation_rate is not None and not 0.0 <= self.max_violation_rate <= 1.0:
+            raise ValueError(f"expectation {self.name}: max_violation_rate must be within [0, 1]")
+
+    @property
+    def reason(self) -> str:
+        """Quarantine reason of a row this rule dropped."""
+        return f"expectation {self.name}: {self.condition}"
+
+    def violated(self) -> "Column":
+        """True for a row that breaks the rule (NULL counts as broken)."""
+        from pyspark.sql import functions as F
+
+        return ~F.coalesce(F.expr(self.condition).cast("boolean"), F.lit(False))
+
+
+@dataclass(frozen=True)
+class Finality:
+    """How a windowed view marks rows whose window the watermark has passed.
+
+    A row is final once ``window_end <= max(event_max_column over the table) - delay``; Spark's own watermark
+    for the next batch is the same value, so a final row never changes again.
+    """
+
+    window_end_column: str
+    event_max_column: str
+    delay_seconds: int
+    flag_column: str = "is_final"
+
+
+@dataclass(frozen=True)
+class ViewDefinition:
+    """One version of one view.
+
+    Attributes:
+        name: view name (matches ``kappa/platform.yaml``).
+        version: version number; each version has its own table, checkpoint and Delta appId.
+        description: one line for ``kappa status`` and the docs.
+        stream_topic: the Kafka topic read as a stream.
+        stream_format: how records of ``stream_topic`` are decoded and validated.
+        transform: pure function ``(stream, lookups) -> DataFrame``; ``stream`` has only valid records.
+        lookups: static inputs read from compacted topics: the keyword the transform receives each under ->
+            its :class:`kappa.runtime.lookups.Lookup` (topic, format, columns). The transform gets each decoded as the
+            latest value per key (tombstones removed), cached and re-read only when the topic moved; the job, the
+            recompute and the oracle all read this declaration.
+        output_mode: Spark output mode of the transform (``append`` for stateless or closed windows,
+            ``update`` for windows that change until final).
+        write: how a batch lands in Delta: ``append`` (idempotent append), ``merge`` (upsert by ``keys``),
+            ``upsert_delete`` (KTable: latest value per key in the batch, tombstone deletes).
+        keys: merge keys for ``merge``/``upsert_delete``.
+        order_column: for ``upsert_delete``, the column deciding which record of a key is the latest.
+        finality: windowed views mark rows final once the watermark passes them.
+        latency_column: event-time column of the output used for the end-to-end latency histogram.
+        partition_by: Delta partition columns.
+        stateful: the transform keeps state in the checkpoint (watermarked windows, sessions), so it runs inside
+            the streaming plan; the bad records of the same micro-batch travel beside its output
+            (:mod:`kappa.runtime.plan`), still one query and one read of the topic.
+        late_bound: for a watermarked view, ``() -> Column`` over the valid input rows: the event-time point
+            after which the watermark drops the row (e.g. the end of its tumbling window), NULL for rows the
+            view does not aggregate. Rows whose bound the previous batch's watermark passed are kept in the
+            quarantine with reason ``late`` (:mod:`kappa.runtime.late`; Spark still drops them from the view). ``None``:
+            dropped rows are only counted (``kappa_late_rows_dropped_total``).
+        expectations: data-quality rules over the output rows (:class:`Expectation`).
+    """
+
+    name: str
+    version: int
+    description: str
+    stream_topic: str
+    stream_format: RecordFormat
+    transform: Callable[..., "DataFrame"]
+    output_mode: Literal["append", "update"] = "append"
+    write: WriteMode = "append"
+    keys: tuple[str, ...] = ()
+    order_column: str | None = None
+    lookups: Mapping[str, Lookup] = field(default_factory=dict)
+    finality: Finality | None = None
+    latency_column: str | None = None
+    partition_by: tuple[str, ...] = ()
+    stateful: bool = False
+    late_bound: Callable[[], "Column"] | None = None
+    expectations: tuple[Expectation, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, lookup in self.lookups.items():
+            if not isinstance(lookup, Lookup):
+                raise TypeError(f"{self.ref}: lookup {name!r} must be a kappa.runtime.lookups.Lookup (topic, format, "
+                                f"columns), not {type(lookup).__name__}")
+        names = [e.name for e in self.expectations]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.ref}: expectation names must be unique ({', '.join(names)})")
+
+    @property
+    def ref(self) -> str:
+        """``name@vN``, the view version's identity in logs, metrics and Delta appIds."""
+        return view_ref(self.name, self.version)
+
+    @property
+    def watermark(self) -> tuple[str, int] | None:
+        """``(output event-time column, delay seconds)``: the table is complete for event time up to
+        ``max(column) - delay``. A windowed view's finality rule; a stateful view without one writes a row once
+        it is closed (sessions), so its latency column with no delay; None for views without event time."""
+        if self.finality is not None:
+            return self.finality.event_max_column, self.finality.delay_seconds
+        if self.stateful and self.latency_column:
+            return self.latency_column, 0
+        return None
+
+
+def tumbling_window_end(column: str, seconds: int) -> "Column":
+    """End of the ``seconds``-long tumbling event-time window ``column`` falls in (Spark's ``window().end``), as
+    plain arithmetic for a ``late_bound``: ``window()`` outside an aggregation also filters out rows whose time
+    is NULL."""
+    from pyspark.sql import functions as F
+
+    micros = seconds * 1_000_000
+    ts = F.unix_micros(F.col(column))
+    return F.timestamp_micros(ts - F.pmod(ts, F.lit(micros)) + F.lit(micros))
+
+
+def load_view(module: str) -> ViewDefinition:
+    """Import ``module`` (e.g. ``jobs.user_sessions.v1``) and return its ``VIEW``."""
+    mod = importlib.import_module(module)
+    view = getattr(mod, "VIEW", None)
+    if not isinstance(view, ViewDefinition):
+        raise TypeError(f"{module} does not define VIEW = ViewDefinition(...)")
+    return view
+
+
+def declared_view(name: str, version: int | None = None) -> ViewDefinition:
+    """The definition of a view version ``kappa/platform.yaml`` (or ``KAPPA_PLATFORM``) declares (default: the
+    view's default version); :class:`kappa.catalog.UnknownView` names what it declares otherwise."""
+    from kappa.catalog import load_catalog
+
+    return load_view(load_catalog().module_of(name, version or None))
