@@ -27,7 +27,9 @@ import pytest
 from deltalake import DeltaTable
 
 from kappa.log import generator, schemas
-from kappa.verify.oracle import expected_campaign_catalog, expected_window_counts, read_log, validate_records
+from jobs.campaign_catalog.oracle import expected_campaign_catalog
+from jobs.campaign_window_counts.oracle import expected_window_counts
+from kappa.verify.oracle import read_log, validate_records
 from kappa.front.peer import PEER_IMPL, run_peer
 from kappa.front.peer_app import CompiledValidator
 

@@ -28,10 +28,15 @@ from typing import Any, Callable
 import pytest
 from deltalake import DeltaTable
 
-from kappa.log import generator, lineage, oracle, replay
+from kappa.control import replay
+from kappa.log import generator
+from kappa.runtime import lineage
+from kappa.verify import oracle
 from kappa.config import Settings
 from kappa.runtime.lineage import BatchBoundary
-from kappa.verify.oracle import LogRecord, OracleInput, Validated, expected_window_counts_v2
+from jobs.campaign_window_counts.oracle import expected_window_counts_v2
+from jobs.user_sessions.oracle import expected_sessions, expected_sessions_batched, late_session_records
+from kappa.verify.oracle import LogRecord, OracleInput, Validated
 from kappa.control.registry import Registry
 from kappa.control.replay import ReplayError, ReplayRequest, VersionBusy
 from tests.conftest import subprocess_env
@@ -199,10 +204,10 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         log = oracle.validate_records(oracle.read_log(settings, events_topic), "ad_event", key_field="user_id")
         lookups = {"campaigns": oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")),
                                                         "campaign", key_field=None, tombstones=True)}
-        no_drops = expected_window_counts_v2(OracleInput(log, lookups))
-        table = dict(oracle.ORACLES[(VIEW, 2)].adapt(r) for r in replay.table_rows(
-            DeltaTable(paths[2]))[1])
-        assert sum(n[0] + n[1] for n in no_drops.values()) > sum(n[0] + n[1] for n in table.values())
+        spec = oracle.oracle_for(VIEW, 2)
+        no_drops = spec.compute(OracleInput(log, lookups))  # one batch: nothing is late
+        table = dict(spec.adapt(r) for r in replay.table_rows(DeltaTable(paths[2]))[1])
+        assert sum(n[1] + n[2] for n in no_drops.values()) > sum(n[1] + n[2] for n in table.values())
 
         # readers only ever saw v1's table, or v2's complete one
         time.sleep(1.0)
@@ -309,10 +314,10 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
 
         # the micro-batch semantics mattered: a recomputation that ignores them disagrees with the table
         table = DeltaTable(replay.ViewVersion.resolve(view, 1, settings).paths.table)
-        rows = dict(oracle.ORACLES[(view, 1)].adapt(r) for r in replay.table_rows(table)[1])
+        rows = dict(oracle.oracle_for(view, 1).adapt(r) for r in replay.table_rows(table)[1])
         log = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
         before_cut = [v for v in log if v.record.timestamp_ms < cut]
-        unbatched = oracle.expected_sessions(before_cut, closed_only=False)
+        unbatched = expected_sessions(before_cut, closed_only=False)
         late = [json.loads(value) for _key, value, _meta in very_late]
         late_keys = {(e["user_id"], e["event_time"]) for e in late} & unbatched.keys()
         assert len(late_keys) > 50, "most of the burst would start sessions of their own without the watermark"
@@ -581,11 +586,11 @@ def test_session_oracle_follows_spark_micro_batches():
               ev(0, 6, "w", 500_000)]                                    # batch 3: still open at the end
     batches = [BatchBoundary(0, {0: 2}, 0), BatchBoundary(1, {0: 3}, 150_000), BatchBoundary(2, {0: 6}, 200_000),
                BatchBoundary(3, {0: 7}, 210_000)]
-    got = oracle.expected_sessions_batched(OracleInput(events, {}, batches))
+    got = expected_sessions_batched(OracleInput(events, {}, batches))
     assert got == {("u", 100_000): (140_000, 3, 2, 110_000), ("v", 140_000): (170_000, 1, 1, 140_000)}
-    assert oracle.late_session_records(OracleInput(events, {}, batches)) == {(0, 3), (0, 4)}
+    assert late_session_records(OracleInput(events, {}, batches)) == {(0, 3), (0, 4)}
     # without micro-batches (one batch, final watermark) the late event would count and w would not be emitted
-    assert oracle.expected_sessions(events) == {("u", 100_000): (140_000, 4, 2), ("v", 115_000): (170_000, 2, 1)}
+    assert expected_sessions(events) == {("u", 100_000): (140_000, 4, 2), ("v", 115_000): (170_000, 2, 1)}
 
 
 def test_live_replay_is_caught_up_once_as_current_as_the_serving_version(tmp_path, monkeypatch):

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kappa.log import generator, oracle
+from jobs.campaign_window_counts.oracle import late_window_records
+from jobs.user_sessions.oracle import expected_sessions_batched, late_session_records
+from kappa.log import generator
+from kappa.verify import oracle
 from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
@@ -193,7 +196,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view.name}@v1:") and "/" not in a)
     batches = lineage.batches_from_history(table.history(), app)
     assert [b.batch_id for b in batches] == list(range(len(batches)))
-    spec = oracle.ORACLES[(view.name, 1)]
+    spec = oracle.oracle_for(view.name, 1)
     validated = oracle.validate_records(oracle.read_log(lake, lake.topic("ad-events")), "ad_event",
                                         key_field="user_id")
     campaigns = oracle.validate_records(oracle.read_log(lake, lake.topic("campaigns")), "campaign", key_field=None,
@@ -206,12 +209,12 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
                                 key=str) if actual.get(k) != expected.get(k)][:5]
     # the run really had events past the watermark: the oracle drops some, and so did Spark (counted)
     unbatched = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=None))
-    assert sum(v[0] for v in unbatched.values()) > sum(v[0] for v in expected.values())
+    assert sum(v[1] for v in unbatched.values()) > sum(v[1] for v in expected.values())  # view counts
     assert dropped_by_spark > 0 and counted == dropped_by_spark
     # ... and kept every one of them in the quarantine (reason `late`, raw bytes), each once
     late = [r for r in spark.read.format("delta").load(paths.quarantine).where(f"view = '{view.name}'").collect()
             if r.error.startswith(LATE_REASON)]
-    expected_late = oracle.late_window_records(OracleInput(events=validated, batches=batches), counted=("view",),
+    expected_late = late_window_records(OracleInput(events=validated, batches=batches), counted=("view",),
                                                window_ms=10_000)
     assert expected_late and len(late) == len({(r.partition, r.offset) for r in late})
     assert {(r.partition, r.offset) for r in late} == expected_late and kept == len(late)
@@ -261,8 +264,8 @@ def test_session_view_drops_late_events_row_by_row_like_the_oracle(spark, tmp_pa
                          {"user_id": u, "event_time": t, "ad_id": f"{u}{t}", "event_type": "view"}, None)
                for o, (u, t) in enumerate(row for rows in plan for row in rows)]
     inp = OracleInput(records, {}, [BatchBoundary(i, {0: end}, wm) for i, (end, wm) in enumerate(zip(offsets, watermarks))])
-    expected = {k: v[:3] for k, v in oracle.expected_sessions_batched(inp).items()}
+    expected = {k: v[:3] for k, v in expected_sessions_batched(inp).items()}
     assert got == expected, (got, expected)
     assert ("u", 150 * s) in got and ("u", 135 * s) not in got  # the covered late event was dropped, not merged
-    assert oracle.late_session_records(inp) == {(0, 2), (0, 4)}  # u@135 s and w@100 s
+    assert late_session_records(inp) == {(0, 2), (0, 4)}  # u@135 s and w@100 s
     assert sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"]) == 2

@@ -7,7 +7,7 @@ same finality rule (``is_final`` turns true once the watermark passes ``window_e
 
 It gets its own table, checkpoint and Delta appId (``views/campaign_window_counts/v2/``), is built by replaying
 the retained log (``kappa replay campaign_window_counts --version 2``) and only serves once verified against
-``kappa.verify.oracle.expected_window_counts_v2``.
+``jobs.campaign_window_counts.oracle.expected_window_counts_v2``.
 """
 
 from __future__ import annotations

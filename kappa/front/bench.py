@@ -197,8 +197,10 @@ def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: fl
     """
     from deltalake import DeltaTable
 
-    from kappa.verify import oracle
+    from jobs.campaign_catalog.oracle import expected_campaign_catalog
+    from jobs.campaign_window_counts.oracle import expected_window_counts
     from kappa.front.peer import run_peer
+    from kappa.verify import oracle
 
     span_ms = int(events / 1000.0 * 1000) + 120_000  # kappa.log.generator.events: 1,000 events per synthetic second
     table = str(home / f"peer-{uuid.uuid4().hex[:6]}")
@@ -209,9 +211,9 @@ def peer_run(settings: Any, topic: str, events: int, home: Path, replay_rate: fl
     data = list(zip(columns["campaign_id"], columns["window_start"], columns["view_count"]))
     actual = {(campaign, int(start.timestamp() * 1000)): count for campaign, start, count in data}
     validated = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
-    mapping = oracle.expected_campaign_catalog(oracle.validate_records(
+    mapping = expected_campaign_catalog(oracle.validate_records(
         oracle.read_log(settings, settings.topic("campaigns")), "campaign", key_field=None, tombstones=True))
-    expected = {k: n for k, (n, _final) in oracle.expected_window_counts(validated, mapping).items()}
+    expected = {k: n for k, (n, _final) in expected_window_counts(validated, mapping).items()}
     wrong = sum(1 for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
     out.update({"grace_ms": span_ms, "windows_expected": len(expected), "windows_wrong": wrong,
                 "equals_oracle": wrong == 0 and len(data) == len(expected),

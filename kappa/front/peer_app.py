@@ -33,7 +33,7 @@ The pipeline is what a Quix user writes for ``jobs/campaign_window_counts/v1.py`
 6. **Tail** -- the input is finite: once every record was consumed (and every re-keyed record processed), the
    application is stopped (its final checkpoint flushes the sink), and the windows that never closed are read from
    the application's own final window state (Quix's RocksDB window store) and appended in one last commit. The
-   table then holds every window with its count, like ``kappa.verify.oracle.expected_window_counts``.
+   table then holds every window with its count, like ``jobs.campaign_window_counts.oracle.expected_window_counts``.
 
 Wall time is measured from the first record consumed to the commit of the last window.
 """

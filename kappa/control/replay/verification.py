@@ -210,8 +210,8 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     * **recompute** (every version): Spark re-runs the version's own transform over exactly those micro-batches
       of the log and the view's write semantics over its output (:mod:`kappa.verify.recompute`); the table must hold
       the same keys with the same values, no duplicated key, and the quarantine every invalid record once;
-    * **oracle** (versions with an entry in :data:`kappa.verify.oracle.ORACLES`): the independent plain-Python
-      recomputation of the same range must equal the table too.
+    * **oracle** (versions with an oracle next to the view, ``ORACLES`` of ``jobs/<view>/oracle.py``): the
+      independent plain-Python recomputation of the same range must equal the table too.
 
     ``none``: no check, the registry note says so. The serving alias is never touched; a failure marks the
     version ``failed`` with the reason (the first differing key). A serving or failed version is re-checked
@@ -267,7 +267,7 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     start = offsets_from_json(rec.start_offsets) or {
         int(p): int(o) for p, o in (vv.run_info().get("start_offsets") or {}).items()}
 
-    spec = oracle.ORACLES.get((view, version))
+    spec = oracle.oracle_for(view, version)
     if spec is not None and spec.uses_batches and [b.batch_id for b in batches] != list(range(batch + 1)):
         raise ReplayError(f"{ref}: only batches {batches[0].batch_id}..{batch} have known boundaries (Delta "
                           "history and checkpoint both purged older ones); a strict check of an event-time "
