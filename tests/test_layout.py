@@ -151,3 +151,22 @@ def test_every_kappa_variable_is_read_in_settings():
     for name in sorted(set(re.findall(r"get\(\"(KAPPA_\w+)\"|number\(\"(KAPPA_\w+)\"", config)) - {("", "")}):
         var = name[0] or name[1]
         assert var in doc, f"{var} is read by Settings but not documented in kappa/config.py"
+
+
+def test_every_import_of_a_platform_name_resolves():
+    """Also the imports inside functions (most of the package imports lazily), which a linter does not check."""
+    missing = []
+    for folder in (PACKAGE, ROOT / "dags", ROOT / "jobs", ROOT / "tests"):
+        for path in _modules(folder):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                        and node.module.split(".")[0] in ("kappa", "jobs")):
+                    continue
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{alias.name}")
+                        except ModuleNotFoundError:
+                            missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} has no {alias.name}")
+    assert not missing, "\n".join(missing)

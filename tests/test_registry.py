@@ -336,13 +336,24 @@ def test_promote_refuses_unready_versions(alias: ServingAlias, reg: Registry):
     assert alias.alias(VIEW) is None
 
 
-def test_crash_between_switch_and_registry_is_repaired_by_rerunning_promote(alias: ServingAlias, reg: Registry):
+def test_crash_between_switch_and_registry_is_repaired_by_rerunning_promote(alias: ServingAlias, reg: Registry,
+                                                                            monkeypatch: pytest.MonkeyPatch):
     ready(reg, 1)
     p2 = ready(reg, 2)
     alias.promote(VIEW, 1, by="cli:a")
 
-    # first half of promote only: the alias switch (what readers see), then the "crash"
-    alias._switch(reg.get(VIEW, 2), [reg.get(VIEW, 1)], by="cli:a")
+    # the real promote, "crashing" right after its alias switch (what readers see): the registry write that
+    # follows it fails - a fault the real parts cannot be made to produce at that instant
+    class Crash(Exception):
+        pass
+
+    def crash(*_args, **_kwargs):
+        raise Crash
+
+    with monkeypatch.context() as m:
+        m.setattr(reg, "set_state", crash)
+        with pytest.raises(Crash):
+            alias.promote(VIEW, 2, by="cli:a")
     assert alias.resolve(VIEW) == p2
     assert (reg.get(VIEW, 1).state, reg.get(VIEW, 2).state) == ("serving", "verified")
 

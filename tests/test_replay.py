@@ -547,11 +547,11 @@ def test_retire_expired_stops_and_deletes_only_versions_past_their_keep(tmp_path
         replay.rollback(VIEW, 1, settings, runner, by="test")
 
 
-def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
-    """The CLI's wait loop (the rest of `kappa replay` is the functions tested above)."""
+def test_follow_samples_progress_until_caught_up(monkeypatch):
+    """The wait loop behind `kappa replay` (its progress bar draws the samples) - the rest of it is the functions
+    tested above."""
     from datetime import UTC, datetime
-
-    from kappa.front import cli
+    from types import SimpleNamespace
 
     samples = iter([(0, None), (2000, 40.0), (5000, 0.0)])
     calls = []
@@ -564,13 +564,19 @@ def test_cli_progress_bar_follows_samples_until_caught_up(monkeypatch, capsys):
                                total=5000, ratio=done / 5000, lag=5000 - done, rate=None, eta_seconds=eta,
                                sampled_at=datetime.now(UTC))
 
-    monkeypatch.setattr(replay, "progress", fake_progress)
-    monkeypatch.setattr(replay, "caught_up", lambda *a, sample, **k: replay.CatchUp(sample.lag == 0, "lag 0"))
-    monkeypatch.setattr(cli.time, "sleep", lambda _s: None)
+    from kappa.control.replay import following
+
+    monkeypatch.setattr(following, "progress", fake_progress)
+    monkeypatch.setattr(following, "caught_up", lambda *a, sample, **k: replay.CatchUp(sample.lag == 0, "lag 0"))
     req = ReplayRequest(view=VIEW, version=2, triggered_by="test")
-    cli._follow(req, settings=None, runner=None, timeout=0)  # noqa: SLF001
+    seen = []
+    caught = replay.follow(req, settings=None, runner=None, poll=0, on_sample=seen.append)
     assert calls == [True, False, False]  # the registry records a sample every 10 s, not every poll
-    assert "caught up: lag 0" in capsys.readouterr().out
+    assert [s.done for s in seen] == [0, 2000, 5000] and caught.reason == "lag 0"
+    with pytest.raises(replay.ReplayError, match=r"not caught up after 0s .* the job keeps running"):
+        samples = iter([(1000, None)] * 3)
+        monkeypatch.setattr(following, "caught_up", lambda *a, **k: replay.CatchUp(False, "lag 4000"))
+        replay.follow(req, settings=SimpleNamespace(cli="kappa"), runner=None, timeout=1e-9, poll=0)
 
 
 def test_session_oracle_follows_spark_micro_batches():

@@ -465,40 +465,24 @@ def _watch(req, settings, runner, previous: int | None) -> None:
         raise UserError(result.message)
 
 
-def _follow(req, settings, runner, *, timeout: float, poll: float = 2.0, record_every: float = 10.0) -> None:
+def _follow(req, settings, runner, *, timeout: float) -> None:
     """Progress bar until the replay has caught up (the job keeps running if this is interrupted)."""
-    from collections import deque
-
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from kappa.control import replay
 
-    samples: deque = deque(maxlen=10)
-    deadline = time.monotonic() + timeout if timeout else None
-    last_record = 0.0
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[detail]}"))
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(req.ref, total=None, detail="starting")
-        while True:
-            record = time.monotonic() - last_record >= record_every
-            sample = replay.progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
-                                     previous=samples[0] if samples else None, record=record, by=req.triggered_by)
-            if record:
-                last_record = time.monotonic()
-            samples.append(sample)
+
+        def show(sample) -> None:
             bar.update(task, total=max(sample.total, 1), completed=sample.done,
                        detail=f"lag {sample.lag:,}  ETA {sample.eta_text}")
-            caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
-                                      end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
-            if caught:
-                bar.update(task, completed=max(sample.total, 1), detail=f"caught up (lag {sample.lag:,})")
-                bar.console.print(f"{req.ref} caught up: {caught.reason}", highlight=False)
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                raise UserError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
-                                "running - run `kappa verify` / `kappa promote` once it has")
-            time.sleep(poll)
+
+        caught = replay.follow(req, settings, runner, timeout=timeout, on_sample=show)
+        bar.update(task, detail="caught up")
+        bar.console.print(f"{req.ref} caught up: {caught.reason}", highlight=False)
 
 
 @app.command("verify")

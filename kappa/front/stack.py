@@ -188,7 +188,7 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     idempotent. Returns once every view's query runs (:func:`wait_ready` waits for their first micro-batches;
     :func:`start_airflow` adds Airflow - after the views, so they get the machine first)."""
     from kappa.log.generator import campaign_records, publish_campaigns, universe
-    from kappa.control.runners.base import JobSpec
+    from kappa.runtime.driver import JobSpec
     from kappa.control.runners.local import LocalRunner
     from kappa.log.topics import declared_topics, ensure_topics, partition_offsets
 

@@ -11,7 +11,8 @@ The flow::
     preflight  the view's stream topic still retains the requested start on every partition (else: replay from
                the events_raw archive); estimate records, bytes and ETA; refuse a version that already runs
     launch     register the version (state building, resolved start offsets) and start its job via the runner
-    progress   processed offsets from the job's checkpoint vs. the log end (live) or the end timestamp (bounded)
+    progress   processed offsets from the job's checkpoint vs. the log end (live) or the end timestamp (bounded);
+               follow: progress until caught up
     caught_up  live: lag small; bounded: the job finished and processed everything before the end -> caught_up
     verify     read the new table at its latest Delta version, find the micro-batch it holds (Delta txn of the
                version's appId), re-run the version's own transform over exactly those micro-batches
@@ -56,7 +57,7 @@ from __future__ import annotations
 from kappa.runtime.checkpoint import checkpoint_batches
 from kappa.control.replay.launching import adopt_serving, launch
 from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTORY, Preflight, measured_throughput, preflight
-from kappa.control.replay.following import CatchUp, Progress, caught_up, progress
+from kappa.control.replay.following import CatchUp, Progress, caught_up, follow, progress
 from kappa.control.replay.request import (DEFAULT_MAX_LAG, END_MODES, START_MODES, VERIFY_MODES, ReplayError, ReplayRequest,
                                   VersionBusy, offsets_from_json, parse_end, parse_start, spark_offsets)
 from kappa.control.replay.switch import catalog_sql_path, promote, retire_expired, rollback, spark_catalog, write_catalog_sql
@@ -68,7 +69,7 @@ __all__ = [
     "DEFAULT_MAX_LAG", "END_MODES", "MIN_MEASURED_RECORDS", "START_MODES", "THROUGHPUT_HISTORY", "VERIFY_MODES",
     "CatchUp", "Preflight", "Progress", "ReplayError", "ReplayRequest", "Verification", "VersionBusy", "ViewVersion",
     "adopt_serving", "alias_of", "catalog_sql_path", "caught_up", "checkpoint_batches", "committed_offsets",
-    "expectations_check", "launch", "measured_throughput", "module_of", "offsets_from_json", "parse_end",
+    "expectations_check", "follow", "launch", "measured_throughput", "module_of", "offsets_from_json", "parse_end",
     "parse_start", "preflight", "progress", "promote", "registry_of", "retire_expired", "rollback", "run_app_id",
     "spark_catalog", "spark_offsets", "stream_topic", "table_rows", "verify",
     "write_catalog_sql",

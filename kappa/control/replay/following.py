@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.runtime.checkpoint import offsets_of, run_progress
 from kappa.errors import one_line
@@ -19,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.control.runners.base import Runner
 
-__all__ = ["CatchUp", "Progress", "caught_up", "progress"]
+__all__ = ["CatchUp", "Progress", "caught_up", "follow", "progress"]
 
 log = logging.getLogger("kappa.control.replay")
 
@@ -250,6 +252,37 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
                            end_offsets=spark_offsets(p.topic, p.processed_offsets),
                            note=f"caught up: {reason}; {p.summary()}"[:500])
     return CatchUp(done, reason)
+
+
+def follow(req: Any, settings: Settings, runner: Runner, *, timeout: float = 0.0, poll: float = 2.0,
+           record_every: float = 10.0, on_sample: Callable[[Progress], None] | None = None) -> CatchUp:
+    """Follow a launched replay until it has caught up: sample its :func:`progress` every ``poll`` s (the
+    registry records a sample every ``record_every`` s, not every poll; the rate and ETA come from the last ten),
+    hand each sample to ``on_sample`` (a progress bar) and return the positive :func:`caught_up` verdict.
+
+    Raises:
+        ReplayError: not caught up after ``timeout`` s (0: no limit); the job keeps running.
+    """
+    samples: deque = deque(maxlen=10)
+    deadline = time.monotonic() + timeout if timeout else None
+    last_record: float | None = None
+    while True:
+        record = last_record is None or time.monotonic() - last_record >= record_every
+        sample = progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
+                          previous=samples[0] if samples else None, record=record, by=req.triggered_by)
+        if record:
+            last_record = time.monotonic()
+        samples.append(sample)
+        if on_sample is not None:
+            on_sample(sample)
+        caught = caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
+                           end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+        if caught:
+            return caught
+        if deadline is not None and time.monotonic() > deadline:
+            raise ReplayError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
+                              f"running - run `{settings.cli} verify` / `{settings.cli} promote` once it has")
+        time.sleep(poll)
 
 
 def _owed_output(vv: ViewVersion) -> str | None:

@@ -73,7 +73,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
     Raises:
         ReplayError: The registry refused (other code, retired version...) or the runner failed.
     """
-    from kappa.control.runners.base import JobSpec
+    from kappa.runtime.driver import JobSpec
 
     req.validate()
     if pre.request.view != req.view or pre.request.version != req.version:

@@ -158,7 +158,7 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
     Raises:
         ReplayError: Nothing to roll back to, or the target's table is gone.
     """
-    from kappa.control.runners.base import JobSpec
+    from kappa.runtime.driver import JobSpec
 
     try:
         result = alias_of(settings).rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))
