@@ -193,8 +193,8 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
             freshness[name] = Freshness(
                 table=name, path=src.path, serving_version=src.serving_version, delta_version=version,
                 last_commit=commit_time(src.path, version),
-                watermark=(_watermark(con, name, data, src.serving_version) if src.serving_version is not None
-                           else None),
+                watermark=(_watermark(con, name, data, catalog, src.serving_version)
+                           if src.serving_version is not None else None),
             )
         return _execute(con, sql, freshness, missing, names=_queryable(catalog), as_of=as_of)
     finally:
@@ -205,12 +205,15 @@ def _queryable(catalog: Any) -> list[str]:
     return [*catalog.views, "quarantine", "registry", "registry_events"]
 
 
-def _watermark(con: duckdb.DuckDBPyConnection, name: str, data: Any, version: int) -> datetime | None:
+def _watermark(con: duckdb.DuckDBPyConnection, name: str, data: Any, catalog: Any, version: int) -> datetime | None:
     """The serving version's own watermark rule (:attr:`kappa.runtime.view.ViewDefinition.watermark`) over the
-    rows read."""
-    from kappa.runtime.view import declared_view
+    rows read; None for a version the declarations no longer name."""
+    from kappa.runtime.view import load_view
 
-    spec = declared_view(name, version).watermark
+    try:
+        spec = load_view(catalog.module_of(name, version)).watermark
+    except KappaError:
+        return None
     if spec is None or spec[0] not in data.column_names:
         return None
     column, delay = spec[0], timedelta(seconds=spec[1])
