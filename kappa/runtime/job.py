@@ -318,7 +318,7 @@ class ViewJob:
             output_schema = view.transform(valid_rows(decoded), **lookups).schema
         ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
                      partition_by=view.partition_by,
-                     properties={"kappa.runId": self.run_id or "", "kappa.runtime.view": view.name,
+                     properties={"kappa.runId": self.run_id or "", "kappa.view": view.name,
                                  "kappa.version": str(view.version), "delta.appendOnly":
                                  "true" if view.write == "append" else "false"})
         ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
