@@ -8,10 +8,11 @@ Nothing here imports Spark, Kafka or Delta: the control plane and the DAG files 
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["VIEW_NAME", "ViewPaths", "app_id", "check_version_key", "view_ref"]
+__all__ = ["RUN_ID_PROPERTY", "VIEW_NAME", "ViewPaths", "app_id", "check_version_key", "new_run_id", "view_ref"]
 
 #: What a view name may look like (lower_snake_case): it is a folder, a Spark/DuckDB view name and a label value.
 VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -26,6 +27,15 @@ def app_id(name: str, version: int, run_id: str) -> str:
     """The Delta appId of one run of a view version (``kappa:<view>@v<N>:<run id>``): the key of its idempotent
     commits (``txnAppId`` / ``txnVersion`` = the micro-batch id) and of its lineage in the commit metadata."""
     return f"kappa:{view_ref(name, version)}:{run_id}"
+
+
+#: Delta table property holding the id of the run that writes a view version's table (its appId's last part).
+RUN_ID_PROPERTY = "kappa.runId"
+
+
+def new_run_id() -> str:
+    """A fresh run id (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
 
 
 def check_version_key(name: object, version: object) -> str | None:
@@ -71,5 +81,5 @@ class ViewPaths:
         return "://" not in self.lake or self.lake.startswith("file:")
 
     def local(self, sub: str) -> Path:
-        """Local filesystem path of a checkpoint file (lock, run.json)."""
+        """Local filesystem path of a checkpoint file (the driver lock)."""
         return Path(self.checkpoint.removeprefix("file:")) / sub

@@ -373,6 +373,30 @@ def query(
                       f"{f.last_commit}, watermark {f.watermark}", highlight=False)
 
 
+@app.command("watch")
+def watch_cmd(
+    view: str = typer.Argument(..., help="A declared view (its serving version is followed across promotions)."),
+    where: Optional[str] = typer.Option(None, "--where", help="SQL condition over the view's columns (DuckDB)."),
+    start: Optional[int] = typer.Option(None, "--from", min=0,
+                                        help="First Delta version of the serving table to report (default: now)."),
+    seconds: Optional[float] = typer.Option(None, "--for", min=0, help="Stop after this many seconds."),
+    max_events: Optional[int] = typer.Option(None, "--max-events", min=1, help="Stop after this many notifications."),
+    poll: float = typer.Option(1.0, "--poll", min=0.05, help="Seconds between looks at the table and the alias."),
+) -> None:
+    """Stream the serving version's changes as they commit, one JSON line each: add / change / remove, and
+    switch when a promotion or rollback moves the alias (Delta change data feed)."""
+    from kappa.control.changefeed import follow_changes
+
+    deadline = None if seconds is None else time.monotonic() + seconds
+    seen = 0
+    for change in follow_changes(_settings(), view, where=where, start=start, poll=poll,
+                                 until=lambda: deadline is not None and time.monotonic() >= deadline):
+        print(change.to_json(), flush=True)
+        seen += 1
+        if max_events is not None and seen >= max_events:
+            return
+
+
 # -------------------------------------------------------------------------------------------- replays
 def _by() -> str:
     import getpass

@@ -5,6 +5,11 @@ alias points to (:mod:`kappa.control.serving`); so are ``quarantine`` (``<lake>/
 (``<lake>/_registry/versions``) and ``registry_events`` (``<lake>/_registry/events``). Only the tables whose
 name appears in the SQL are loaded.
 
+``table_changes('<view>', <from>[, <to>])`` reads the serving table's change data feed between two of its Delta
+versions (inclusive; default to the latest), as Spark SQL's function of that name does: the view's columns plus
+``_change_type`` (insert / update_preimage / update_postimage / delete), ``_commit_version`` and
+``_commit_timestamp`` (:mod:`kappa.control.changefeed`).
+
 ``as_of`` time-travels: an integer is a Delta version of the (single) table the query reads; an ISO timestamp
 applies to every table *and* to the alias itself, so the answer is what readers saw at that moment.
 
@@ -41,6 +46,8 @@ __all__ = ["Freshness", "QueryError", "QueryResult", "analyst_spark", "parse_as_
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
+#: ``table_changes('<view>', <from>[, <to>])``: the serving table's change feed between two Delta versions.
+_TABLE_CHANGES = re.compile(r"table_changes\s*\(\s*'([^']*)'\s*,\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)", re.IGNORECASE)
 
 
 class QueryError(KappaError, ValueError):
@@ -147,6 +154,7 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
     ts = when if isinstance(when, datetime) else None
     lake = settings.lake_uri.rstrip("/")
     serving = ServingAlias(lake, catalog=catalog)
+    sql, changes = _table_changes(sql, catalog, serving, ts)
     mentioned = {m.group(0).lower() for m in _IDENT.finditer(sql)}
 
     sources: list[_Source] = []
@@ -169,6 +177,9 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
         freshness: dict[str, Freshness] = {}
         missing: dict[str, str] = {}
         tables: dict[str, Any] = {}
+        for name, (data, fresh) in changes.items():
+            con.register(name, data)
+            freshness[fresh.table] = fresh
         for src in sources:
             try:
                 table = open_delta(src.path)
@@ -199,6 +210,32 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
         return _execute(con, sql, freshness, missing, names=_queryable(catalog), as_of=as_of)
     finally:
         con.close()
+
+
+def _table_changes(sql: str, catalog: Any, serving: Any, ts: datetime | None) -> tuple[str, dict[str, Any]]:
+    """Replace each ``table_changes('<view>', a[, b])`` by a registered name; returns the SQL and
+    ``{name: (Arrow change rows, Freshness)}``."""
+    from kappa.control.changefeed import ChangeFeedError, read_changes
+
+    found: dict[str, Any] = {}
+
+    def load(match: re.Match[str]) -> str:
+        view, start, end = match.group(1), int(match.group(2)), match.group(3)
+        if view not in catalog.views:
+            raise QueryError(f"table_changes: {view!r} is not a declared view ({', '.join(catalog.views)})")
+        target = serving.target(view, as_of=ts)
+        try:
+            data = read_changes(target.table_path, start, None if end is None else int(end))
+        except ChangeFeedError as exc:
+            raise QueryError(f"table_changes('{view}', ...): {exc}") from None
+        name = f"__kappa_changes_{len(found)}"
+        last = int(end) if end is not None else open_delta(target.table_path).version()
+        found[name] = (data, Freshness(table=f"table_changes('{view}', {start}, {last})", path=target.table_path,
+                                       serving_version=target.version, delta_version=last,
+                                       last_commit=commit_time(target.table_path, last), watermark=None))
+        return name
+
+    return _TABLE_CHANGES.sub(load, sql), found
 
 
 def _queryable(catalog: Any) -> list[str]:

@@ -2,9 +2,13 @@
 
 A view version's checkpoint folder (``<lake>/views/<view>/v<N>/checkpoint``) holds Spark's query checkpoint
 (``main/offsets/<batch>``, ``main/commits/<batch>``) and the run's ``run.json`` (run id, start offsets and the
-target the run first had to reach, written by :mod:`kappa.runtime.job`). Files are read from a local path or any fsspec
-URL (object stores), never through Spark, so the control plane (replay, ``make run``'s wait, ``kappa status``)
-can ask without a JVM.
+target the run first had to reach). Files are read from a local path or any fsspec URL (object stores), never
+through Spark, so the control plane (replay, ``make run``'s wait, ``kappa status``) can ask without a JVM.
+
+**The run** of a view version is resolved here for everyone - the job that writes the table and the control plane
+that registers it (:func:`open_run`, :func:`current_run_id`): the run id lives in ``run.json`` and, once the job
+created the table, in the table's ``kappa.runId`` property (:data:`kappa.identity.RUN_ID_PROPERTY`); the two
+must agree, and a table holding data of a run whose checkpoint is gone is never written again.
 
 Progress of a run is defined once, here (:func:`run_progress`), and every place that shows it - the job's
 ``kappa_replay_progress_ratio``, the CLI's bar, the Airflow sensor's log, ``kappa status`` - uses it: the share
@@ -17,22 +21,29 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kappa.runtime.deltars import is_local_uri, local_path
 from kappa.errors import KappaError, one_line
+from kappa.identity import RUN_ID_PROPERTY, ViewPaths, new_run_id, view_ref
+from kappa.runtime.deltars import is_local_uri, local_path, rs_uri
 from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
-__all__ = ["CheckpointError", "RunProgress", "batch_ids", "checkpoint_batches", "last_commit", "list_names",
-           "offsets_of", "pending_watermark", "read_text", "run_info", "run_progress"]
+__all__ = ["CheckpointError", "RunMismatch", "RunProgress", "batch_ids", "checkpoint_batches", "current_run_id",
+           "last_commit", "list_names", "offsets_of", "open_run", "pending_watermark", "read_text", "run_info",
+           "run_progress", "save_run_info", "table_run_id", "write_text"]
 
 
 class CheckpointError(KappaError, ValueError):
     """A checkpoint file cannot be read (one line)."""
+
+
+class RunMismatch(KappaError, RuntimeError):
+    """The Delta table was written by another run of this version than the checkpoint's."""
 
 
 def _fsspec(uri: str) -> tuple[Any, str]:
@@ -54,6 +65,19 @@ def read_text(uri: str) -> str | None:
         return path.read_text() if path.is_file() else None
     fs, path = _fsspec(uri)
     return fs.cat_file(path).decode() if fs.exists(path) else None
+
+
+def write_text(uri: str, text: str) -> None:
+    """Replace a file in the lake atomically (local: a temporary file renamed over it; object stores: one PUT)."""
+    if is_local_uri(uri):
+        path = Path(local_path(uri))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        return
+    fs, path = _fsspec(uri)
+    fs.pipe_file(path, text.encode())
 
 
 def list_names(uri: str) -> list[str]:
@@ -136,6 +160,56 @@ def run_info(view_checkpoint: str) -> dict[str, Any]:
         return json.loads(text) if text else {}
     except ValueError:
         return {}
+
+
+def save_run_info(view_checkpoint: str, info: Mapping[str, Any]) -> None:
+    """Write the run's ``run.json`` in a view version's checkpoint folder (atomically, local or object store)."""
+    write_text(f"{view_checkpoint}/run.json", json.dumps(dict(info), indent=2))
+
+
+def table_run_id(table: str) -> str | None:
+    """The run id stamped on a view version's Delta table (``kappa.runId``); None if there is no table yet."""
+    from deltalake import DeltaTable
+
+    uri = rs_uri(table)
+    if not DeltaTable.is_deltatable(uri):
+        return None
+    return DeltaTable(uri).metadata().configuration.get(RUN_ID_PROPERTY) or None
+
+
+def current_run_id(paths: ViewPaths) -> str | None:
+    """The run id of a view version's current run: its table's, else its checkpoint's; None before any run."""
+    return table_run_id(paths.table) or run_info(paths.checkpoint).get("run_id") or None
+
+
+def open_run(paths: ViewPaths, *, run_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    """The run a view version's job writes with: its ``run.json``, created when there is none.
+
+    An existing ``run.json`` is the run (its id must match the table's ``kappa.runId``). Without one, a new run
+    is recorded: the table's run id when its table exists but holds no data yet, else ``run_id`` or a fresh id,
+    with ``fields`` (e.g. ``starting``, ``created_by``).
+
+    Raises:
+        RunMismatch: The checkpoint's run is not the table's, or the table holds data of a run whose
+            checkpoint is gone (writing into it again would duplicate rows).
+    """
+    from deltalake import DeltaTable
+
+    ref = view_ref(paths.name, paths.version)
+    info = run_info(paths.checkpoint)
+    table_run = table_run_id(paths.table)
+    if info:
+        if table_run is not None and table_run != info.get("run_id"):
+            raise RunMismatch(f"{ref}: checkpoint run {info.get('run_id')} does not match the table's run "
+                              f"{table_run}; refusing to mix two runs in one table")
+        return info
+    if table_run is not None and DeltaTable(rs_uri(paths.table)).version() > 0:
+        raise RunMismatch(f"{ref}: table {paths.table} already holds data of run {table_run} but its checkpoint "
+                          "is gone; replaying into it would duplicate rows - start a new version instead")
+    info = {"run_id": table_run or run_id or new_run_id(), "view": paths.name, "version": paths.version,
+            "created": time.time(), **fields}
+    save_run_info(paths.checkpoint, info)
+    return info
 
 
 def offsets_of(mapping: Mapping[str, Any] | None) -> dict[int, int]:

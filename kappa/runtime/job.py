@@ -21,13 +21,12 @@ import re
 import signal
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.runtime.batch import BatchHandler
-from kappa.runtime.checkpoint import last_commit, offsets_of, run_progress
-from kappa.errors import KappaError, one_line
-from kappa.identity import ViewPaths, app_id
+from kappa.runtime.checkpoint import RunMismatch, last_commit, offsets_of, open_run, run_progress, save_run_info
+from kappa.errors import one_line
+from kappa.identity import RUN_ID_PROPERTY, ViewPaths, app_id
 from kappa.runtime.lineage import batch_metadata, parse_offset_log
 from kappa.runtime.lock import DriverLock
 from kappa.runtime.late import dropped_by_watermark, late_records
@@ -35,7 +34,8 @@ from kappa.runtime.lookups import LookupCache
 from kappa.runtime.metrics import ViewMetrics
 from kappa.runtime.parsing import decode
 from kappa.runtime.plan import stateful_plan
-from kappa.runtime.sink import QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, ensure_table, last_version, table_columns
+from kappa.runtime.sink import (CHANGE_FEED, QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, enable_change_feed,
+                               ensure_table, table_columns)
 from kappa.runtime.view import ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,10 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ViewJob", "RunMismatch", "failure_line", "starting_options"]
 
 log = logging.getLogger("kappa.runtime.job")
-
-
-class RunMismatch(KappaError, RuntimeError):
-    """The Delta table was written by another run of this version than the checkpoint's."""
 
 
 def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
@@ -169,6 +165,7 @@ class ViewJob:
         self._batch_ended = threading.Condition()
         self._lag_thread: threading.Thread | None = None
         self.run_id: str | None = None
+        self._run_info: dict[str, Any] = {}  # run.json (kappa.runtime.checkpoint.open_run)
         self.app_id: str | None = None
         self.start_offsets: dict[int, int] | None = None
         self.target_offsets: dict[int, int] | None = None  # what the run had to reach when it started
@@ -225,31 +222,9 @@ class ViewJob:
 
     # ---------------------------------------------------------------------------------------------------
     def _prepare_run(self) -> None:
-        """Create or resume the run: run id in the checkpoint, matched against the table's."""
-        from delta.tables import DeltaTable
-
-        run_file = self.paths.local("run.json") if self.paths.is_local else None
-        info: dict[str, Any] = {}
-        if run_file is not None and run_file.exists():
-            info = json.loads(run_file.read_text())
-        table_exists = DeltaTable.isDeltaTable(self.spark, self.paths.table)
-        table_run = None
-        if table_exists:
-            props = DeltaTable.forPath(self.spark, self.paths.table).detail().collect()[0]["properties"]
-            table_run = (props or {}).get("kappa.runId")
-        if not info:
-            if table_run is not None and last_version(self.spark, self.paths.table) > 0:
-                raise RunMismatch(
-                    f"{self.view.ref}: table {self.paths.table} already holds data of run {table_run} but its "
-                    "checkpoint is gone; replaying into it would duplicate rows - start a new version instead")
-            info = {"run_id": table_run or uuid.uuid4().hex[:12], "view": self.view.name,
-                    "version": self.view.version, "created": time.time(), "starting": self.starting}
-            if run_file is not None:
-                run_file.parent.mkdir(parents=True, exist_ok=True)
-                run_file.write_text(json.dumps(info, indent=2))
-        elif table_run is not None and table_run != info["run_id"]:
-            raise RunMismatch(f"{self.view.ref}: checkpoint run {info['run_id']} does not match the table's "
-                              f"run {table_run}; refusing to mix two runs in one table")
+        """Create or resume the run (:func:`kappa.runtime.checkpoint.open_run`: the checkpoint's run id, matched
+        against the table's)."""
+        info = open_run(self.paths, starting=self.starting)
         self.run_id = info["run_id"]
         self.app_id = app_id(self.view.name, self.view.version, self.run_id)
         if info.get("start_offsets"):
@@ -261,10 +236,10 @@ class ViewJob:
                 self.target_offsets = self._run_target()
             except Exception as exc:  # noqa: BLE001 - Kafka unreachable: progress falls back to the log end
                 log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
-            if self.target_offsets is not None and run_file is not None:
+            if self.target_offsets is not None:
                 info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
-                run_file.write_text(json.dumps(info, indent=2))
-        self._run_file, self._run_info = run_file, info
+                save_run_info(self.paths.checkpoint, info)
+        self._run_info = info
         if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
             topic = self.settings.topic(self.view.stream_topic)
             self.processed_offsets.update(last_commit(f"{self.paths.checkpoint}/main", topic)[0])
@@ -283,9 +258,8 @@ class ViewJob:
         run's target: :func:`kappa.runtime.checkpoint.run_progress`)."""
         if self.start_offsets is None:
             self.start_offsets = dict(offsets)
-            if self._run_file is not None:
-                self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
-                self._run_file.write_text(json.dumps(self._run_info, indent=2))
+            self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
+            save_run_info(self.paths.checkpoint, self._run_info)
 
     # ---------------------------------------------------------------------------------------------------
     def start(self) -> "ViewJob":
@@ -318,9 +292,11 @@ class ViewJob:
             output_schema = view.transform(valid_rows(decoded), **lookups).schema
         ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
                      partition_by=view.partition_by,
-                     properties={"kappa.runId": self.run_id or "", "kappa.view": view.name,
-                                 "kappa.version": str(view.version), "delta.appendOnly":
+                     properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
+                                 "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
                                  "true" if view.write == "append" else "false"})
+        if enable_change_feed(self.spark, self.paths.table):
+            log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
         ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
         self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=self.paths.staging)
         self.handler = BatchHandler(view=view, sink=self.sink,

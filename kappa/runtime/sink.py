@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "ensure_table",
-           "last_version", "table_columns", "txn_version"]
+__all__ = ["CHANGE_FEED", "DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH",
+           "enable_change_feed",
+           "ensure_table", "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -53,6 +54,10 @@ STAGED_BATCH = "_kappa_batch"
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+#: Table property of Delta Change Data Feed (on for every view table: ``kappa watch``, ``table_changes``).
+CHANGE_FEED = "delta.enableChangeDataFeed"
 
 
 def ensure_table(spark: "SparkSession", path: str, schema: "StructType | str", *,
@@ -90,11 +95,17 @@ def ensure_table(spark: "SparkSession", path: str, schema: "StructType | str", *
             time.sleep(0.5 * (attempt + 1))
 
 
-def last_version(spark: "SparkSession", path: str) -> int:
-    """Latest committed Delta version of the table at ``path``."""
-    from delta.tables import DeltaTable
+def enable_change_feed(spark: "SparkSession", path: str) -> bool:
+    """Turn Delta Change Data Feed on for an existing table that lacks it (tables created before the platform
+    turned it on for every view); True when it was turned on now. The feed starts at that commit."""
+    from kappa.runtime.deltars import rs_uri
+    from deltalake import DeltaTable as RsTable
 
-    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+    if RsTable(rs_uri(path)).metadata().configuration.get(CHANGE_FEED) == "true":
+        return False
+    escaped = path.replace("`", "``")
+    spark.sql(f"ALTER TABLE delta.`{escaped}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
+    return True
 
 
 def txn_version(spark: "SparkSession", path: str, app_id: str) -> int | None:

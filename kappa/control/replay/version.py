@@ -7,15 +7,11 @@ re-deriving paths, topic, module, run id and Delta appId from strings.
 
 from __future__ import annotations
 
-import json
-import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kappa.runtime.checkpoint import checkpoint_batches, last_commit, pending_watermark, run_info
+from kappa.runtime.checkpoint import checkpoint_batches, current_run_id, last_commit, open_run, pending_watermark, run_info
 from kappa.runtime.deltars import local_path
 from kappa.identity import ViewPaths, app_id, view_ref
 from kappa.runtime.lineage import batches_from_history
@@ -123,42 +119,21 @@ class ViewVersion:
         """The checkpoint's ``run.json`` (run id, start and target offsets; empty before the first run)."""
         return run_info(self.paths.checkpoint)
 
-    def table_run_id(self) -> str | None:
-        """``kappa.runId`` property the job stamped on its Delta table (None if no table yet)."""
-        from deltalake import DeltaTable
-
-        if not DeltaTable.is_deltatable(self.paths.table):
-            return None
-        return DeltaTable(self.paths.table).metadata().configuration.get("kappa.runId") or None
-
     def app_id(self) -> str | None:
-        """Delta appId of the version's run: from the table's run id, else the checkpoint's run.json."""
-        run = self.table_run_id() or self.run_info().get("run_id")
+        """Delta appId of the version's run (:func:`kappa.runtime.checkpoint.current_run_id`); None before any."""
+        run = current_run_id(self.paths)
         return app_id(self.name, self.version, run) if run else None
 
     def ensure_run_id(self, record: VersionRecord | None) -> str:
-        """The run id the version's job will use; for local lakes written to run.json before the job starts.
-
-        The job reads ``run.json`` from its checkpoint when it exists, so the registry row can carry the exact
-        Delta appId from the start. On object-store lakes the job picks its own id; the progress sampling
-        records it later.
-        """
-        known = self.table_run_id() or self.run_info().get("run_id")
+        """The run id the version's job will use, recorded in its checkpoint (``run.json``) before the job starts,
+        so the registry row carries the exact Delta appId from the start
+        (:func:`kappa.runtime.checkpoint.open_run`; a registered run keeps its id)."""
+        known = current_run_id(self.paths)
         if known:
-            return str(known)
-        if record is not None and not record.app_id.endswith(":pending"):
-            run_id = record.app_id.rsplit(":", 1)[-1]
-        else:
-            run_id = uuid.uuid4().hex[:12]
-        if self.paths.is_local:
-            run_file = self.paths.local("run.json")
-            run_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = run_file.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"run_id": run_id, "view": self.name, "version": self.version,
-                                       "created": time.time(), "created_by": "kappa.control.replay"}, indent=2))
-            os.replace(tmp, run_file)
-            return run_id
-        return "pending"
+            return known
+        registered = record.app_id.rsplit(":", 1)[-1] if record is not None else None
+        return open_run(self.paths, run_id=None if registered in (None, "pending") else registered,
+                        created_by="kappa.control.replay")["run_id"]
 
     def committed_offsets(self) -> tuple[dict[int, int], int | None]:
         """End offsets of the last committed micro-batch of its query (and the batch id)."""
