@@ -4,7 +4,9 @@
 Every hour: each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
 it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
 `deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
-removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`.
+removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the
+replays' retention leases that expired (their driver stopped showing life) end, and the topics converge: the
+declared retention comes back where no lease holds (`kappa.control.leases`, the same as `kappa topics ensure`).
 
 Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
 removing is finished by the next run, and a rollback that made a version serve again keeps it.
@@ -79,7 +81,30 @@ def kappa_retire() -> None:
         return [{"view": r.view, "version": r.version, "table_path": r.table_path, "deleted": r.deleted,
                  "message": r.message} for r in results]
 
+    @task
+    def end_expired_leases(params: dict[str, Any] | None = None) -> list[str]:
+        """End the retention leases whose replay stopped showing life (or left ``building``) and converge the
+        topics: the declared retention comes back where no lease holds (kappa.control.leases)."""
+        from kappa.config import Settings
+        from kappa.control.leases import active_leases, converge_topics, leases
+
+        settings = Settings.from_env()
+        if not leases(settings):
+            log.info("no replay ever took a retention lease: nothing to converge")
+            return []
+        if (params or {}).get("dry_run"):
+            held = active_leases(settings, end_expired=False)
+            log.info("leases holding: %s", ", ".join(lease.ref for lease in held) or "none")
+            return [lease.ref for lease in held]
+        changes = converge_topics(settings)
+        for change in changes:
+            log.info("topic %s", change)
+        held = [lease.ref for lease in active_leases(settings)]
+        log.info("leases holding: %s", ", ".join(held) or "none")
+        return held
+
     retire_expired()
+    end_expired_leases()
 
 
 kappa_retire()

@@ -180,18 +180,19 @@ def test_retire_dag_and_cli_delete_exactly_the_versions_past_their_keep(airflow_
         return dag.test(run_conf=conf, logical_date=hour)
 
     dry = run_dag(dry_run=True)
-    (ti,) = dry.get_task_instances()
+    ti = dry.get_task_instances()[0]
     assert dry.state == "success" and ti.xcom_pull(task_ids="retire_expired") == []
+    assert ti.xcom_pull(task_ids="end_expired_leases") == []  # no replay took a lease here
 
     replay.rollback(view, 1, settings, runner, by="test", keep_hours=0)  # v2: expired at once
     dry = run_dag(dry_run=True)
-    (ti,) = dry.get_task_instances()
+    ti = dry.get_task_instances()[0]
     assert dry.state == "success" and [r["version"] for r in ti.xcom_pull(task_ids="retire_expired")] == [2]
     assert folders[2].is_dir() and registry.get(view, 2).deleted_at is None
 
     run = run_dag(dry_run=False)  # explicit: dag.test() keeps the previous run_conf in the DAG's params
-    (ti,) = run.get_task_instances()
-    assert run.state == "success", ti.state
+    ti = run.get_task_instances()[0]
+    assert run.state == "success", [t.state for t in run.get_task_instances()]
     (deleted,) = ti.xcom_pull(task_ids="retire_expired")
     assert (deleted["version"], deleted["deleted"]) == (2, True), deleted["message"]
     assert not folders[2].exists() and folders[1].is_dir()
@@ -200,7 +201,7 @@ def test_retire_dag_and_cli_delete_exactly_the_versions_past_their_keep(airflow_
         replay.rollback(view, 2, settings, runner, by="test")
 
     again = run_dag(dry_run=False)
-    (ti,) = again.get_task_instances()
+    ti = again.get_task_instances()[0]
     assert again.state == "success" and ti.xcom_pull(task_ids="retire_expired") == []
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:

@@ -164,15 +164,31 @@ def broker_status() -> None:
 # -------------------------------------------------------------------------------------------- topics
 @topics_app.command("ensure")
 def topics_ensure() -> None:
-    """Create or update every declared topic (idempotent)."""
-    from kappa.log.topics import declared_topics, ensure_topics
+    """Create or update every declared topic (idempotent); a topic under a replay's retention lease keeps the
+    lease's retention until it ends."""
+    from kappa.control.leases import converge_topics
 
-    settings = _settings()
-    changes = ensure_topics(settings, declared_topics(settings))
+    changes = converge_topics(_settings())
     for change in changes:
         console.print(str(change), highlight=False)
     if not changes:
         console.print("topics up to date")
+
+
+@topics_app.command("leases")
+def topics_leases() -> None:
+    """The replays' retention leases: which hold a topic now, which ended and why (expired ones end here)."""
+    from kappa.control.leases import active_leases, leases
+
+    settings = _settings()
+    holding = {(lease.topic, lease.view, lease.version) for lease in active_leases(settings)}
+    table = Table("topic", "view version", "taken", "by", "state")
+    for lease in leases(settings):
+        held = (lease.topic, lease.view, lease.version) in holding
+        table.add_row(lease.topic, f"{lease.view}@v{lease.version}", f"{lease.taken_at:%Y-%m-%d %H:%M:%S}", lease.by,
+                      "holds retention" if held else f"ended {lease.released_at:%H:%M:%S}: {lease.note}"
+                      if lease.released_at else "ended")
+    console.print(table)
 
 
 # -------------------------------------------------------------------------------------------- data

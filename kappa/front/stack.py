@@ -190,7 +190,8 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     from kappa.log.generator import campaign_records, publish_campaigns, universe
     from kappa.runtime.driver import JobSpec
     from kappa.control.runners.local import LocalRunner
-    from kappa.log.topics import declared_topics, ensure_topics, partition_offsets
+    from kappa.control.leases import converge_topics
+    from kappa.log.topics import partition_offsets
 
     if settings.local_broker:
         from kappa.log.broker import LocalBroker
@@ -199,7 +200,7 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
         echo(f"kafka      {broker.bootstrap}  (KRaft, data in {broker.data_dir})")
     else:
         echo(f"kafka      {settings.kafka_bootstrap}  (external)")
-    for change in ensure_topics(settings, declared_topics(settings)):
+    for change in converge_topics(settings):  # declared configs, plus the retention leases of replays in flight
         echo(f"topic      {change}")
     campaigns = settings.topic("campaigns")
     if sum(high for _low, high in partition_offsets(settings, campaigns).values()) == 0:

@@ -99,7 +99,7 @@ class TopicChange:
     topic: str
     action: ChangeAction
     detail: str
-    configs: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    configs: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"{self.topic}: {self.action.replace('_', ' ')} ({self.detail})"
@@ -227,7 +227,8 @@ def declared_topics(settings: Settings) -> list[TopicSpec]:
 
 
 def ensure_topics(
-    settings: Settings, specs: Iterable[TopicSpec], *, timeout: float = 30.0
+    settings: Settings, specs: Iterable[TopicSpec], *, held: Mapping[str, Mapping[str, str]] | None = None,
+    timeout: float = 30.0,
 ) -> list[TopicChange]:
     """Converge the cluster to the declared topics; idempotent.
 
@@ -240,6 +241,10 @@ def ensure_topics(
     Args:
         settings: Cluster to talk to.
         specs: Declarations, e.g. ``load_catalog().topics.values()``.
+        held: Topic -> configs that hold on top of the declared ones (the retention leases of replays in flight,
+            :mod:`kappa.control.leases`): convergence sets those instead of the declared values; a None value
+            removes the topic's own override of that key (back to the broker default) - for a lease's key the
+            topic does not declare, once the lease ended.
         timeout: Seconds for the whole operation, transient-error retries included.
 
     Returns:
@@ -248,7 +253,8 @@ def ensure_topics(
     Raises:
         TopicError: On a non-transient failure (e.g. replication factor larger than the cluster).
     """
-    specs = list(specs)
+    specs = [dataclasses.replace(s, config={**s.config, **held[s.name]}) if held and s.name in held else s
+             for s in specs]
     deadline = time.monotonic() + timeout
     admin = admin_client(settings)
 
@@ -291,7 +297,7 @@ def _create(admin: AdminClient, specs: list[TopicSpec], *, timeout: float) -> se
         if not pending:
             return
         new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor,
-                        config=dict(s.config)) for s in pending]
+                        config={k: v for k, v in s.config.items() if v is not None}) for s in pending]
         futures = admin.create_topics(new, request_timeout=min(timeout, 15.0), operation_timeout=min(timeout, 15.0))
         still: list[TopicSpec] = []
         first_transient: KafkaException | None = None
@@ -340,11 +346,14 @@ def _converge_existing(
 ) -> list[TopicChange]:
     changes: list[TopicChange] = []
     entries = _describe_configs(admin, spec.name, timeout=timeout)
-    diff: dict[str, tuple[str | None, str]] = {}
+    diff: dict[str, tuple[str | None, str | None]] = {}
     for key, want in spec.config.items():
         entry = entries.get(key)
         have = entry.value if entry is not None else None
-        if have != want:
+        if want is None:  # remove the topic's own override, if it has one
+            if entry is not None and _source(entry) == ConfigSource.DYNAMIC_TOPIC_CONFIG.value:
+                diff[key] = (have, None)
+        elif have != want:
             diff[key] = (have, want)
     if diff:
         def alter() -> None:
@@ -352,7 +361,8 @@ def _converge_existing(
                 ResourceType.TOPIC,
                 spec.name,
                 incremental_configs=[
-                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, (_, v) in diff.items()
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) if v is not None else
+                    ConfigEntry(k, "", incremental_operation=AlterConfigOpType.DELETE) for k, (_, v) in diff.items()
                 ],
             )
             futures = admin.incremental_alter_configs([res], request_timeout=min(timeout, 15.0))
@@ -364,7 +374,7 @@ def _converge_existing(
                 raise _fail(spec.name, "altering configs of", exc) from exc
 
         _retry(alter, timeout=timeout, what=f"alter configs {spec.name}")
-        detail = ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in diff.items())
+        detail = ", ".join(f"{k}: {old} -> {'(broker default)' if new is None else new}" for k, (old, new) in diff.items())
         changes.append(TopicChange(spec.name, "config_altered", detail, configs=diff))
 
     if partitions < spec.partitions:

@@ -34,8 +34,8 @@ from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
 __all__ = ["CheckpointError", "RunMismatch", "RunProgress", "batch_ids", "checkpoint_batches", "current_run_id",
-           "last_commit", "list_names", "offsets_of", "open_run", "pending_watermark", "read_text", "run_info",
-           "run_progress", "save_run_info", "table_run_id", "write_text"]
+           "last_commit", "last_progress", "list_names", "modified_at", "offsets_of", "open_run", "pending_watermark",
+           "read_text", "run_info", "run_progress", "save_run_info", "table_run_id", "write_text"]
 
 
 class CheckpointError(KappaError, ValueError):
@@ -78,6 +78,27 @@ def write_text(uri: str, text: str) -> None:
         return
     fs, path = _fsspec(uri)
     fs.pipe_file(path, text.encode())
+
+
+def modified_at(uri: str) -> float | None:
+    """Modification time (epoch seconds) of a file in the lake; None if it does not exist."""
+    if is_local_uri(uri):
+        path = Path(local_path(uri))
+        return path.stat().st_mtime if path.exists() else None
+    fs, path = _fsspec(uri)
+    if not fs.exists(path):
+        return None
+    stamp = fs.modified(path)
+    return stamp.timestamp() if stamp is not None else None
+
+
+def last_progress(view_checkpoint: str) -> float | None:
+    """When a view version's run last showed life (epoch seconds): its last committed micro-batch, else the
+    creation of its ``run.json``; None before either."""
+    committed = batch_ids(f"{view_checkpoint}/main/commits")
+    if committed:
+        return modified_at(f"{view_checkpoint}/main/commits/{committed[-1]}")
+    return modified_at(f"{view_checkpoint}/run.json")
 
 
 def list_names(uri: str) -> list[str]:

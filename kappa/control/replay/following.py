@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from kappa.runtime.checkpoint import offsets_of, run_progress
 from kappa.errors import one_line
 from kappa.identity import view_ref
+from kappa.control.leases import release
 from kappa.control.registry import RegistryError
 from kappa.control.replay.planning import _human_seconds
 from kappa.control.replay.request import DEFAULT_MAX_LAG, ReplayError, offsets_from_json, spark_offsets
@@ -246,11 +247,14 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
         reason = f"{ref}: job no longer running ({status.state}: {status.detail}) before catching up; {p.summary()}"
         if rec is not None and rec.state in {"building", "caught_up"}:
             registry.set_state(view, version, "failed", by=by, note=reason[:500])
+        release(settings, view, version, by=by, note=f"replay failed: {status.state}")
         raise ReplayError(reason)
     if done and rec is not None and rec.state in {"building", "caught_up"}:
         registry.set_state(view, version, "caught_up", by=by, expected={"building", "caught_up"},
                            end_offsets=spark_offsets(p.topic, p.processed_offsets),
                            note=f"caught up: {reason}; {p.summary()}"[:500])
+    if done:  # every record it had to replay is read: the topic's own retention is enough again
+        release(settings, view, version, by=by, note=f"caught up: {reason}")
     return CatchUp(done, reason)
 
 

@@ -1,4 +1,5 @@
-"""Launch: register the version (state ``building``) and start its job; adopt the version serving by default."""
+"""Launch: register the version (state ``building``), take its retention lease and start its job; adopt the
+version serving by default."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from kappa.errors import one_line
 from kappa.identity import app_id
+from kappa.control.leases import take
 from kappa.control.registry import RegistryError, VersionRecord
 from kappa.control.replay.planning import Preflight
 from kappa.control.replay.request import ReplayError, ReplayRequest, spark_offsets
@@ -95,6 +97,11 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
                                      note=f"relaunched after failure: {rec.note or '?'}")
     except RegistryError as exc:
         raise ReplayError(one_line(exc)) from None
+    if rec.state == "building":  # the log it is about to read stays until it has read it (kappa.control.leases)
+        try:
+            take(settings, vv.topic, req.view, req.version, by=req.triggered_by)
+        except Exception as exc:  # noqa: BLE001 - Kafka / lake errors become one line
+            raise ReplayError(f"{req.ref}: taking the retention lease on {vv.topic} failed: {one_line(exc)}") from None
     status = runner.status(req.view, req.version)
     if status.state != "running" and not (status.state == "finished" and req.bounded):
         spec = JobSpec(req.view, req.version, starting=rec.starting, end_timestamp_ms=req.end_timestamp_ms,

@@ -1,0 +1,150 @@
+"""Retention leases (kappa.control.leases): a replay in flight keeps the log it has not read yet.
+
+Real broker (segments rolled and deleted by its own retention, checked every 5 s), real registry, a real replay job.
+The topic is declared with an 8 s retention through a copy of the platform file (``KAPPA_PLATFORM``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kappa.config import Settings
+from kappa.control import replay
+from kappa.control.leases import active_leases, converge_topics, leases, take
+from kappa.control.registry import Registry
+from kappa.control.replay.request import ReplayRequest
+from kappa.log import generator
+from kappa.log.topics import declared_topics, describe, ensure_topics, partition_offsets
+from tests.conftest import subprocess_env
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+RETENTION_MS = "8000"
+
+
+def _short_retention(tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """ad-events declared with an 8 s retention and 1 s segments (so closed segments exist to delete); no
+    retention.bytes declared (a lease's undeclared key must go away again, not stay behind)."""
+    platform = yaml.safe_load((REPO / "kappa" / "platform.yaml").read_text())
+    config = platform["topics"]["ad-events"]["config"]
+    config.pop("retention.bytes")
+    config.update({"retention.ms": RETENTION_MS, "segment.ms": "1000"})
+    path = tmp_path / "platform.yaml"
+    path.write_text(yaml.safe_dump(platform, sort_keys=False))
+    monkeypatch.setenv("KAPPA_PLATFORM", str(path))
+    settings = settings.replace(platform=path)
+    for key, value in subprocess_env(settings).items():
+        if key.startswith("KAPPA_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    # the topic was created from the real declaration: drop its retention.bytes override (None removes it)
+    ensure_topics(settings, declared_topics(settings), held={settings.topic("ad-events"): {"retention.bytes": None}})
+    return settings
+
+
+def _retention(settings: Settings, topic: str) -> tuple[str | None, str | None, str | None]:
+    """(retention.ms, retention.bytes in effect, the topic's own retention.bytes override or None)."""
+    info = describe(settings, topic)
+    return info.config.get("retention.ms"), info.config.get("retention.bytes"), info.overrides.get("retention.bytes")
+
+
+HELD = ("-1", "-1")
+
+
+def _log_start(settings: Settings, topic: str) -> dict[int, int]:
+    return {p: low for p, (low, _high) in partition_offsets(settings, topic).items()}
+
+
+@pytest.mark.timeout(900)
+def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kafka, lake, tmp_path, monkeypatch):
+    from deltalake import DeltaTable
+
+    from kappa.control.runners.local import LocalRunner
+
+    settings = _short_retention(tmp_path, lake.replace(home=tmp_path / "home"), monkeypatch)
+    topic = settings.topic("ad-events")
+    assert _retention(settings, topic) == (RETENTION_MS, "-1", None)
+    sent = 0
+
+    def produce(n: int, seed: int) -> None:  # Kafka stamps them now (CreateTime); a segment rolls after 1 s
+        nonlocal sent
+        records = generator.events(n, seed=seed, start_ms=int(time.time() * 1000), rate_per_s=5000)
+        assert generator.produce(settings, topic, records).delivered == n
+        sent += n
+
+    for burst in range(3):  # three bursts 1.2 s apart: several closed segments per partition
+        produce(1000, seed=burst)
+        time.sleep(1.2)
+
+    runner = LocalRunner(settings)
+    view = "events_raw"
+    # slowed: 40 records per micro-batch, ~75 batches - far longer than the topic keeps a closed segment
+    req = ReplayRequest(view=view, version=1, max_offsets_per_trigger=40, max_lag=0, triggered_by="test")
+    try:
+        replay.launch(req, settings, runner, replay.preflight(req, settings, runner))
+        assert _retention(settings, topic)[:2] == HELD, "the lease holds the topic's retention"
+        (lease,) = active_leases(settings)
+        assert (lease.topic, lease.view, lease.version, lease.by) == (topic, view, 1, "test")
+        converge_topics(settings)  # convergence while the lease holds does not shorten retention
+        assert _retention(settings, topic)[:2] == HELD
+
+        for tick in range(12):  # > retention + the broker's 5 s check: without the lease, closed segments would go
+            produce(10, seed=100 + tick)  # a live trickle keeps rolling segments
+            time.sleep(2)
+        assert Registry(settings.lake_uri).get(view, 1).state == "building", "the replay was not slow enough"
+        assert replay.progress(view, 1, settings).ratio < 1.0
+        assert set(_log_start(settings, topic).values()) == {0}, "retention deleted records the replay needed"
+
+        verdict = replay.follow(req, settings, runner, timeout=600)
+        assert verdict.done, verdict.reason
+        # caught up: the lease ended, the declared retention is back and the undeclared key is gone again
+        assert active_leases(settings) == []
+        (ended,) = leases(settings)
+        assert ended.released_at is not None and ended.note.startswith("caught up"), ended
+        assert _retention(settings, topic) == (RETENTION_MS, "-1", None)
+
+        # nothing lost or doubled: every record produced is in the table once (counted from what was sent)
+        rows = DeltaTable(replay.ViewVersion.resolve(view, 1, settings).paths.table).scan().read_all()
+        keys = list(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist()))
+        assert len(keys) == len(set(keys)) == sent
+
+        # and the restored retention does delete: the broker was able to all along (a control for the check above)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(_log_start(settings, topic).values()):
+            produce(10, seed=200)  # new records roll the active segments
+            time.sleep(3)
+        assert any(_log_start(settings, topic).values()), "retention never deleted anything"
+    finally:
+        runner.stop(view, 1)
+
+
+def test_a_lease_whose_replay_shows_no_life_expires_and_a_failed_one_ends(kafka, lake, tmp_path, monkeypatch):
+    settings = _short_retention(tmp_path, lake.replace(home=tmp_path / "home"), monkeypatch).replace(
+        lease_ttl_seconds=3)
+    topic = settings.topic("ad-events")
+    registry = Registry(settings.lake_uri)
+    for view in ("events_raw", "user_sessions"):
+        vv = replay.ViewVersion.resolve(view, 1, settings)
+        registry.register(view, 1, code_module=vv.module, table_path=vv.paths.table, app_id=f"kappa:{view}@v1:t",
+                          starting="earliest", triggered_by="test")
+        take(settings, topic, view, 1, by="test")  # as a launch does; no job ever runs: a driver that crashed
+    assert {lease.view for lease in active_leases(settings)} == {"events_raw", "user_sessions"}
+    assert _retention(settings, topic)[:2] == HELD
+
+    registry.set_state("user_sessions", 1, "failed", by="test", note="job failed")
+    assert {lease.view for lease in active_leases(settings)} == {"events_raw"}  # the failed one ended
+    converge_topics(settings)
+    assert _retention(settings, topic)[:2] == HELD, "one lease still holds the topic"
+
+    time.sleep(4)  # > KAPPA_LEASE_TTL_SECONDS without a commit or a run.json
+    changes = converge_topics(settings)
+    assert [c.topic for c in changes] == [topic], changes
+    assert _retention(settings, topic) == (RETENTION_MS, "-1", None)
+    notes = {lease.view: lease.note for lease in leases(settings)}
+    assert notes["user_sessions"] == "its version is failed"
+    assert notes["events_raw"].startswith("expired: its run committed nothing for"), notes
