@@ -26,7 +26,7 @@ status: ## what runs, where its metrics are
 test: setup k8s-build ## the test suite (real Kafka, Spark, Delta, Airflow, a real Kubernetes API server; Helm checks)
 	@$(PYTEST) -m "not slow and not bench" --durations=25 tests
 
-test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs)
+test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs; broker killed and frozen)
 	@$(PYTEST) -m slow -rP tests
 
 test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, schemas, policies)

@@ -43,6 +43,8 @@ Operating it:
 - ``KAPPA_REPLAY_POKE_SECONDS`` / ``KAPPA_REPLAY_TIMEOUT_SECONDS`` -- how often ``kappa_replay`` checks a
   running replay (default 60 s; the local stack sets 10) and when it gives up (default 24 h).
 - ``KAPPA_WATCH_POLL_SECONDS`` -- how often the watch after a switch reads the new version's metrics (15 s).
+- ``KAPPA_KAFKA_OUTAGE_SECONDS`` -- how long a view job waits for an unreachable broker (its micro-batch retries
+  reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
 - ``KAPPA_LEASE_TTL_SECONDS`` -- a replay's retention lease expires when its job committed nothing for this long
   (900 s: a crashed driver's lease does not hold the topic's retention forever).
 - ``KAPPA_BENCH_EVENTS`` -- the largest replay of ``make bench`` (2,000,000 events).
@@ -133,7 +135,7 @@ class Settings:
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
-        lease_ttl_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        lease_ttl_seconds, kafka_outage_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -169,6 +171,7 @@ class Settings:
     replay_timeout_seconds: float = 24 * 3600.0
     watch_poll_seconds: float = 15.0
     lease_ttl_seconds: float = 900.0
+    kafka_outage_seconds: float = 1800.0
     bench_events: int = 2_000_000
     fault: str | None = None
 
@@ -242,6 +245,7 @@ class Settings:
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),
             watch_poll_seconds=number("KAPPA_WATCH_POLL_SECONDS", float, 15.0),
             lease_ttl_seconds=number("KAPPA_LEASE_TTL_SECONDS", float, 900.0),
+            kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
             fault=get("KAPPA_FAULT"),
         )

@@ -77,13 +77,14 @@ def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kaf
         assert generator.produce(settings, topic, records).delivered == n
         sent += n
 
-    for burst in range(3):  # three bursts 1.2 s apart: several closed segments per partition
+    for burst in range(2):  # two bursts 1.2 s apart: closed segments in every partition
         produce(1000, seed=burst)
         time.sleep(1.2)
+    loaded = time.monotonic()
 
     runner = LocalRunner(settings)
     view = "events_raw"
-    # slowed: 40 records per micro-batch, ~75 batches - far longer than the topic keeps a closed segment
+    # slowed: 40 records per micro-batch, ~50 batches - longer than the topic keeps a closed segment
     req = ReplayRequest(view=view, version=1, max_offsets_per_trigger=40, max_lag=0, triggered_by="test")
     try:
         replay.launch(req, settings, runner, replay.preflight(req, settings, runner))
@@ -93,8 +94,11 @@ def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kaf
         converge_topics(settings)  # convergence while the lease holds does not shorten retention
         assert _retention(settings, topic)[:2] == HELD
 
-        for tick in range(12):  # > retention + the broker's 5 s check: without the lease, closed segments would go
+        tick = 0
+        while time.monotonic() - loaded < 8 + 5 + 3:  # the records outlive the 8 s retention and the broker's
+            # 5 s check runs after that while the lease holds: without it, the closed segments would go here
             produce(10, seed=100 + tick)  # a live trickle keeps rolling segments
+            tick += 1
             time.sleep(2)
         assert Registry(settings.lake_uri).get(view, 1).state == "building", "the replay was not slow enough"
         assert replay.progress(view, 1, settings).ratio < 1.0

@@ -71,3 +71,18 @@ def test_run_json_is_written_and_read_on_an_object_store_lake_too() -> None:
     paths = ViewPaths("memory://lake-run-identity", "clicks", 2)
     save_run_info(paths.checkpoint, {"run_id": "s3run", "view": "clicks", "version": 2})
     assert run_info(paths.checkpoint)["run_id"] == "s3run"
+
+
+def test_a_job_reaches_its_run_json_through_its_spark_session_on_any_store(spark, tmp_path) -> None:
+    # what a view job on an object store does (HadoopFiles: the session's file system and credentials); here
+    # the store is Hadoop's file: one, the same code path as s3a://
+    from kappa.runtime.spark import HadoopFiles
+
+    files = HadoopFiles(spark)
+    paths = ViewPaths(f"file://{tmp_path}", "clicks", 4)
+    assert files.read(f"{paths.checkpoint}/run.json") is None
+    first = open_run(paths, read=files.read, write=files.write, starting="earliest")
+    on_disk = json.loads((tmp_path / "views/clicks/v4/checkpoint/run.json").read_text())
+    assert on_disk["run_id"] == first["run_id"] and on_disk["starting"] == "earliest"
+    assert open_run(paths, read=files.read, write=files.write)["run_id"] == first["run_id"]
+    assert run_info(paths.checkpoint)["run_id"] == first["run_id"]  # and the control plane reads the same file

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,10 @@ from kappa.runtime.deltars import is_local_uri, local_path, rs_uri
 from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
-__all__ = ["CheckpointError", "RunMismatch", "RunProgress", "batch_ids", "checkpoint_batches", "current_run_id",
-           "last_commit", "last_progress", "list_names", "modified_at", "offsets_of", "open_run", "pending_watermark",
-           "read_text", "run_info", "run_progress", "save_run_info", "table_run_id", "write_text"]
+__all__ = ["LAKE_FILES", "CheckpointError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
+           "checkpoint_batches", "current_run_id", "last_commit", "last_progress", "list_names", "modified_at",
+           "offsets_of", "open_run", "pending_watermark", "read_text", "run_info", "run_progress", "save_run_info",
+           "table_run_id", "write_text"]
 
 
 class CheckpointError(KappaError, ValueError):
@@ -99,6 +100,19 @@ def last_progress(view_checkpoint: str) -> float | None:
     if committed:
         return modified_at(f"{view_checkpoint}/main/commits/{committed[-1]}")
     return modified_at(f"{view_checkpoint}/run.json")
+
+
+class LakeFiles:
+    """Reading and writing small lake files: local paths directly, other URIs through fsspec (the control
+    plane's way; a view job on an object store uses its Spark session's instead,
+    :class:`kappa.runtime.spark.HadoopFiles`)."""
+
+    read = staticmethod(read_text)
+    write = staticmethod(write_text)
+
+
+#: The default :class:`LakeFiles`.
+LAKE_FILES = LakeFiles()
 
 
 def list_names(uri: str) -> list[str]:
@@ -174,18 +188,20 @@ def pending_watermark(checkpoint: str) -> tuple[int, int] | None:
     return (current, nxt) if nxt > current else None
 
 
-def run_info(view_checkpoint: str) -> dict[str, Any]:
+def run_info(view_checkpoint: str, *, read: Callable[[str], str | None] = read_text) -> dict[str, Any]:
     """The run's ``run.json`` in a view version's checkpoint folder ({} if none or unreadable)."""
-    text = read_text(f"{view_checkpoint}/run.json")
+    text = read(f"{view_checkpoint}/run.json")
     try:
         return json.loads(text) if text else {}
     except ValueError:
         return {}
 
 
-def save_run_info(view_checkpoint: str, info: Mapping[str, Any]) -> None:
-    """Write the run's ``run.json`` in a view version's checkpoint folder (atomically, local or object store)."""
-    write_text(f"{view_checkpoint}/run.json", json.dumps(dict(info), indent=2))
+def save_run_info(view_checkpoint: str, info: Mapping[str, Any], *,
+                  write: Callable[[str, str], None] = write_text) -> None:
+    """Write the run's ``run.json`` in a view version's checkpoint folder (atomically, local or object store;
+    ``write`` replaces the file - a view job passes :class:`kappa.runtime.spark.HadoopFiles`)."""
+    write(f"{view_checkpoint}/run.json", json.dumps(dict(info), indent=2))
 
 
 def table_run_id(table: str) -> str | None:
@@ -203,12 +219,14 @@ def current_run_id(paths: ViewPaths) -> str | None:
     return table_run_id(paths.table) or run_info(paths.checkpoint).get("run_id") or None
 
 
-def open_run(paths: ViewPaths, *, run_id: str | None = None, **fields: Any) -> dict[str, Any]:
+def open_run(paths: ViewPaths, *, run_id: str | None = None, read: Callable[[str], str | None] = read_text,
+             write: Callable[[str, str], None] = write_text, **fields: Any) -> dict[str, Any]:
     """The run a view version's job writes with: its ``run.json``, created when there is none.
 
     An existing ``run.json`` is the run (its id must match the table's ``kappa.runId``). Without one, a new run
     is recorded: the table's run id when its table exists but holds no data yet, else ``run_id`` or a fresh id,
-    with ``fields`` (e.g. ``starting``, ``created_by``).
+    with ``fields`` (e.g. ``starting``, ``created_by``). ``read`` / ``write`` reach the checkpoint (default:
+    local files or fsspec).
 
     Raises:
         RunMismatch: The checkpoint's run is not the table's, or the table holds data of a run whose
@@ -217,7 +235,7 @@ def open_run(paths: ViewPaths, *, run_id: str | None = None, **fields: Any) -> d
     from deltalake import DeltaTable
 
     ref = view_ref(paths.name, paths.version)
-    info = run_info(paths.checkpoint)
+    info = run_info(paths.checkpoint, read=read)
     table_run = table_run_id(paths.table)
     if info:
         if table_run is not None and table_run != info.get("run_id"):
@@ -229,7 +247,7 @@ def open_run(paths: ViewPaths, *, run_id: str | None = None, **fields: Any) -> d
                           "is gone; replaying into it would duplicate rows - start a new version instead")
     info = {"run_id": table_run or run_id or new_run_id(), "view": paths.name, "version": paths.version,
             "created": time.time(), **fields}
-    save_run_info(paths.checkpoint, info)
+    save_run_info(paths.checkpoint, info, write=write)
     return info
 
 

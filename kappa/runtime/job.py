@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import signal
 import threading
@@ -47,6 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ViewJob", "RunMismatch", "failure_line", "starting_options"]
 
 log = logging.getLogger("kappa.runtime.job")
+
+#: Seconds one attempt at the log's offsets waits for an unreachable broker (the Kafka client's
+#: ``default.api.timeout.ms``).
+OFFSET_ATTEMPT_SECONDS = 60
 
 
 def starting_options(starting: str | Mapping[str, Any]) -> dict[str, str]:
@@ -192,9 +197,16 @@ class ViewJob:
     def _kafka_options(self) -> dict[str, str]:
         return dict(self.settings.spark_kafka_options())
 
+    def _outage_options(self) -> dict[str, str]:
+        """A broker outage is waited out, not failed on: each attempt at the log's offsets waits for the broker
+        up to the client's API timeout (60 s); the micro-batch retries for ``KAPPA_KAFKA_OUTAGE_SECONDS``
+        before the query fails (Spark's default, 3 attempts, gave up after ~3 minutes)."""
+        attempts = max(3, math.ceil(self.settings.kafka_outage_seconds / (OFFSET_ATTEMPT_SECONDS + 1)))
+        return {"fetchOffset.numRetries": str(attempts), "fetchOffset.retryIntervalMs": "1000"}
+
     def _read_stream(self, topic: str) -> "DataFrame":
         reader = self.spark.readStream.format("kafka").options(**self._kafka_options())
-        reader = reader.option("subscribe", topic).options(**self.starting)
+        reader = reader.option("subscribe", topic).options(**self.starting).options(**self._outage_options())
         # a compacted topic has offset gaps by design; a deleted-by-retention one is real data loss
         compacted = self.view.stream_format.tombstones
         reader = reader.option("failOnDataLoss", "false" if compacted else "true")
@@ -224,7 +236,7 @@ class ViewJob:
     def _prepare_run(self) -> None:
         """Create or resume the run (:func:`kappa.runtime.checkpoint.open_run`: the checkpoint's run id, matched
         against the table's)."""
-        info = open_run(self.paths, starting=self.starting)
+        info = open_run(self.paths, starting=self.starting, read=self._files.read, write=self._files.write)
         self.run_id = info["run_id"]
         self.app_id = app_id(self.view.name, self.view.version, self.run_id)
         if info.get("start_offsets"):
@@ -238,7 +250,7 @@ class ViewJob:
                 log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
             if self.target_offsets is not None:
                 info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
-                save_run_info(self.paths.checkpoint, info)
+                save_run_info(self.paths.checkpoint, info, write=self._files.write)
         self._run_info = info
         if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
             topic = self.settings.topic(self.view.stream_topic)
@@ -259,7 +271,7 @@ class ViewJob:
         if self.start_offsets is None:
             self.start_offsets = dict(offsets)
             self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
-            save_run_info(self.paths.checkpoint, self._run_info)
+            save_run_info(self.paths.checkpoint, self._run_info, write=self._files.write)
 
     # ---------------------------------------------------------------------------------------------------
     def start(self) -> "ViewJob":
@@ -351,19 +363,23 @@ class ViewJob:
         self.queries[0] = self._start_query()
         return True
 
+    @property
+    def _files(self) -> Any:
+        """How the job reads and writes its checkpoint's own files: directly on a local lake, through Spark's
+        Hadoop file system elsewhere (the store's credentials are the session's)."""
+        if self.paths.is_local:
+            from kappa.runtime import checkpoint
+
+            return checkpoint.LAKE_FILES
+        from kappa.runtime.spark import HadoopFiles
+
+        return HadoopFiles(self.spark)
+
     def _checkpoint_text(self, spark: "SparkSession", name: str) -> str | None:
         """A file of the query's checkpoint (``offsets/<id>``, ``sources/0/0``) through Hadoop FS (any store)."""
-        uri = f"{self.paths.checkpoint}/main/{name}"
-        jvm = spark.sparkContext._jvm
-        path = jvm.org.apache.hadoop.fs.Path(uri)
-        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        if not fs.exists(path):
-            return None
-        stream = fs.open(path)
-        try:
-            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-        finally:
-            stream.close()
+        from kappa.runtime.spark import HadoopFiles
+
+        return HadoopFiles(spark).read(f"{self.paths.checkpoint}/main/{name}")
 
     def _catching_up(self, spark: "SparkSession", batch_id: int) -> bool:
         """Did micro-batch ``batch_id`` stop at ``maxOffsetsPerTrigger`` while more of the log is already there?
@@ -531,12 +547,19 @@ class ViewJob:
 
         m = self.metrics
         topic = self.settings.topic(self.view.stream_topic)
+        reached = time.time()
         while not self._stop.wait(self.lag_poll_seconds):
             try:
-                ends = partition_offsets(self.settings, topic)
-            except Exception as exc:  # Kafka unreachable: keep the last values, say why
-                log.warning("lag poll failed: %s", exc)
+                ends = partition_offsets(self.settings, topic, timeout=max(5.0, self.lag_poll_seconds))
+            except Exception as exc:  # Kafka unreachable: keep the last values, say so (metrics and log)
+                m.g(m.kafka_reachable).set(0)
+                m.g(m.kafka_unreachable_seconds).set(time.time() - reached)
+                log.warning("%s: Kafka unreachable for %.0f s (the job waits for it): %s", self.view.ref,
+                            time.time() - reached, one_line(exc))
                 continue
+            reached = time.time()
+            m.g(m.kafka_reachable).set(1)
+            m.g(m.kafka_unreachable_seconds).set(0)
             total_lag = 0
             for partition, (low, high) in ends.items():
                 processed = self.processed_offsets.get(partition, low if self.processed_offsets else None)

@@ -103,6 +103,10 @@ class ViewMetrics:
                                    ("phase",))
         self.progress = gauge("kappa_replay_progress_ratio",
                               "Share of the records between the start position and the log end processed.")
+        self.kafka_reachable = gauge("kappa_kafka_reachable", "1 when the job's last look at its topic's offsets "
+                                     "reached the broker, 0 while it cannot (the job waits).")
+        self.kafka_unreachable_seconds = gauge("kappa_kafka_unreachable_seconds",
+                                               "Seconds since the job last reached the broker (0 while it does).")
         self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate).")
         self.latency = _BulkHistogram(
             "kappa_end_to_end_latency_seconds", "Event time to committed in Delta.", self.labels, LATENCY_BUCKETS)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from kappa.config import Settings
 
-__all__ = ["spark_jars", "build_spark", "MissingJarsError"]
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "spark_jars"]
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -129,3 +129,37 @@ def build_spark(
     # configured handler's stream may be closed already): keep it to warnings
     logging.getLogger("py4j").setLevel(logging.WARNING)
     return spark
+
+
+class HadoopFiles:
+    """Small lake files (a checkpoint's ``run.json``, offset log entries) through the Spark session's Hadoop file
+    system: any store the session can write to (``s3a://``, ``abfss://``...), with its credentials - what a
+    view job uses where the control plane's fsspec has no driver for the store."""
+
+    def __init__(self, spark: "SparkSession") -> None:
+        self._jvm = spark.sparkContext._jvm
+        self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def _fs(self, uri: str) -> tuple[object, object]:
+        path = self._jvm.org.apache.hadoop.fs.Path(uri)
+        return path.getFileSystem(self._conf), path
+
+    def read(self, uri: str) -> str | None:
+        """The file's text; None if it does not exist."""
+        fs, path = self._fs(uri)
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def write(self, uri: str, text: str) -> None:
+        """Replace the file (one PUT on object stores; the ``file:`` store writes a temporary file first)."""
+        fs, path = self._fs(uri)
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode()))
+        finally:
+            stream.close()
