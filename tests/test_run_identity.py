@@ -81,8 +81,8 @@ def test_a_job_reaches_its_run_json_through_its_spark_session_on_any_store(spark
     files = HadoopFiles(spark)
     paths = ViewPaths(f"file://{tmp_path}", "clicks", 4)
     assert files.read(f"{paths.checkpoint}/run.json") is None
-    first = open_run(paths, read=files.read, write=files.write, starting="earliest")
+    first = open_run(paths, files=files, starting="earliest")
     on_disk = json.loads((tmp_path / "views/clicks/v4/checkpoint/run.json").read_text())
     assert on_disk["run_id"] == first["run_id"] and on_disk["starting"] == "earliest"
-    assert open_run(paths, read=files.read, write=files.write)["run_id"] == first["run_id"]
+    assert open_run(paths, files=files)["run_id"] == first["run_id"]
     assert run_info(paths.checkpoint)["run_id"] == first["run_id"]  # and the control plane reads the same file

@@ -92,16 +92,6 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _utc(value: Any) -> Any:
-    return value.astimezone(UTC) if isinstance(value, datetime) else value
-
-
-def _rows(data: Any) -> list[dict[str, Any]]:
-    names = list(data.column_names)
-    columns = [[_utc(v) for v in data.column(i).to_pylist()] for i in range(len(names))]
-    return [dict(zip(names, values)) for values in zip(*columns)]
-
-
 def _open(path: str) -> Any:
     from deltalake import DeltaTable
 
@@ -129,8 +119,8 @@ def read_changes(path: str, start: int, end: int | None = None) -> Any:
     if start < 0 or start > latest or (end is not None and not start <= end <= latest):
         raise ChangeFeedError(f"versions {start}..{latest if end is None else end} are outside {path}'s history "
                               f"(0..{latest})")
-    first = _feed_start(path, latest)
-    if first is None or start < first:
+    if not _feed_on(path, start):  # the platform never turns the feed off: on at start = on for the range
+        first = _feed_start(path, latest)
         raise ChangeFeedError(f"the change feed of {path} " + (f"starts at version {first}" if first is not None else
                               "is off") + f", not {start} (on from the commit its job turned it on)")
     try:
@@ -140,16 +130,20 @@ def read_changes(path: str, start: int, end: int | None = None) -> Any:
         raise ChangeFeedError(f"cannot read the change feed of {path} from version {start}: {one_line(exc)}") from None
 
 
-def _feed_start(path: str, latest: int) -> int | None:
-    """First version of the table with the change feed on (None if off at ``latest``); the platform never turns
-    it off, so the versions with it on are a suffix of the history (binary search over snapshots)."""
+def _feed_on(path: str, version: int) -> bool:
     from deltalake import DeltaTable
 
     from kappa.runtime.deltars import rs_uri
     from kappa.runtime.sink import CHANGE_FEED
 
+    return DeltaTable(rs_uri(path), version=version).metadata().configuration.get(CHANGE_FEED) == "true"
+
+
+def _feed_start(path: str, latest: int) -> int | None:
+    """First version of the table with the change feed on (None if off at ``latest``); the platform never turns
+    it off, so the versions with it on are a suffix of the history (binary search over snapshots)."""
     def on(version: int) -> bool:
-        return DeltaTable(rs_uri(path), version=version).metadata().configuration.get(CHANGE_FEED) == "true"
+        return _feed_on(path, version)
 
     if not on(latest):
         return None
@@ -212,7 +206,9 @@ def notifications(view: str, version: int, data: Any, *, keys: tuple[str, ...] =
     """The ``add`` / ``change`` / ``remove`` notifications of a slice of a table's change feed, in commit order."""
     matcher = where if isinstance(where, _Matcher) else _Matcher(where)
     matches = matcher(data)
-    rows = _rows(data)
+    from kappa.runtime.deltars import arrow_to_rows
+
+    rows = arrow_to_rows(data)
     by_commit: dict[int, list[tuple[dict[str, Any], bool]]] = {}
     for row, matched in zip(rows, matches):
         by_commit.setdefault(int(row["_commit_version"]), []).append((row, matched))
@@ -289,7 +285,9 @@ def follow_changes(settings: Any, view: str, *, where: str | None = None, start:
     table = _open(target.table_path)
     cursor = start if start is not None else (table.version() + 1 if table is not None else 0)
     while True:
-        now = alias.target(view)
+        table = _open(target.table_path)
+        end = table.version() if table is not None else -1  # read before the alias: these commits precede any
+        now = alias.target(view)                             # switch the alias does not show yet
         if now.version != target.version:
             row = alias.alias(view)
             switched_at = row.switched_at if row is not None else datetime.now(UTC)
@@ -298,13 +296,14 @@ def follow_changes(settings: Any, view: str, *, where: str | None = None, start:
             yield Change(kind="switch", view=view, version=now.version, commit=at, committed_at=switched_at,
                          previous_version=target.version)
             target, keys, cursor, checked = now, keys_of(now.version), at + 1, False
-        table = _open(target.table_path)
+            table = _open(target.table_path)
+            end = table.version() if table is not None else -1
         if table is not None:
             if not checked:
                 matcher.check(table)
                 checked = True
-            yield from _drain(target, cursor, table.version(), keys, matcher)
-            cursor = max(cursor, table.version() + 1)
+            yield from _drain(target, cursor, end, keys, matcher)
+            cursor = max(cursor, end + 1)
         if until():
             return
         time.sleep(poll)

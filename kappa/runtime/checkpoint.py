@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,20 +188,19 @@ def pending_watermark(checkpoint: str) -> tuple[int, int] | None:
     return (current, nxt) if nxt > current else None
 
 
-def run_info(view_checkpoint: str, *, read: Callable[[str], str | None] = read_text) -> dict[str, Any]:
+def run_info(view_checkpoint: str, *, files: Any = LAKE_FILES) -> dict[str, Any]:
     """The run's ``run.json`` in a view version's checkpoint folder ({} if none or unreadable)."""
-    text = read(f"{view_checkpoint}/run.json")
+    text = files.read(f"{view_checkpoint}/run.json")
     try:
         return json.loads(text) if text else {}
     except ValueError:
         return {}
 
 
-def save_run_info(view_checkpoint: str, info: Mapping[str, Any], *,
-                  write: Callable[[str, str], None] = write_text) -> None:
+def save_run_info(view_checkpoint: str, info: Mapping[str, Any], *, files: Any = LAKE_FILES) -> None:
     """Write the run's ``run.json`` in a view version's checkpoint folder (atomically, local or object store;
-    ``write`` replaces the file - a view job passes :class:`kappa.runtime.spark.HadoopFiles`)."""
-    write(f"{view_checkpoint}/run.json", json.dumps(dict(info), indent=2))
+    ``files`` is a :class:`LakeFiles` - a view job passes :class:`kappa.runtime.spark.HadoopFiles`)."""
+    files.write(f"{view_checkpoint}/run.json", json.dumps(dict(info), indent=2))
 
 
 def table_run_id(table: str) -> str | None:
@@ -219,14 +218,14 @@ def current_run_id(paths: ViewPaths) -> str | None:
     return table_run_id(paths.table) or run_info(paths.checkpoint).get("run_id") or None
 
 
-def open_run(paths: ViewPaths, *, run_id: str | None = None, read: Callable[[str], str | None] = read_text,
-             write: Callable[[str, str], None] = write_text, **fields: Any) -> dict[str, Any]:
+def open_run(paths: ViewPaths, *, run_id: str | None = None, files: Any = LAKE_FILES,
+             **fields: Any) -> dict[str, Any]:
     """The run a view version's job writes with: its ``run.json``, created when there is none.
 
     An existing ``run.json`` is the run (its id must match the table's ``kappa.runId``). Without one, a new run
     is recorded: the table's run id when its table exists but holds no data yet, else ``run_id`` or a fresh id,
-    with ``fields`` (e.g. ``starting``, ``created_by``). ``read`` / ``write`` reach the checkpoint (default:
-    local files or fsspec).
+    with ``fields`` (e.g. ``starting``, ``created_by``). ``files`` reaches the checkpoint (:class:`LakeFiles`:
+    local files or fsspec by default).
 
     Raises:
         RunMismatch: The checkpoint's run is not the table's, or the table holds data of a run whose
@@ -235,7 +234,7 @@ def open_run(paths: ViewPaths, *, run_id: str | None = None, read: Callable[[str
     from deltalake import DeltaTable
 
     ref = view_ref(paths.name, paths.version)
-    info = run_info(paths.checkpoint, read=read)
+    info = run_info(paths.checkpoint, files=files)
     table_run = table_run_id(paths.table)
     if info:
         if table_run is not None and table_run != info.get("run_id"):
@@ -247,7 +246,7 @@ def open_run(paths: ViewPaths, *, run_id: str | None = None, read: Callable[[str
                           "is gone; replaying into it would duplicate rows - start a new version instead")
     info = {"run_id": table_run or run_id or new_run_id(), "view": paths.name, "version": paths.version,
             "created": time.time(), **fields}
-    save_run_info(paths.checkpoint, info, write=write)
+    save_run_info(paths.checkpoint, info, files=files)
     return info
 
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 import arro3.core as ac
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-__all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema",
+__all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema", "arrow_to_rows",
            "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
 
 TS = ac.DataType.timestamp("us", tz="UTC")
@@ -97,7 +97,11 @@ def _utc(value: Any) -> Any:
 
 def read_rows(table: DeltaTable) -> list[dict[str, Any]]:
     """Every row of a (small) Delta table as dicts, timestamps in UTC."""
-    data = table.scan().read_all()
+    return arrow_to_rows(table.scan().read_all())
+
+
+def arrow_to_rows(data: Any) -> list[dict[str, Any]]:
+    """The rows of an Arrow table as dicts, timestamps in UTC."""
     names = list(data.column_names)
     columns = [[_utc(v) for v in data.column(i).to_pylist()] for i in range(len(names))]
     return [dict(zip(names, values)) for values in zip(*columns)]

@@ -236,7 +236,7 @@ class ViewJob:
     def _prepare_run(self) -> None:
         """Create or resume the run (:func:`kappa.runtime.checkpoint.open_run`: the checkpoint's run id, matched
         against the table's)."""
-        info = open_run(self.paths, starting=self.starting, read=self._files.read, write=self._files.write)
+        info = open_run(self.paths, starting=self.starting, files=self._files)
         self.run_id = info["run_id"]
         self.app_id = app_id(self.view.name, self.view.version, self.run_id)
         if info.get("start_offsets"):
@@ -250,7 +250,7 @@ class ViewJob:
                 log.warning("%s: cannot read the run's target offsets: %s", self.view.ref, one_line(exc))
             if self.target_offsets is not None:
                 info["target_offsets"] = {str(p): o for p, o in self.target_offsets.items()}
-                save_run_info(self.paths.checkpoint, info, write=self._files.write)
+                save_run_info(self.paths.checkpoint, info, files=self._files)
         self._run_info = info
         if self.paths.is_local:  # progress before the first batch of this driver: what earlier ones committed
             topic = self.settings.topic(self.view.stream_topic)
@@ -271,7 +271,7 @@ class ViewJob:
         if self.start_offsets is None:
             self.start_offsets = dict(offsets)
             self._run_info["start_offsets"] = {str(p): o for p, o in offsets.items()}
-            save_run_info(self.paths.checkpoint, self._run_info, write=self._files.write)
+            save_run_info(self.paths.checkpoint, self._run_info, files=self._files)
 
     # ---------------------------------------------------------------------------------------------------
     def start(self) -> "ViewJob":
