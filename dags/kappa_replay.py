@@ -19,7 +19,8 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 | `watch` | for `watch_minutes` after the switch: the new version's job runs, the share of records it quarantines stays within `watch_max_quarantine_rate`, its expectations within their limits, its lag within `watch_max_lag`; when it breaks, rolls back to the replaced version (its job restarted) and fails with the reason, also written to the registry's audit log |
 
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
-`start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `verify` (`strict` \\| `none`),
+`start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `upgrade` (`replay` \\| `continue`;
+default: what the version declares), `verify` (`strict` \\| `none`),
 `auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `watch_minutes`
 (default 10; 0: no watch), `watch_max_quarantine_rate` (0.05), `watch_max_lag` (50,000), `dry_run` (preflight +
 the plan of steps in its log; every later task skipped, nothing changed).
@@ -105,6 +106,10 @@ def _platform() -> tuple[Any, Any]:
                      description="live: keep following the log; timestamp: stop at end_timestamp_ms (bounded)."),
         "end_timestamp_ms": Param(None, type=["null", "integer"], minimum=0, title="End timestamp (ms)",
                                   description="Epoch milliseconds, with end=timestamp."),
+        "upgrade": Param(None, type=["null", "string"], enum=[None, "replay", "continue"], title="Upgrade mode",
+                         description="replay: rebuild from start; continue: seed with the serving version's rows "
+                                     "and start where it got (stateless versions only; takes no start/end); "
+                                     "empty: what the version declares."),
         "verify": Param("strict", type="string", enum=["strict", "none"], title="Verification",
                         description="strict: must equal a recompute of its own transform (and the oracle, if any); "
                                     "none: accept as is."),

@@ -58,6 +58,23 @@ def test_synthetic_clock_and_fractions() -> None:
             assert len(e.value) > 64 * 1024
 
 
+def test_duplicates_are_byte_identical_retries_a_few_records_later() -> None:
+    plain = list(events(2000, seed=5, malformed_fraction=0.1))
+    retried = list(events(2000, seed=5, malformed_fraction=0.1, duplicate_fraction=0.25, max_duplicate_distance=30))
+    originals = [e for e in retried if not e.meta.duplicate]
+    copies = [(i, e) for i, e in enumerate(retried) if e.meta.duplicate]
+    assert originals == plain, "duplicates come on top of the same stream"
+    assert 0.2 * 1800 < len(copies) < 0.3 * 1800  # of the ~1,800 valid records
+    ids = [json.loads(e.value)["event_id"] for e in plain if e.meta.valid]
+    assert len(set(ids)) == len(ids), "every event has an id of its own"
+    position = {e.value: i for i, e in enumerate(retried) if not e.meta.duplicate}
+    for i, copy in copies:
+        assert copy.meta.valid and copy.key == retried[position[copy.value]].key
+        assert 1 <= i - position[copy.value] <= 30 + len(copies), "sent again a few records later"
+    with pytest.raises(ValueError, match="duplicate_fraction"):
+        list(events(1, duplicate_fraction=1.5))
+
+
 def test_live_mode_uses_clock() -> None:
     ev = next(events(1, seed=1, live=True, clock_ms=lambda: 123_456))
     assert ev.meta.event_time == 123_456

@@ -136,6 +136,8 @@ _GOOD = {"user_id": "0d9c4e7a-1a2b-4c3d-8e9f-0a1b2c3d4e5f", "page_id": "1d9c4e7a
     {**_GOOD, "event_time": 1.0}, {**_GOOD, "event_time": 1.5}, {**_GOOD, "event_time": True},
     {**_GOOD, "event_time": -1}, {**_GOOD, "event_time": "1700000000000"}, {**_GOOD, "event_time": None},
     {**_GOOD, "schema_version": 0}, {**_GOOD, "schema_version": False}, {**_GOOD, "event_type": "VIEW"},
+    {**_GOOD, "event_id": _GOOD["page_id"]}, {**_GOOD, "event_id": "x"}, {**_GOOD, "event_id": 7},
+    {**_GOOD, "event_id": None},
     {**_GOOD, "event_type": ""}, {**_GOOD, "ad_type": 1}, {**_GOOD, "ad_id": 12345}, {**_GOOD, "ad_id": "x"},
     {**_GOOD, "user_id": _GOOD["user_id"].upper()}, {**_GOOD, "user_id": _GOOD["user_id"] + "0"},
     {**_GOOD, "ip": "1.2.3"}, {**_GOOD, "ip": "999.999.999.999"}, {**_GOOD, "page_id": "x" * 70_000},

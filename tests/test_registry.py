@@ -446,6 +446,45 @@ def test_concurrent_promotes_leave_one_consistent_winner(alias: ServingAlias, re
         v: "retired" for v in (1, 2, 3) if v != served}
 
 
+def test_a_stalled_loser_cannot_leave_the_alias_version_retired(alias: ServingAlias, reg: Registry,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    """The interleaving a loaded machine produces now and then, forced: v3's promote switches the alias first and
+    stalls before its registry steps; v2's promote switches after it and completes; then v3's resumes, marks v3
+    serving and retires v2, the version the alias ended on. The registry must follow the alias anyway. (The stall is
+    injected around the real registry: a timing the real parts only produce by chance.)"""
+    for v in (1, 2, 3):
+        ready(reg, v)
+    alias.promote(VIEW, 1, by="cli:a")
+    stalled, resume = threading.Event(), threading.Event()
+    real = Registry.set_state
+
+    def set_state(self, view, version, state, **kwargs):
+        if threading.current_thread().name == "slow-v3" and state == "serving" and not stalled.is_set():
+            stalled.set()
+            assert resume.wait(60)
+        return real(self, view, version, state, **kwargs)
+
+    monkeypatch.setattr(Registry, "set_state", set_state)
+    outcome: list[BaseException | None] = [None]
+
+    def slow() -> None:
+        try:
+            alias.promote(VIEW, 3, by="cli:slow")
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            outcome[0] = exc
+
+    loser = threading.Thread(target=slow, name="slow-v3")
+    loser.start()
+    assert stalled.wait(60), "v3's promote never reached its registry steps"
+    assert alias.promote(VIEW, 2, by="cli:fast").version == 2
+    resume.set()
+    loser.join(60)
+    assert isinstance(outcome[0], ServingError) and "now points to v2" in str(outcome[0]), outcome
+    assert alias.alias(VIEW).version == 2
+    assert [r.version for r in reg.list(VIEW) if r.state == "serving"] == [2]
+    assert {r.version: r.state for r in reg.list(VIEW)} == {1: "retired", 2: "serving", 3: "retired"}
+
+
 def test_spark_view_sql_targets_the_alias(alias: ServingAlias, reg: Registry, settings: Settings):
     default = ViewPaths(settings.lake_uri, VIEW, 1).table
     assert alias.spark_view_sql(VIEW) == f"CREATE OR REPLACE VIEW analytics.{VIEW} AS SELECT * FROM delta.`{default}`"

@@ -328,6 +328,79 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
         runner.stop(view, 1)
 
 
+# ==================================================================================================== upgrade modes
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_continue_seeds_from_the_serving_version_and_reads_only_what_it_had_not(spark, kafka, lake, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """events_raw v2 (upgrade=continue, declared) replaces the serving v1 without replaying the log: preflight
+    starts it at the end offsets of v1's last micro-batch, its table is seeded with v1's rows (event_id NULL: v1
+    did not keep it), its job (LocalRunner, a real driver) reads only the records after, and strict verification
+    (recompute + oracle on top of the seed) passes; stateful versions are refused in one line."""
+    from kappa.control.runners.local import LocalRunner
+    from kappa.identity import ViewPaths
+    from kappa.runtime.job import ViewJob
+    from kappa.runtime.view import load_view
+
+    settings = lake.replace(home=tmp_path / "home")
+    _platform_env(monkeypatch, settings)
+    runner = LocalRunner(settings)
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=41, campaigns=3, users=50)
+    before = list(generator.events(1200, seed=41, universe=u, start_ms=T0, rate_per_s=50, malformed_fraction=0.05))
+    assert generator.produce(settings, topic, before).delivered == 1200
+    v1 = ViewJob(load_view("jobs.events_raw.v1"), settings, spark=spark, starting="earliest", available_now=True,
+                 max_offsets_per_trigger=500)
+    v1.start()
+    try:
+        assert v1.await_termination(300) and v1.failure() is None, v1.failure()
+    finally:
+        v1.stop()
+    after = list(generator.events(800, seed=42, universe=u, start_ms=T0 + 60_000, rate_per_s=50,
+                                  malformed_fraction=0.05))
+    assert generator.produce(settings, topic, after).delivered == 800
+
+    with pytest.raises(ReplayError, match="is stateful") as refused:  # its windows would start empty
+        replay.preflight(ReplayRequest(view=VIEW, version=3, upgrade="continue", triggered_by="test"), settings,
+                         runner)
+    assert "\n" not in str(refused.value) and "replay it from the log" in str(refused.value)
+
+    req = ReplayRequest(view="events_raw", version=2, triggered_by="test:continue")  # the mode v2 declares
+    pre = replay.preflight(req, settings, runner)
+    v1_ends, _batch = replay.ViewVersion.resolve("events_raw", 1, settings).committed_offsets()
+    assert pre.seed is not None and pre.seed["from_version"] == 1, pre.summary()
+    assert pre.start_offsets == v1_ends and sum(v1_ends.values()) == 1200 and pre.records == 800, pre.summary()
+    assert "upgrade=continue" in pre.summary() and any("seed its table" in step for step in pre.plan())
+    from kappa.front import cli  # the commands docs/replay.md shows
+
+    for argv, said in ((["--dry-run"], "seed its table with the rows of v1"),
+                       (["--upgrade", "replay", "--dry-run"], "replay 2,000 records")):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["replay", "events_raw", "--version", "2", *argv])
+        out = capsys.readouterr().out
+        assert exited.value.code == 0 and said in out, out
+    try:
+        replay.launch(req, settings, runner, pre)
+        _wait_for(lambda: replay.caught_up("events_raw", 2, settings, runner, by="test"), 300, "v2 to catch up")
+        check = replay.verify("events_raw", 2, settings, "strict", by="test")
+        assert check.passed, check.message
+        assert "on v1's rows" in check.message and check.oracle is not None and check.oracle["passed"]
+    finally:
+        runner.stop("events_raw", 2)
+    rows = replay.table_rows(DeltaTable(ViewPaths(settings.lake_uri, "events_raw", 2).table))[1]
+    valid = {(json.loads(e.value)["event_id"]) for e in [*before, *after] if e.meta.valid}
+    seeded = [r for r in rows if r["offset"] < v1_ends[r["partition"]]]
+    continued = [r for r in rows if r["offset"] >= v1_ends[r["partition"]]]
+    assert len(rows) == len(valid) == len({(r["partition"], r["offset"]) for r in rows})
+    assert seeded and all(r["event_id"] is None for r in seeded), "v1 did not keep event ids"
+    assert {r["event_id"] for r in continued} == {json.loads(e.value)["event_id"] for e in after if e.meta.valid}
+    # the job read only the records after the seed: its quarantine holds none of before's bad records
+    quarantined = [r for r in spark.read.format("delta").load(ViewPaths(settings.lake_uri, "events_raw", 2).quarantine)
+                   .where("view = 'events_raw' and version = 2").collect()]
+    assert quarantined and all(r.offset >= v1_ends[r.partition] for r in quarantined)
+    assert len(quarantined) == sum(not e.meta.valid for e in after)
+
+
 # ==================================================================================================== preflight
 def _delete_records(settings: Settings, topic: str, before: dict[int, int]) -> None:
     """Advance the log start offsets, exactly what retention does to old segments."""
@@ -411,6 +484,9 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     ({"keep_hours": -1}, "keep_hours -1: expected a number >= 0"),
     ({"max_offsets_per_trigger": 0}, "max_offsets_per_trigger 0: expected an integer >= 1"),
     ({"triggered_by": " "}, "triggered_by is required"),
+    ({"upgrade": "savepoint"}, "upgrade 'savepoint': expected one of replay, continue"),
+    ({"upgrade": "continue", "start": "timestamp", "start_timestamp_ms": 5}, "upgrade=continue starts where the"),
+    ({"upgrade": "continue", "end": "timestamp", "end_timestamp_ms": 5}, "end=timestamp do not apply"),
 ])
 def test_request_validation_says_what_is_wrong_in_one_line(fields, message):
     values = {"view": VIEW, "version": 2, "triggered_by": "test", **fields}
@@ -428,10 +504,12 @@ def test_cli_positions_and_dag_params_map_onto_one_request():
         replay.parse_start("latest")
     params = {"view": VIEW, "version": 2, "start": "timestamp", "start_timestamp_ms": 7, "start_offsets": None,
               "end": "live", "end_timestamp_ms": None, "verify": "none", "auto_promote": True, "keep_hours": 2,
-              "max_offsets_per_trigger": None, "max_lag": 2000}
+              "max_offsets_per_trigger": None, "max_lag": 2000, "upgrade": None}
     req = ReplayRequest.from_params(params, triggered_by="airflow:kappa_replay:r1")
     assert req == ReplayRequest(view=VIEW, version=2, start="timestamp", start_timestamp_ms=7, verify="none",
                                 auto_promote=True, keep_hours=2, triggered_by="airflow:kappa_replay:r1")
+    assert ReplayRequest.from_params({"view": "events_raw", "version": 2, "upgrade": "replay"},
+                                     triggered_by="t").upgrade == "replay"
 
 
 def _event(partition: int, offset: int, t: int, kind: str = "view", ad: str = "ad1") -> Validated:

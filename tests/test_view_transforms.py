@@ -69,6 +69,34 @@ def test_campaign_window_counts_v2_counts_views_and_clicks_per_minute(spark):
                    (CAMPAIGN.format(1), ts(60)): (1, 0, False)}
 
 
+def test_campaign_window_counts_v3_counts_each_event_once_in_six_hopping_windows(spark):
+    """60 s windows every 10 s; a retried event (same event_id) counts once whether the copy comes in the same
+    batch or a later one; records without an event_id are never merged; a copy behind the watermark is late."""
+    from jobs.campaign_window_counts.v3 import VIEW
+
+    def once(user: int, ad: int, at_s: float, kind: str = "view", *, id_: int | None = None) -> dict:
+        e = event(user, ad, at_s, kind)
+        return e if id_ is None else {**e, "event_id": f"00000000-0000-4000-8000-0000000e00{id_:02d}"}
+
+    a, b, c, d = once(1, 1, 5, id_=1), once(2, 1, 12, "click", id_=2), once(4, 2, 40, id_=3), once(5, 1, 75, id_=4)
+    run = run_view(VIEW, [
+        [a, a, b, once(3, 1, 14), once(3, 1, 14)],  # a twice in one batch; the two without id both count
+        [b, c],                                      # b again, one batch later: remembered, dropped
+        [d],                                         # the next batch drops what 40 - 30 = 10 s reached
+        [a, d, once(6, 1, 9, id_=5)],                # a's copy and 9 s are late, d's copy is remembered
+    ], lookups={"campaigns": CAMPAIGNS}, spark=spark)
+    got = {(r["campaign_id"], int((r["window_start"] - ts(0)).total_seconds())):
+           (r["view_count"], r["click_count"], r["last_event_time"], r["is_final"]) for r in run.rows}
+    c1, c2 = CAMPAIGN.format(1), CAMPAIGN.format(2)
+    expected = {(c1, -50): (1, 0, ts(5), True)}                                      # a
+    expected |= {(c1, s): (3, 1, ts(14), s + 60 <= 45) for s in (-40, -30, -20, -10, 0)}  # a, b, both 14 s views
+    expected |= {(c1, 10): (2, 1, ts(14), False)}                                    # b, both 14 s views
+    expected |= {(c1, s): (1, 0, ts(75), False) for s in (20, 30, 40, 50, 60, 70)}  # d
+    expected |= {(c2, s): (1, 0, ts(40), False) for s in (-10, 0, 10, 20, 30, 40)}   # c
+    assert got == expected
+    assert all(r["window_end"] - r["window_start"] == timedelta(seconds=60) for r in run.rows)
+
+
 def test_user_sessions_closes_a_session_30s_after_its_last_event(spark):
     from jobs.user_sessions.v1 import VIEW
 

@@ -223,6 +223,69 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())
 
 
+def test_hopping_dedupe_view_equals_the_oracle_with_injected_duplicates(spark, kafka, declared_topics, lake):
+    """campaign_window_counts v3 (60 s windows every 10 s, dedupe by event_id within the watermark) over a log in
+    which 20 % of the events were sent twice, some of them late, read in two runs of small micro-batches:
+    its table equals the oracle over the raw records and the recorded batches, every column; the same oracle
+    without the event ids (each record counted) differs, so the duplicates were there and were dropped; the
+    late records are in the quarantine, each once."""
+    import dataclasses
+
+    from deltalake import DeltaTable
+
+    from jobs.campaign_window_counts.oracle import late_event_records
+    from kappa.runtime import lineage
+    from kappa.verify.oracle import OracleInput
+
+    u = generator.universe(seed=23, campaigns=5, users=80)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    events = list(generator.events(1200, seed=23, universe=u, start_ms=1_700_000_000_000, rate_per_s=10,
+                                   late_fraction=0.1, max_lateness_ms=60_000, duplicate_fraction=0.2,
+                                   max_duplicate_distance=40, malformed_fraction=0.02))
+    assert sum(e.meta.duplicate for e in events) > 150
+    view = load_view("jobs.campaign_window_counts.v3")
+    start = 0
+    for size in (900, len(events) - 900):  # the second run starts from the first one's checkpoint and state
+        generator.produce(lake, lake.topic("ad-events"), events[start:start + size])
+        start += size
+        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True, max_offsets_per_trigger=300)
+        job.start()
+        try:
+            assert job.await_termination(600), "the run did not finish"
+            assert job.failure() is None, job.failure()
+        finally:
+            job.stop()
+
+    paths = ViewPaths(lake.lake_uri, view.name, 3)
+    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view.name}@v3:") and "/" not in a)
+    history = DeltaTable(paths.table).history()
+    if DeltaTable.is_deltatable(paths.staging):  # the first run caught up in bulk: its batches are staged commits
+        history += DeltaTable(paths.staging).history()
+    batches = lineage.batches_from_history(history, app)
+    assert len(batches) >= 4 and [b.batch_id for b in batches] == list(range(len(batches)))
+    spec = oracle.oracle_for(view.name, 3)
+    validated = oracle.validate_records(oracle.read_log(lake, lake.topic("ad-events")), "ad_event",
+                                        key_field="user_id")
+    campaigns = oracle.validate_records(oracle.read_log(lake, lake.topic("campaigns")), "campaign", key_field=None,
+                                        tombstones=True)
+    expected = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=batches))
+    rows = [r.asDict() for r in spark.read.format("delta").load(paths.table).collect()]
+    actual = dict(spec.adapt(r) for r in rows)
+    assert len(actual) == len(rows), "a window is stored twice"
+    assert actual == expected, [(k, actual.get(k), expected.get(k)) for k in sorted(set(actual) | set(expected),
+                                key=str) if actual.get(k) != expected.get(k)][:5]
+    # counted without their ids, the copies would have raised the counts: the dedupe had work to do
+    anonymous = [dataclasses.replace(v, value={k: x for k, x in v.value.items() if k != "event_id"})
+                 if v.value else v for v in validated]
+    undeduped = spec.compute(OracleInput(events=anonymous, lookups={"campaigns": campaigns}, batches=batches))
+    assert sum(v[1] + v[2] for v in undeduped.values()) > sum(v[1] + v[2] for v in expected.values())
+    assert any(final for *_, final in expected.values()) and not all(final for *_, final in expected.values())
+    late = [(r.partition, r.offset) for r in spark.read.format("delta").load(paths.quarantine)
+            .where(f"view = '{view.name}' and version = 3").collect() if r.error.startswith(LATE_REASON)]
+    expected_late = late_event_records(OracleInput(events=validated, batches=batches), counted=("view", "click"))
+    assert expected_late and sorted(late) == sorted(expected_late)
+
+
 def test_session_view_drops_late_events_row_by_row_like_the_oracle(spark, tmp_path):
     """Spark filters late input of a session window row by row, before merging sessions: an event whose own
     window ``[t, t + gap)`` the previous watermark passed is dropped even when another event of the same batch

@@ -1,4 +1,5 @@
-"""The oracle of events_raw: every valid event of the log, keyed by (partition, offset), in plain Python."""
+"""The oracle of events_raw: every valid event of the log, keyed by (partition, offset), in plain Python (v2: with
+its event_id)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,24 @@ def _events_raw_row(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
                                                row["topic"], epoch_ms(row["kafka_timestamp"]))
 
 
+def _events_raw_v2(inp: OracleInput) -> dict[tuple, tuple]:
+    """v2: v1's values and the record's ``event_id`` (None when it has none)."""
+    return {(v.record.partition, v.record.offset): (*(v.value[f] for f in RAW_FIELDS), v.value["event_time"],
+                                                    v.record.topic, v.record.timestamp_ms, v.value.get("event_id"))
+            for v in inp.events if v.error is None}
+
+
+def _events_raw_row_v2(row: Mapping[str, Any]) -> tuple[tuple, tuple]:
+    key, values = _events_raw_row(row)
+    return key, (*values, row["event_id"])
+
+
 #: version -> how verification recomputes it (kappa.verify.oracle.oracle_for)
 ORACLES = {
     1: OracleSpec(
         compute=_events_raw, keys=("partition", "offset"), values=VALUES,
         adapt=_events_raw_row),
+    2: OracleSpec(
+        compute=_events_raw_v2, keys=("partition", "offset"), values=(*VALUES, "event_id"),
+        adapt=_events_raw_row_v2),
 }

@@ -263,8 +263,11 @@ class ServingAlias:
         # 1. the alias: one MERGE commit, the only step readers see
         changed, previous = self._switch(rec, others, by=by)
         # 2. the new version serves (a rollback target loses its delete_after)
-        self.registry.set_state(view, version, "serving", by=by, expected={"verified", "retired"},
-                                delete_after=None, note=f"alias switched from v{previous}" if previous else None)
+        try:
+            self.registry.set_state(view, version, "serving", by=by, expected={"verified", "retired"},
+                                    delete_after=None, note=f"alias switched from v{previous}" if previous else None)
+        except StateConflict:
+            pass  # a concurrent promote's reconciliation already made it serve (or retired it: step 4 decides)
         # 3. every other serving version is retired, its table kept for `keep`
         delete_after = utcnow() + keep
         retired = []
@@ -276,12 +279,10 @@ class ServingAlias:
                     retired.append(other.version)
                 except StateConflict:
                     pass  # a concurrent promote already retired it
-        # 4. a concurrent promote of the same view may have switched the alias after us: do not claim to serve
-        now_alias = self.alias(view)
-        if now_alias is None or now_alias.version != version:
-            self.registry.set_state(view, version, "retired", by=by, expected={"serving"},
-                                    delete_after=delete_after, note="lost a concurrent promote")
-            current = now_alias.version if now_alias else None
+        # 4. a concurrent promote of the same view may have switched the alias after us, and its steps 2-3 may
+        # interleave with ours: the registry is made to follow the alias (the only thing readers see)
+        current = self._reconcile(view, by=by, delete_after=delete_after)
+        if current != version:
             raise ServingError(f"concurrent switch of {view}: the alias now points to v{current}, not v{version}")
 
         if changed:
@@ -292,6 +293,36 @@ class ServingAlias:
             message += f"; retired v{', v'.join(map(str, retired))} until {delete_after:%Y-%m-%d %H:%M} UTC"
         return SwitchResult(view=view, version=version, previous_version=previous, table_path=rec.table_path,
                             changed=changed, message=message)
+
+    def _reconcile(self, view: str, *, by: str, delete_after: datetime, attempts: int = 20) -> int | None:
+        """Make the registry follow the alias: the version it points to ``serving``, every other ``retired``.
+
+        Concurrent promotes each write the registry after their own switch, so a slower one may retire the
+        version the alias ended on. Every promote ends here, and a round only ends once a re-read shows the
+        alias unchanged and exactly its version serving - the last writer always leaves them consistent.
+        Returns the alias's version (None: no alias)."""
+        target = None
+        for _ in range(attempts):
+            alias = self.alias(view)
+            if alias is None:
+                return None
+            target = alias.version
+            for row in self.registry.list(view):
+                try:
+                    if row.version == target and row.state != "serving":
+                        self.registry.set_state(view, target, "serving", by=by, expected={"verified", "retired"},
+                                                delete_after=None, note="the alias points to it (after a "
+                                                "concurrent promote)")
+                    elif row.version != target and row.state == "serving":
+                        self.registry.set_state(view, row.version, "retired", by=by, expected={"serving"},
+                                                delete_after=delete_after, note=f"replaced by v{target}")
+                except StateConflict:
+                    pass  # someone else moved it meanwhile: the re-read below decides
+            again = self.alias(view)
+            serving = [r.version for r in self.registry.list(view) if r.state == "serving"]
+            if again is not None and again.version == target and serving == [target]:
+                return target
+        return target
 
     def rollback(self, view: str, to_version: int | None = None, *, by: str,
                  keep: timedelta | None = None) -> SwitchResult:

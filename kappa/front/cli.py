@@ -203,6 +203,8 @@ def produce(
     late_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of late/out-of-order events."),
     max_lateness_ms: int = typer.Option(5000, min=0, help="Maximum lateness of late events."),
     malformed_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of malformed records."),
+    duplicate_fraction: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of valid records sent twice "
+                                             "(a producer retrying without idempotence; same event_id)."),
     no_campaigns: bool = typer.Option(False, "--no-campaigns", help="Do not (re)publish the ad->campaign map."),
     topic: str = typer.Option("ad-events"),
 ) -> None:
@@ -221,14 +223,14 @@ def produce(
         while True:  # until SIGTERM (kappa down)
             generator.produce(settings, topic, generator.events(
                 chunk, seed=seed + i, universe=u, late_fraction=late_fraction, max_lateness_ms=max_lateness_ms,
-                malformed_fraction=malformed_fraction, live=True), rate=rate)
+                malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction, live=True), rate=rate)
             i += 1
     if count <= 0:
         raise UserError("--count must be positive (or 0 together with --live --rate)")
     result = generator.produce(settings, topic, generator.events(
         count, seed=seed, universe=u, rate_per_s=rate or 1000.0, late_fraction=late_fraction,
-        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, live=live),
-        rate=rate)
+        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction,
+        live=live), rate=rate)
     console.print_json(json.dumps(result.as_dict()))
 
 
@@ -433,6 +435,9 @@ def replay_cmd(
     start: Optional[str] = typer.Option(None, help="earliest | ts:<epoch ms> | JSON offsets '{\"0\": 120, ...}'. "
                                         "Default: earliest for a new version; a version under way keeps its start."),
     end: str = typer.Option("live", help="live (then keep following the log) | ts:<epoch ms> (bounded)."),
+    upgrade: Optional[str] = typer.Option(None, help="replay (rebuild from --start) | continue (seed with the "
+                                          "serving version's rows, start where it got; stateless versions only). "
+                                          "Default: what the version declares."),
     verify: str = typer.Option("strict", help="strict (must equal a recompute of its own transform over the same "
                                "micro-batches, and the plain-Python oracle where one exists) | none."),
     promote: bool = typer.Option(False, "--promote/--no-promote", help="Switch readers to it once verified."),
@@ -454,7 +459,7 @@ def replay_cmd(
 
     settings = _settings()
     req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
-                          verify=verify, auto_promote=promote, keep_hours=keep_hours,
+                          upgrade=upgrade, verify=verify, auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
                           watch_minutes=watch_minutes)
     runner = runner_for(settings)

@@ -17,6 +17,10 @@ Malformed kinds (:data:`MALFORMED_KINDS`):
 ``null_key``            valid value but no key (ad-events are keyed by ``user_id``)
 ``unknown_event_type``  ``event_type`` outside ``view|click|purchase``
 
+Every record carries an ``event_id`` (schema ``ad_event`` v2; derived from the seed, random in live mode).
+``duplicate_fraction`` re-sends a share of the valid records unchanged a few records later, as a producer that
+retries without idempotence does (the copy's meta has ``duplicate=True``).
+
 Example:
     >>> from kappa.log.generator import events, universe
     >>> u = universe(seed=7, campaigns=2)
@@ -29,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import logging
 import random
@@ -134,6 +140,8 @@ class EventMeta:
         ad_id: Ad id used.
         campaign_id: Campaign of ``ad_id``.
         user_id: User id used.
+        event_id: The record's ``event_id`` (None for records that do not carry one).
+        duplicate: True for a re-sent copy of an earlier record (``duplicate_fraction``).
     """
 
     index: int
@@ -145,6 +153,8 @@ class EventMeta:
     ad_id: str
     campaign_id: str
     user_id: str
+    event_id: str | None = None
+    duplicate: bool = False
 
     @property
     def valid(self) -> bool:
@@ -173,6 +183,8 @@ def events(
     late_fraction: float = 0.0,
     max_lateness_ms: int = 5_000,
     malformed_fraction: float = 0.0,
+    duplicate_fraction: float = 0.0,
+    max_duplicate_distance: int = 50,
     universe: Universe | None = None,
     live: bool = False,
     clock_ms: Callable[[], int] | None = None,
@@ -187,6 +199,10 @@ def events(
         late_fraction: Probability that a record's ``event_time`` is shifted back by 1..``max_lateness_ms``.
         max_lateness_ms: Maximum shift of late records.
         malformed_fraction: Probability that a record is malformed (kind chosen uniformly).
+        duplicate_fraction: Probability that a valid record is sent a second time, byte for byte, after
+            1..``max_duplicate_distance`` further records (a producer retry without idempotence). The copies come
+            on top of the ``n`` records.
+        max_duplicate_distance: How many records later a copy is sent at most.
         universe: Entities to draw from.
         live: Use the wall clock (at generation time) instead of the synthetic clock -- for demos with
             :func:`produce` ``rate=...``; not reproducible.
@@ -199,15 +215,22 @@ def events(
         raise ValueError("n must be >= 0")
     if rate_per_s <= 0:
         raise ValueError("rate_per_s must be > 0")
-    for name, frac in (("late_fraction", late_fraction), ("malformed_fraction", malformed_fraction)):
+    for name, frac in (("late_fraction", late_fraction), ("malformed_fraction", malformed_fraction),
+                       ("duplicate_fraction", duplicate_fraction)):
         if not 0.0 <= frac <= 1.0:
             raise ValueError(f"{name} must be within [0, 1], got {frac}")
     if late_fraction > 0 and max_lateness_ms < 1:
         raise ValueError("max_lateness_ms must be >= 1 when late_fraction > 0")
+    if duplicate_fraction > 0 and max_duplicate_distance < 1:
+        raise ValueError("max_duplicate_distance must be >= 1 when duplicate_fraction > 0")
     u = universe if universe is not None else _default_universe(seed)
     rng = random.Random(f"kappa-events-{seed}")
     now = clock_ms or (lambda: int(time.time() * 1000))
     step = 1000.0 / rate_per_s
+    # ids and duplicates have their own generators: the rest of the stream does not depend on them
+    ids = random.Random(f"kappa-event-ids-{seed}")
+    dups = random.Random(f"kappa-duplicates-{seed}")
+    resend: list[tuple[int, int, Event]] = []  # heap of (send after record i, tie-break, copy)
 
     for i in range(n):
         # draw everything in a fixed order so the stream only depends on (seed, arguments)
@@ -232,6 +255,7 @@ def events(
             "event_type": event_type,
             "event_time": event_time,
             "ip": ip,
+            "event_id": str(uuid.uuid4()) if live else _uuid(ids),
         }
         key: bytes | None = user.encode()
         value: bytes
@@ -259,14 +283,21 @@ def events(
             record["event_type"] = event_type = rng.choice(("hover", "share", "VIEW", ""))
             value = _dumps(record)
 
-        yield Event(
+        event = Event(
             key,
             value,
             EventMeta(
                 index=i, kind=kind, late=late, lateness_ms=lateness, event_time=event_time,
                 event_type=event_type, ad_id=ad, campaign_id=u.ad_to_campaign[ad], user_id=user,
+                event_id=record.get("event_id"),
             ),
         )
+        yield event
+        if kind == "valid" and duplicate_fraction > 0 and dups.random() < duplicate_fraction:
+            copy = event._replace(meta=dataclasses.replace(event.meta, duplicate=True))
+            heapq.heappush(resend, (i + dups.randint(1, max_duplicate_distance), i, copy))
+        while resend and (resend[0][0] <= i or i == n - 1):
+            yield heapq.heappop(resend)[2]
 
 
 def _default_universe(seed: int) -> Universe:
@@ -444,6 +475,7 @@ def produce_cmd(
     late_fraction: float = 0.0,
     max_lateness_ms: int = 5_000,
     malformed_fraction: float = 0.0,
+    duplicate_fraction: float = 0.0,
     publish_mapping: bool = True,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
@@ -462,7 +494,8 @@ def produce_cmd(
         out["campaigns"] = publish_campaigns(s, campaign_records(u), topic=campaigns_topic).as_dict()
     stream = events(
         n, seed=seed, start_ms=start_ms, rate_per_s=rate or rate_per_s, late_fraction=late_fraction,
-        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, universe=u, live=rate is not None,
+        max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction,
+        universe=u, live=rate is not None,
     )
     out["events"] = produce(s, topic, stream, rate=rate).as_dict()
     return out

@@ -36,7 +36,7 @@ from kappa.runtime.metrics import ViewMetrics
 from kappa.runtime.parsing import decode
 from kappa.runtime.plan import stateful_plan
 from kappa.runtime.sink import (CHANGE_FEED, QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, enable_change_feed,
-                               ensure_table, table_columns)
+                               ensure_table, seed_table, table_columns)
 from kappa.runtime.view import ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -310,7 +310,12 @@ class ViewJob:
         if enable_change_feed(self.spark, self.paths.table):
             log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
         ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
-        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=self.paths.staging)
+        seed = self._run_info.get("seed")
+        if seed and seed_table(self.spark, self.paths.table, seed, self.app_id or ""):
+            log.info("%s: table seeded with v%s's rows at Delta version %s (upgrade=continue from %s)", view.ref,
+                     seed.get("from_version"), seed.get("delta_version"), seed.get("end_offsets"))
+        # a seeded table holds rows already: its first batches merge into them instead of bulk-appending
+        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=None if seed else self.paths.staging)
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,

@@ -36,8 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import StructType
 
 __all__ = ["CHANGE_FEED", "DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH",
-           "enable_change_feed",
-           "ensure_table", "table_columns", "txn_version"]
+           "SeedError", "enable_change_feed", "ensure_table", "seed_table", "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -114,6 +113,44 @@ def txn_version(spark: "SparkSession", path: str, app_id: str) -> int | None:
     log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
     opt = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions().get(app_id)
     return None if opt.isEmpty() else int(opt.get())
+
+
+class SeedError(RuntimeError):
+    """The serving version's rows cannot seed the new version's table (a column changed its type)."""
+
+
+def seed_table(spark: "SparkSession", path: str, seed: dict[str, Any], app_id: str) -> bool:
+    """Seed a continued version's empty table with the serving version's rows (``upgrade=continue``,
+    :mod:`kappa.control.replay.upgrade`): the rows of ``seed["table"]`` at Delta version ``seed["delta_version"]``,
+    in the new table's columns (a column the serving version lacks is NULL in them; one the new version dropped
+    is left out), in one append keyed ``<app_id>/seed`` - Delta skips it when a restarted driver writes it again.
+    True when this call wrote it.
+
+    Raises:
+        SeedError: A column both tables have changed its type (the seeded rows would not mean the same thing).
+    """
+    import json
+
+    from pyspark.sql import functions as F
+
+    seed_app = f"{app_id}/seed"
+    if txn_version(spark, path, seed_app) is not None:
+        return False
+    target = spark.read.format("delta").load(path).schema
+    source = spark.read.format("delta").option("versionAsOf", int(seed["delta_version"])).load(seed["table"])
+    have = {f.name: f.dataType for f in source.schema.fields}
+    changed = [f"{f.name} {have[f.name].simpleString()} -> {f.dataType.simpleString()}" for f in target.fields
+               if f.name in have and have[f.name] != f.dataType]
+    if changed:
+        raise SeedError(f"cannot continue from v{seed.get('from_version')}: column types changed "
+                        f"({', '.join(changed)}); replay this version from the log instead")
+    rows = source.select(*[F.col(f"`{f.name}`") if f.name in have else F.lit(None).cast(f.dataType).alias(f.name)
+                           for f in target.fields])
+    meta = json.dumps({"kappa": {"seed": {k: seed[k] for k in ("from_version", "table", "delta_version", "batch",
+                                                                "end_offsets") if k in seed}}})
+    (rows.write.format("delta").mode("append").option("txnAppId", seed_app).option("txnVersion", "0")
+     .option("userMetadata", meta).save(path))
+    return True
 
 
 def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":

@@ -21,9 +21,13 @@ from kappa.runtime.parsing import RecordFormat
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Expectation", "ViewDefinition", "Finality", "declared_view", "load_view", "tumbling_window_end"]
+__all__ = ["UPGRADE_MODES", "Expectation", "ViewDefinition", "Finality", "continue_refusal", "declared_view",
+           "load_view", "tumbling_window_end"]
 
 WriteMode = Literal["append", "merge", "upsert_delete"]
+UpgradeMode = Literal["replay", "continue"]
+#: How a new version of a view starts (:attr:`ViewDefinition.upgrade`).
+UPGRADE_MODES: tuple[str, ...] = ("replay", "continue")
 OnViolation = Literal["warn", "drop", "fail"]
 _EXPECTATION_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -120,6 +124,13 @@ class ViewDefinition:
             quarantine with reason ``late`` (:mod:`kappa.runtime.late`; Spark still drops them from the view). ``None``:
             dropped rows are only counted (``kappa_late_rows_dropped_total``).
         expectations: data-quality rules over the output rows (:class:`Expectation`).
+        upgrade: how this version starts when it replaces the serving one (Flink's upgrade modes): ``replay``
+            (default) - rebuilt from the log (earliest, an offset or a timestamp) into an empty table;
+            ``continue`` - only the logic of records to come changes: the table is seeded with the serving
+            version's rows at one of its Delta versions and the job starts at the offsets that version had
+            reached (no replay of the history). Refused for stateful versions and where the serving version
+            differs in topic, write mode or keys (:func:`continue_refusal`); the operator can ask for either
+            mode per replay.
     """
 
     name: str
@@ -139,8 +150,13 @@ class ViewDefinition:
     stateful: bool = False
     late_bound: Callable[[], "Column"] | None = None
     expectations: tuple[Expectation, ...] = ()
+    upgrade: UpgradeMode = "replay"
 
     def __post_init__(self) -> None:
+        if self.upgrade not in UPGRADE_MODES:
+            raise ValueError(f"{self.ref}: upgrade {self.upgrade!r}: use {' or '.join(UPGRADE_MODES)}")
+        if self.upgrade == "continue" and (self.stateful or self.write == "upsert_delete"):
+            raise ValueError(f"{self.ref}: upgrade 'continue' - {continue_refusal(self, None)}")
         for name, lookup in self.lookups.items():
             if not isinstance(lookup, Lookup):
                 raise TypeError(f"{self.ref}: lookup {name!r} must be a kappa.runtime.lookups.Lookup (topic, format, "
@@ -164,6 +180,28 @@ class ViewDefinition:
         if self.stateful and self.latency_column:
             return self.latency_column, 0
         return None
+
+
+def continue_refusal(new: ViewDefinition, serving: ViewDefinition | None) -> str | None:
+    """Why ``new`` cannot continue from ``serving``'s position with a table seeded from ``serving``'s rows (None:
+    it can). A stateful version keeps windows or sessions in its checkpoint: a new checkpoint would start them
+    empty and count wrong; a KTable (``upsert_delete``) continued from a copy would need the deletes of its
+    range checked against the copy, which verification cannot do; a different topic, write mode or keys makes
+    the seeded rows another table's."""
+    if new.stateful:
+        return (f"{new.ref} is stateful (its windows/sessions live in the checkpoint and would start empty): "
+                "replay it from the log")
+    if new.write == "upsert_delete":
+        return f"{new.ref} upserts and deletes by key (a KTable): replay it from the log"
+    if serving is None:
+        return None
+    if serving.stateful:
+        return f"{serving.ref} is stateful: its rows come from state {new.ref} does not have; replay it"
+    for what, a, b in (("stream topic", new.stream_topic, serving.stream_topic),
+                       ("write mode", new.write, serving.write), ("keys", new.keys, serving.keys)):
+        if a != b:
+            return f"{new.ref} has another {what} than {serving.ref} ({a} vs {b}): replay it"
+    return None
 
 
 def tumbling_window_end(column: str, seconds: int) -> "Column":

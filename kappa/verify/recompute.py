@@ -70,7 +70,7 @@ log = logging.getLogger("kappa.verify.recompute")
 def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, delta_version: int,
               batches: Sequence["BatchBoundary"], start: Mapping[int, int], end_timestamp_ms: int | None = None,
               quarantine_path: str | None = None, spark: "SparkSession | None" = None,
-              timeout: float = 1800.0) -> Check:
+              timeout: float = 1800.0, base: tuple[str, int] | None = None) -> Check:
     """Recompute ``view`` over the micro-batches ``batches`` (every batch of the run, from its first) starting at
     ``start`` and compare the result with the table at ``delta_version``.
 
@@ -85,6 +85,8 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
         quarantine_path: Also check the run's quarantined (invalid) records: none lost, none doubled.
         spark: A session to use; by default the active one, else a local one built and stopped here.
         timeout: Give up after this many seconds.
+        base: ``(table, Delta version)`` a continued version was seeded from (``upgrade=continue``): its rows
+            come before the first batch, and the write semantics apply the batches on top of them.
 
     Returns:
         A :class:`Check` named ``recompute``; ``passed`` False (with the reason as message) also when the run
@@ -101,7 +103,7 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
     try:
         return _recompute(session, view, settings, table_path=table_path, delta_version=delta_version,
                           steps=steps, ends=ends, start=start, end_timestamp_ms=end_timestamp_ms,
-                          quarantine_path=quarantine_path, scratch=scratch, timeout=timeout, t0=t0)
+                          quarantine_path=quarantine_path, scratch=scratch, timeout=timeout, t0=t0, base=base)
     except RecomputeError as exc:
         return Check(name="recompute", passed=False, message=f"recompute impossible: {exc}",
                      details={"seconds": round(time.monotonic() - t0, 1)})
@@ -114,7 +116,7 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
 def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Settings", *, table_path: str,
                delta_version: int, steps: list[Step], ends: dict[int, list[int]], start: Mapping[int, int],
                end_timestamp_ms: int | None, quarantine_path: str | None, scratch: Path, timeout: float,
-               t0: float) -> Check:
+               t0: float, base: tuple[str, int] | None = None) -> Check:
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -149,6 +151,12 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
 
     phases["rerun"], mark = round(time.monotonic() - mark, 1), time.monotonic()
     outputs = spark.read.schema(StructType([*out_schema.fields, StructField(BATCH, IntegerType())])).parquet(str(out))
+    if base is not None:  # the seed is "batch -1": every batch of the run applies on top of it
+        seeded = spark.read.format("delta").option("versionAsOf", base[1]).load(base[0])
+        outputs = seeded.select(*[
+            (F.col(f"`{f.name}`") if f.name in seeded.columns else F.lit(False) if f.name == "is_tombstone"
+             else F.lit(None)).cast(f.dataType).alias(f.name) for f in out_schema.fields],
+            F.lit(-1).cast("int").alias(BATCH)).unionByName(outputs)
     expected = apply_writes(view, outputs)
     table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
     check = compare(expected, table, keys=view.keys, name="recompute")

@@ -44,6 +44,7 @@ steps need (module, topic, paths, run identity):
 ``request``            :class:`ReplayRequest` (CLI options / DAG Params), validation, offsets parsing
 ``version``            :class:`ViewVersion`, registry and alias handles
 ``planning``           :func:`preflight`, :class:`Preflight` (also the whole of a dry run)
+``upgrade``            upgrade modes: :func:`continue_point` (seed and start of a ``continue`` version)
 ``launching``          :func:`launch`, :func:`adopt_serving`
 ``following``          :func:`progress`, :func:`caught_up`
 ``verification``       :func:`verify`, :class:`Verification`, :func:`expectations_check`
@@ -60,6 +61,7 @@ from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTO
 from kappa.control.replay.following import CatchUp, Progress, caught_up, follow, progress
 from kappa.control.replay.request import (DEFAULT_MAX_LAG, END_MODES, START_MODES, VERIFY_MODES, ReplayError, ReplayRequest,
                                   VersionBusy, offsets_from_json, parse_end, parse_start, spark_offsets)
+from kappa.control.replay.upgrade import continue_point, upgrade_mode
 from kappa.control.replay.switch import catalog_sql_path, promote, retire_expired, rollback, spark_catalog, write_catalog_sql
 from kappa.control.replay.verification import Verification, expectations_check, table_rows, verify
 from kappa.control.replay.version import (ViewVersion, alias_of, committed_offsets, module_of, registry_of, run_app_id,
@@ -69,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_LAG", "END_MODES", "MIN_MEASURED_RECORDS", "START_MODES", "THROUGHPUT_HISTORY", "VERIFY_MODES",
     "CatchUp", "Preflight", "Progress", "ReplayError", "ReplayRequest", "Verification", "VersionBusy", "ViewVersion",
     "adopt_serving", "alias_of", "catalog_sql_path", "caught_up", "checkpoint_batches", "committed_offsets",
+    "continue_point", "upgrade_mode",
     "expectations_check", "follow", "launch", "measured_throughput", "module_of", "offsets_from_json", "parse_end",
     "parse_start", "preflight", "progress", "promote", "registry_of", "retire_expired", "rollback", "run_app_id",
     "spark_catalog", "spark_offsets", "stream_topic", "table_rows", "verify",

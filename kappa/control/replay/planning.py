@@ -14,10 +14,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.errors import one_line
+from kappa.runtime.checkpoint import offsets_of
 from kappa.identity import ViewPaths
 from kappa.control.registry import Registry, code_hash
 from kappa.control.replay.request import (ReplayError, ReplayRequest, VersionBusy, offsets_from_json, parse_offsets,
                                   spark_offsets)
+from kappa.control.replay.upgrade import continue_point, upgrade_mode
 from kappa.control.replay.version import ViewVersion, registry_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +61,9 @@ class Preflight:
         eta_seconds: ``records / throughput`` (None: unknown until the replay's first batches give a rate).
         existing_state: Registry state of the version if it was registered already (resume), else None.
         job_state: Runner status of its job.
+        seed: ``upgrade=continue``: the serving version's table and Delta version the new table is seeded with,
+            and the end offsets it holds (= ``start_offsets``) (:func:`kappa.control.replay.upgrade.continue_point`);
+            None for a replay.
     """
 
     request: ReplayRequest
@@ -76,6 +81,7 @@ class Preflight:
     eta_seconds: float | None
     existing_state: str | None = None
     job_state: str = "stopped"
+    seed: dict[str, Any] | None = None
 
     @property
     def starting(self) -> str:
@@ -86,6 +92,9 @@ class Preflight:
         """One human line: what will be replayed, how big, how long."""
         what = (f"{self.request.ref}: replay {self.records:,} records (~{_human_bytes(self.bytes_estimate)}) of "
                 f"{self.topic} from {_short_offsets(self.start_offsets)}")
+        if self.seed is not None:
+            what += (f" (upgrade=continue: seeded with v{self.seed['from_version']}'s rows at Delta version "
+                     f"{self.seed['delta_version']})")
         end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
         if self.throughput is None or self.eta_seconds is None:
             eta = f"; ETA unknown until its first micro-batches ({self.throughput_source})"
@@ -104,12 +113,17 @@ class Preflight:
             batches = (f" in micro-batches of at most {req.max_offsets_per_trigger:,} records"
                        if req.max_offsets_per_trigger else "")
             steps = [f"register {req.ref} as building in the registry (code {self.module}, start "
-                     f"{_short_offsets(self.start_offsets)})",
-                     f"start its job from those offsets{batches}, writing a table of its own"]
+                     f"{_short_offsets(self.start_offsets)})"]
+            if self.seed is not None:
+                steps.append(f"seed its table with the rows of v{self.seed['from_version']} at Delta version "
+                             f"{self.seed['delta_version']} of {self.seed['table']} (upgrade=continue: they hold "
+                             "every record before the start)")
+            steps.append(f"start its job from those offsets{batches}, writing a table of its own")
         steps.append(f"wait until it processed every record before ts {req.end_timestamp_ms} and stopped"
                      if req.bounded else f"wait until it lags at most {req.max_lag:,} records behind the log end "
                      "(or no more than the serving version)")
-        steps.append("verify: strict - the table must equal the plain-Python oracle over the offsets it holds"
+        base = " on top of the seeded rows" if self.seed is not None else ""
+        steps.append(f"verify: strict - the table must equal the plain-Python oracle over the offsets it holds{base}"
                      if req.verify == "strict" else "verify: none - accept the table as it is")
         steps.append(f"promote: switch readers to {req.ref} in one Delta commit, keep the replaced version "
                      f"{req.keep_hours:g} h" if req.auto_promote else
@@ -238,9 +252,15 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         return asked
 
     resumed = offsets_from_json(existing.start_offsets) if existing is not None else {}
+    seed = vv.run_info().get("seed") if resumed else None
+    if not resumed and upgrade_mode(req, vv) == "continue":
+        seed = continue_point(vv, settings)  # the start is where the serving version got
+    elif resumed and req.upgrade is not None and (seed is not None) != (req.upgrade == "continue"):
+        raise ReplayError(f"{req.ref} is already {existing.state} in upgrade mode "
+                          f"{'continue' if seed is not None else 'replay'}; one version has one start")
     if resumed:
         start = resumed
-        if check_start:  # one version, one start: a different one is refused, not silently ignored
+        if check_start and seed is None:  # one version, one start: a different one is refused, not silently ignored
             asked = requested()
             # "earliest" still matches a run that started at the log start retention has since moved past
             same = (all(resumed.get(p, 0) <= o for p, o in asked.items()) if req.start == "earliest"
@@ -254,7 +274,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         processed, _batch = vv.committed_offsets()
         needed = {p: max(o, processed.get(p, o)) for p, o in start.items()}
     else:
-        start = requested()
+        start = offsets_of(seed["end_offsets"]) if seed is not None else requested()
         needed = start
     gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
     if gaps:
@@ -277,7 +297,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         log_end=log_end, target_offsets=target, records=records, avg_record_bytes=avg,
         bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
         eta_seconds=None if rate is None else records / rate,
-        existing_state=existing.state if existing is not None else None, job_state=job.state,
+        existing_state=existing.state if existing is not None else None, job_state=job.state, seed=seed,
     )
 
 

@@ -18,7 +18,8 @@ from kappa.identity import VIEW_NAME, view_ref
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.control.registry import VersionRecord
 
-__all__ = ["DEFAULT_MAX_LAG", "END_MODES", "START_MODES", "VERIFY_MODES", "ReplayError", "ReplayRequest",
+__all__ = ["DEFAULT_MAX_LAG", "END_MODES", "START_MODES", "UPGRADE_MODES", "VERIFY_MODES", "ReplayError",
+           "ReplayRequest",
            "VersionBusy", "offsets_from_json", "parse_end", "parse_offsets", "parse_start", "spark_offsets"]
 
 StartMode = Literal["earliest", "timestamp", "offsets"]
@@ -28,6 +29,8 @@ VerifyMode = Literal["strict", "none"]
 START_MODES: tuple[str, ...] = ("earliest", "timestamp", "offsets")
 END_MODES: tuple[str, ...] = ("live", "timestamp")
 VERIFY_MODES: tuple[str, ...] = ("strict", "none")
+#: How a version starts (:attr:`kappa.runtime.view.ViewDefinition.upgrade`; the request may override it).
+UPGRADE_MODES: tuple[str, ...] = ("replay", "continue")
 #: A live replay counts as caught up once at most this many records are left behind the log end.
 DEFAULT_MAX_LAG = 2_000
 
@@ -62,6 +65,9 @@ class ReplayRequest:
         end: ``live`` (keep running; caught up = small lag) or ``timestamp`` (bounded: records with a Kafka
             timestamp before ``end_timestamp_ms``, then the job stops).
         end_timestamp_ms: End time (epoch ms) for ``end="timestamp"``.
+        upgrade: ``replay`` (rebuild from ``start``), ``continue`` (seed the table with the serving version's rows
+            and start where it had got: only records to come see the new logic) or None: the mode the version
+            declares (:attr:`kappa.runtime.view.ViewDefinition.upgrade`). ``continue`` takes no ``start``.
         verify: ``strict`` (equality with a recompute of its own transform, and with the plain-Python oracle where
             one exists) or ``none``.
         auto_promote: Switch the serving alias once verified.
@@ -83,6 +89,7 @@ class ReplayRequest:
     start_offsets: Mapping[str, Any] | str | None = None
     end: EndMode = "live"
     end_timestamp_ms: int | None = None
+    upgrade: Literal["replay", "continue"] | None = None
     verify: VerifyMode = "strict"
     auto_promote: bool = False
     keep_hours: float = DEFAULT_KEEP_HOURS
@@ -140,6 +147,11 @@ class ReplayRequest:
                                   f"{self.start_timestamp_ms}")
         elif self.end_timestamp_ms is not None:
             raise ReplayError(f"end_timestamp_ms is only used with end=timestamp (end is {self.end})")
+        if self.upgrade is not None and self.upgrade not in UPGRADE_MODES:
+            raise ReplayError(f"upgrade {self.upgrade!r}: expected one of {', '.join(UPGRADE_MODES)}")
+        if self.upgrade == "continue" and (self.start != "earliest" or self.end != "live"):
+            raise ReplayError("upgrade=continue starts where the serving version got and follows the log: "
+                              f"start={self.start} / end={self.end} do not apply (use upgrade=replay)")
         if self.verify not in VERIFY_MODES:
             raise ReplayError(f"verify {self.verify!r}: expected one of {', '.join(VERIFY_MODES)}")
         if not isinstance(self.auto_promote, bool):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.runtime.view import ViewDefinition
 
-__all__ = ["Verification", "expectations_check", "table_rows", "verify"]
+__all__ = ["Verification", "expectations_check", "seed_rows", "table_rows", "verify"]
 
 log = logging.getLogger("kappa.control.replay")
 
@@ -123,10 +123,11 @@ def _diff_against_serving(spark: Any, vv: ViewVersion, delta_version: int) -> An
 
 def _oracle_check(spec: Any, definition: ViewDefinition, settings: Settings, *, start: Mapping[int, int],
                   end: Mapping[int, int], batches: list[Any], end_timestamp_ms: int | None,
-                  rows: list[dict[str, Any]]) -> Any:
+                  rows: list[dict[str, Any]], base: list[dict[str, Any]] | None = None) -> Any:
     """The plain-Python oracle's recomputation of ``[start, end)`` against the table's ``rows``. The records are
     read and validated with jsonschema in Python (not Spark's decoding); which schema, key field and lookups is
-    what the view version declares."""
+    what the view version declares. ``base``: the rows a continued version was seeded with; the range's result
+    lands on top of them (an append adds keys, a merge replaces them)."""
     from kappa.verify import oracle
     from kappa.verify.compare import Check
 
@@ -138,8 +139,9 @@ def _oracle_check(spec: Any, definition: ViewDefinition, settings: Settings, *, 
         records = [r for r in records if r.timestamp_ms < end_timestamp_ms]
     lookups = {name: validated(oracle.read_log(settings, settings.topic(lookup.topic)), lookup.format)
                for name, lookup in definition.lookups.items()}
-    expected = spec.compute(oracle.OracleInput(events=validated(records, definition.stream_format), lookups=lookups,
-                                               batches=batches if spec.uses_batches else None))
+    expected = dict(spec.adapt(row) for row in base or ())
+    expected.update(spec.compute(oracle.OracleInput(events=validated(records, definition.stream_format),
+                                                    lookups=lookups, batches=batches if spec.uses_batches else None)))
     actual: dict[tuple, tuple] = {}
     duplicates = 0
     for row in rows:
@@ -160,6 +162,17 @@ def _oracle_check(spec: Any, definition: ViewDefinition, settings: Settings, *, 
     return Check(name="oracle", passed=passed, rows=len(rows), expected_rows=len(expected), missing=len(missing),
                  extra=len(extra), different=len(different), duplicates=duplicates,
                  first_difference=examples[0] if examples else None, examples=examples, message=message)
+
+
+def seed_rows(seed: Mapping[str, Any], columns: list[str]) -> list[dict[str, Any]]:
+    """The rows a continued version's table was seeded with (:mod:`kappa.control.replay.upgrade`), read from the
+    serving version's table at the seed's Delta version, in ``columns`` (NULL where it had no such column)."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime.deltars import rs_uri
+
+    _names, rows = table_rows(DeltaTable(rs_uri(seed["table"]), version=int(seed["delta_version"])))
+    return [{name: row.get(name) for name in columns} for row in rows]
 
 
 def expectations_check(settings: Settings, view: str, version: int, *, upto: int | None = None) -> Any:
@@ -272,25 +285,30 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
         raise ReplayError(f"{ref}: only batches {batches[0].batch_id}..{batch} have known boundaries (Delta "
                           "history and checkpoint both purged older ones); a strict check of an event-time "
                           "view needs every batch from 0 - verify=none, or replay again")
+    seed = vv.run_info().get("seed")  # a continued version: its range lands on the serving version's rows
+    base = (seed["table"], int(seed["delta_version"])) if seed else None
     with spark_session(settings) as spark:
         checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
                             batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
-                            quarantine_path=paths.quarantine, spark=spark)]
+                            quarantine_path=paths.quarantine, spark=spark, base=base)]
         report = _diff_against_serving(spark, vv, delta_version)
     expectations = _expectations(vv, upto=batch)
     if expectations is not None:
         checks.append(expectations)
     n_rows = checks[0].rows  # the recompute counted the table at this Delta version
     if spec is not None:  # only the plain-Python oracle needs the rows in Python
-        _names, rows = table_rows(table)
+        names, rows = table_rows(table)
         n_rows = len(rows)
         checks.append(_oracle_check(spec, definition, settings, start=start, end=end, batches=batches,
-                                    end_timestamp_ms=end_timestamp_ms, rows=rows))
+                                    end_timestamp_ms=end_timestamp_ms, rows=rows,
+                                    base=seed_rows(seed, names) if seed else None))
     passed = all(c.passed for c in checks)
     failed = [c for c in checks if not c.passed]
     versus = (f"; vs serving v{report.serving_version}: {report.added} keys only here, {report.removed} only "
               f"there, {report.changed} changed (diff report {report.json_path})" if report is not None else "")
     where = f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+    if seed:
+        where += f", on v{seed.get('from_version')}'s rows at its Delta version {seed['delta_version']}"
     names = " and the ".join(c.name for c in checks if c.name != "expectations")
     quality = f"; {expectations.message}" if expectations is not None else ""
     if passed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.runtime.checkpoint import checkpoint_batches, current_run_id, last_commit, open_run, pending_watermark, run_info
 from kappa.runtime.deltars import local_path
@@ -124,16 +124,24 @@ class ViewVersion:
         run = current_run_id(self.paths)
         return app_id(self.name, self.version, run) if run else None
 
-    def ensure_run_id(self, record: VersionRecord | None) -> str:
+    def ensure_run_id(self, record: VersionRecord | None, *, seed: Mapping[str, Any] | None = None) -> str:
         """The run id the version's job will use, recorded in its checkpoint (``run.json``) before the job starts,
         so the registry row carries the exact Delta appId from the start
-        (:func:`kappa.runtime.checkpoint.open_run`; a registered run keeps its id)."""
+        (:func:`kappa.runtime.checkpoint.open_run`; a registered run keeps its id). ``seed``: the run continues
+        from the serving version (:mod:`kappa.control.replay.upgrade`); its job seeds the table from it."""
         known = current_run_id(self.paths)
         if known:
+            if seed is not None and self.run_info().get("seed") != dict(seed):
+                raise ReplayError(f"{self.ref} already has a run that was not continued from this point "
+                                  f"(v{seed.get('from_version')} at Delta version {seed.get('delta_version')}); "
+                                  "one version has one start")
             return known
         registered = record.app_id.rsplit(":", 1)[-1] if record is not None else None
+        fields: dict[str, Any] = {"created_by": "kappa.control.replay"}
+        if seed is not None:
+            fields["seed"] = dict(seed)
         return open_run(self.paths, run_id=None if registered in (None, "pending") else registered,
-                        created_by="kappa.control.replay")["run_id"]
+                        **fields)["run_id"]
 
     def committed_offsets(self) -> tuple[dict[int, int], int | None]:
         """End offsets of the last committed micro-batch of its query (and the batch id)."""
