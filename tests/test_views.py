@@ -245,7 +245,7 @@ def test_hopping_dedupe_view_equals_the_oracle_with_injected_duplicates(spark, k
     assert sum(e.meta.duplicate for e in events) > 150
     view = load_view("jobs.campaign_window_counts.v3")
     start = 0
-    for size in (900, len(events) - 900):  # the second run starts from the first one's checkpoint and state
+    for size in (900, len(events) - 900):  # the second run resumes the first one's checkpoint and state
         generator.produce(lake, lake.topic("ad-events"), events[start:start + size])
         start += size
         job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True, max_offsets_per_trigger=300)

@@ -577,6 +577,41 @@ def promote_cmd(
     console.print(result.message, highlight=False)
 
 
+def _time_ms(text: str, option: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it names its zone)."""
+    from datetime import UTC, datetime
+
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected epoch milliseconds or an ISO 8601 time "
+                        "(e.g. 2026-11-24T10:00:00)") from None
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+@app.command("repair")
+def repair_cmd(
+    view: str = typer.Argument(..., help="View name (its serving version is repaired)."),
+    start: str = typer.Option(..., "--from", help="First window start of the range (epoch ms or ISO 8601, UTC)."),
+    end: str = typer.Option(..., "--to", help="End of the range, exclusive (epoch ms or ISO 8601, UTC)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Recompute, stage and verify; do not swap."),
+) -> None:
+    """Recompute the serving version's windows that start in [--from, --to) from the whole log (every record on
+    time), verify them against the oracle and swap exactly those windows into the serving table in one Delta
+    commit (readers see the old range or the new one)."""
+    from kappa.control.replay.repair import repair_range
+
+    settings = _settings()
+    result = repair_range(view, settings, start_ms=_time_ms(start, "--from"), end_ms=_time_ms(end, "--to"),
+                          by=_by(), dry_run=dry_run)
+    console.print(result.message, highlight=False)
+    if result.verified is False:
+        raise typer.Exit(1)
+
+
 @app.command("rollback")
 def rollback_cmd(
     view: str = typer.Argument(..., help="View name."),

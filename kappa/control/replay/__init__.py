@@ -45,6 +45,7 @@ steps need (module, topic, paths, run identity):
 ``version``            :class:`ViewVersion`, registry and alias handles
 ``planning``           :func:`preflight`, :class:`Preflight` (also the whole of a dry run)
 ``upgrade``            upgrade modes: :func:`continue_point` (seed and start of a ``continue`` version)
+``repair``             partial-range replay: :func:`~kappa.control.replay.repair.repair_range`
 ``launching``          :func:`launch`, :func:`adopt_serving`
 ``following``          :func:`progress`, :func:`caught_up`
 ``verification``       :func:`verify`, :class:`Verification`, :func:`expectations_check`

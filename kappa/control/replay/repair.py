@@ -1,0 +1,244 @@
+"""Partial-range replay ("repair"): recompute the windows of one event-time range of the serving version from
+the log, verify them, and swap exactly those windows into the serving table in one Delta commit.
+
+For the day a range went wrong - bad input for an hour, fixed by re-producing the corrected records (which then
+arrive after the watermark and are dropped by the live job): instead of a new version replayed from the start,
+only the windows that start in ``[start, end)`` are rebuilt::
+
+    log (whole retained topic) ─ decode, valid records with event time >= start ─> the serving version's own
+      transform as a batch job (every record counts, the watermark drops nothing), lookups as they are now
+      ─> the rows whose window starts in [start, end), finality from the log's event-time maximum
+      ─> staging table <version>/repairs/<id> ─> verified against the plain-Python oracle (no micro-batches:
+      every record counts) ─> ONE MERGE into the serving table: update matched windows, insert new ones, delete
+      the range's windows the recompute no longer has (NOT MATCHED BY SOURCE inside the range only)
+
+Readers see the old range or the new one, never a mix: the swap is one Delta commit. Refused in one line: a view
+without event-time windows (``finality`` and a ``window_start`` key), an empty or reversed range, and a range
+whose windows are not all final yet (the live job could still change them - wait until the watermark passed).
+What it changes is recorded in the commit (``userMetadata``: ``{"kappa": {"repair": ...}}``) and reported
+(windows added, changed, removed), and ``kappa watch`` shows it as the changes of one commit.
+
+A repaired range holds what a replay with every record on time would give, so a later strict re-verification
+of the version (which re-runs its recorded micro-batches) reports those windows as differing; the repair's own
+check is the proof for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kappa.errors import one_line
+from kappa.control.replay.request import ReplayError
+from kappa.control.replay.version import ViewVersion, alias_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kappa.config import Settings
+
+__all__ = ["Repair", "WINDOW_START", "repair_range"]
+
+log = logging.getLogger("kappa.control.replay")
+
+#: The key column a repairable view's windows start at.
+WINDOW_START = "window_start"
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What :func:`repair_range` did.
+
+    Attributes:
+        view, version: The serving version repaired.
+        start_ms, end_ms: The range: windows starting in ``[start_ms, end_ms)``.
+        windows: Windows the recompute has in the range.
+        added, changed, removed: Windows inserted, updated (some value differs), deleted by the swap.
+        verified: The staged windows equal the oracle (None: the view has no oracle).
+        swapped: The swap was committed (False: a dry run, or a failed check).
+        delta_version: The serving table's Delta version holding the swap.
+        staging: The staging table.
+        message: One human line.
+    """
+
+    view: str
+    version: int
+    start_ms: int
+    end_ms: int
+    windows: int
+    added: int
+    changed: int
+    removed: int
+    verified: bool | None
+    swapped: bool
+    delta_version: int | None
+    staging: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, by: str, dry_run: bool = False,
+                 spark: Any = None) -> Repair:
+    """Rebuild the serving version's windows that start in ``[start_ms, end_ms)`` and swap them in atomically.
+
+    Raises:
+        ReplayError: Refused (see the module docstring) - nothing was written.
+    """
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.rerun import session_for
+    from kappa.verify.oracle import epoch_ms
+
+    if not by:
+        raise ReplayError("by is required (e.g. cli:<user>)")
+    if end_ms <= start_ms:
+        raise ReplayError(f"repair range [{start_ms}, {end_ms}) is empty: --to must be after --from")
+    target = alias_of(settings).target(view)
+    vv = ViewVersion.resolve(view, target.version, settings)
+    definition = vv.definition
+    fin = definition.finality
+    if fin is None or WINDOW_START not in definition.keys:
+        raise ReplayError(f"{vv.ref} has no event-time windows (finality and a {WINDOW_START} key) to repair a "
+                          "range of; replay a new version instead")
+    session, own = session_for(settings, spark)
+    try:
+        serving = session.read.format("delta").load(target.table_path)
+        in_range = (F.col(WINDOW_START) >= F.timestamp_millis(F.lit(start_ms))) & (
+            F.col(WINDOW_START) < F.timestamp_millis(F.lit(end_ms)))
+        staged = _recompute_range(session, settings, vv, start_ms, in_range)
+        event_max = serving.agg(F.max(fin.event_max_column)).collect()[0][0]
+        open_now = serving.where(in_range & ~F.col(fin.flag_column)).count()
+        latest_end = staged.agg(F.max(fin.window_end_column)).collect()[0][0]
+        watermark = None if event_max is None else epoch_ms(event_max) - fin.delay_seconds * 1000
+        last_end = epoch_ms(latest_end)
+        if open_now or (last_end is not None and (watermark is None or last_end > watermark)):
+            raise ReplayError(
+                f"{vv.ref}: the range {_iso(start_ms)}..{_iso(end_ms)} UTC is not final yet ({open_now} open windows"
+                f" in the table; the last recomputed window ends {_iso(last_end) if last_end else '-'} UTC, the "
+                f"version's watermark is at {_iso(watermark) if watermark is not None else '-'} UTC): the live "
+                "job may still change it - repair once the watermark passed it")
+        repair_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+        staging = f"{vv.paths.root.rstrip('/')}/repairs/{repair_id}"
+        staged.write.format("delta").mode("overwrite").save(staging)
+        staged = session.read.format("delta").load(staging)
+        rows = [r.asDict() for r in staged.collect()]
+        before = [r.asDict() for r in serving.where(in_range).collect()]
+        keys = definition.keys
+
+        def key(row: dict[str, Any]) -> tuple:
+            return tuple(row[k] for k in keys)
+
+        old = {key(r): r for r in before}
+        new = {key(r): r for r in rows}
+        added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
+        changed = sum(1 for k in new.keys() & old.keys() if new[k] != old[k])
+        verified, why = _verify(vv, settings, rows, start_ms, end_ms)
+        summary = (f"{vv.ref} windows {_iso(start_ms)}..{_iso(end_ms)} UTC: {len(rows)} recomputed, {added} added, "
+                   f"{changed} changed, {removed} removed")
+        if verified is False:
+            return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows),
+                          added=added, changed=changed, removed=removed, verified=False, swapped=False,
+                          delta_version=None, staging=staging,
+                          message=f"{summary}; NOT swapped: the staged windows differ from the oracle ({why})")
+        if dry_run:
+            return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows),
+                          added=added, changed=changed, removed=removed, verified=verified, swapped=False,
+                          delta_version=None, staging=staging, message=f"{summary}; dry run: not swapped")
+        meta = json.dumps({"kappa": {"repair": {"id": repair_id, "by": by, "start_ms": start_ms, "end_ms": end_ms,
+                                                "added": added, "changed": changed, "removed": removed}}})
+        delta_version = _swap(session, target.table_path, staged, keys, start_ms, end_ms, meta)
+    finally:
+        if own:
+            session.stop()
+    message = f"{summary}; swapped in Delta version {delta_version}" + (
+        " (equal to the oracle)" if verified else " (no oracle for this version: not cross-checked)")
+    log.info("repair by %s: %s", by, message)
+    return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows), added=added,
+                  changed=changed, removed=removed, verified=verified, swapped=True, delta_version=delta_version,
+                  staging=staging, message=message)
+
+
+def _recompute_range(spark: Any, settings: Settings, vv: ViewVersion, start_ms: int, in_range: Any) -> Any:
+    """The serving version's own transform as one batch job over every valid record with event time >= start
+    (a window starting in the range holds no earlier one), its windows in the range, finality from the whole
+    output's event-time maximum (:func:`kappa.runtime.rerun.apply_writes`)."""
+    from pyspark.sql import functions as F
+
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.lookups import lookup_frame
+    from kappa.runtime.parsing import valid_rows
+    from kappa.runtime.rerun import BATCH, apply_writes, read_range
+
+    definition = vv.definition
+    end = {p: hi for p, (_lo, hi) in partition_offsets(settings, vv.topic).items()}
+    events = valid_rows(read_range(spark, settings, definition, vv.topic, {}, end)).where(
+        F.col("event_ts") >= F.timestamp_millis(F.lit(start_ms)))
+    lookups = {name: F.broadcast(lookup_frame(spark, settings, lookup, None))
+               for name, lookup in definition.lookups.items()}
+    output = definition.transform(events, **lookups).withColumn(BATCH, F.lit(0))
+    return apply_writes(definition, output).where(in_range)
+
+
+def _verify(vv: ViewVersion, settings: Settings, rows: list[dict[str, Any]], start_ms: int,
+            end_ms: int) -> tuple[bool | None, str]:
+    """The staged windows against the version's plain-Python oracle over the whole log, every record counted
+    (no micro-batches: nothing is late in a batch recompute). (None, why) without an oracle."""
+    from kappa.verify import oracle
+
+    spec = oracle.oracle_for(vv.name, vv.version)
+    if spec is None:
+        return None, "no oracle"
+    definition = vv.definition
+
+    def validated(topic: str, fmt: Any) -> list[Any]:
+        return oracle.validate_records(oracle.read_log(settings, settings.topic(topic)), fmt.subject,
+                                       key_field=fmt.key_field, tombstones=fmt.tombstones)
+
+    events = validated(definition.stream_topic, definition.stream_format)
+    lookups = {name: validated(lookup.topic, lookup.format) for name, lookup in definition.lookups.items()}
+    position = list(spec.keys).index(WINDOW_START)
+    expected = {k: v for k, v in spec.compute(oracle.OracleInput(events=events, lookups=lookups)).items()
+                if start_ms <= k[position] < end_ms}
+    actual = dict(spec.adapt(r) for r in rows)
+    if len(actual) != len(rows):
+        return False, "a window is staged twice"
+    wrong = sorted((k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k)), key=str)
+    if wrong:
+        k = wrong[0]
+        return False, (f"{len(wrong)} windows differ, first {k}: staged={actual.get(k)} oracle={expected.get(k)}")
+    return True, ""
+
+
+def _swap(spark: Any, table: str, staged: Any, keys: tuple[str, ...], start_ms: int, end_ms: int,
+          meta: str) -> int:
+    """One MERGE commit: update the matched windows, insert the new, delete the range's windows the recompute
+    no longer has. Retried when a concurrent commit (the live job) conflicts; returns the Delta version."""
+    from delta.tables import DeltaTable
+
+    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    gone = (f"t.`{WINDOW_START}` >= timestamp_millis({int(start_ms)}) AND "
+            f"t.`{WINDOW_START}` < timestamp_millis({int(end_ms)})")
+    conf = "spark.databricks.delta.commitInfo.userMetadata"
+    for attempt in range(5):
+        spark.conf.set(conf, meta)
+        try:
+            (DeltaTable.forPath(spark, table).alias("t").merge(staged.alias("s"), on)
+             .whenMatchedUpdateAll().whenNotMatchedInsertAll().whenNotMatchedBySourceDelete(condition=gone)
+             .execute())
+            break
+        except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts are retried
+            if "Concurrent" not in type(exc).__name__ + str(exc)[:300] or attempt == 4:
+                raise ReplayError(f"repair swap into {table} failed: {one_line(exc)}") from None
+            time.sleep(1 + attempt)
+        finally:
+            spark.conf.unset(conf)
+    return int(DeltaTable.forPath(spark, table).history(1).collect()[0]["version"])
