@@ -349,8 +349,7 @@ def test_continue_seeds_from_the_serving_version_and_reads_only_what_it_had_not(
     u = generator.universe(seed=41, campaigns=3, users=50)
     before = list(generator.events(1200, seed=41, universe=u, start_ms=T0, rate_per_s=50, malformed_fraction=0.05))
     assert generator.produce(settings, topic, before).delivered == 1200
-    v1 = ViewJob(load_view("jobs.events_raw.v1"), settings, spark=spark, starting="earliest", available_now=True,
-                 max_offsets_per_trigger=500)
+    v1 = ViewJob(load_view("jobs.events_raw.v1"), settings, spark=spark, starting="earliest", available_now=True)
     v1.start()
     try:
         assert v1.await_termination(300) and v1.failure() is None, v1.failure()

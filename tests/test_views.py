@@ -94,7 +94,7 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
     generator.publish_campaigns(lake, mapping, topic=lake.topic("campaigns"))
     ads = list(mapping)
     generator.publish_campaigns(lake, {ads[0]: u.campaigns[-1], ads[1]: None}, topic=lake.topic("campaigns"))
-    stream = generator.events(3000, seed=12, universe=u, start_ms=1_700_000_000_000, rate_per_s=25,
+    stream = generator.events(2000, seed=12, universe=u, start_ms=1_700_000_000_000, rate_per_s=25,
                               late_fraction=0.1, max_lateness_ms=5000, malformed_fraction=0.05)
     generator.produce(lake, lake.topic("ad-events"), stream)
 
@@ -115,7 +115,7 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
 
     # the run caught up: new records are merged into the table (updates, finality), still equal to the oracle
     generator.produce(lake, lake.topic("ad-events"), generator.events(
-        600, seed=13, universe=u, start_ms=1_700_000_000_000 + 3000 * 40, rate_per_s=25))
+        600, seed=13, universe=u, start_ms=1_700_000_000_000 + 2000 * 40, rate_per_s=25))
     # a catalog change no event refers to (a remap of a used ad would change old windows in the oracle only)
     generator.publish_campaigns(lake, {"00000000-0000-4000-8000-000000000001": u.campaigns[0]},
                                 topic=lake.topic("campaigns"))
