@@ -70,8 +70,6 @@ def continue_point(vv: ViewVersion, settings: Settings) -> dict[str, Any]:
     if not bounds or bounds[-1].batch_id != batch:
         raise ReplayError(f"upgrade=continue: the end offsets of {serving.ref}'s batch {batch} are neither in its "
                           "Delta history nor in its checkpoint; replay instead")
-    if serving.topic != vv.topic:  # continue_refusal compared declared names; the physical ones must agree too
-        raise ReplayError(f"upgrade=continue: {serving.ref} reads {serving.topic}, {vv.ref} {vv.topic}")
     return {"from_version": serving.version, "table": target.table_path, "delta_version": table.version(),
             "batch": batch, "app_id": app,
             "end_offsets": {str(p): o for p, o in sorted(bounds[-1].end_offsets.items())}}
