@@ -11,19 +11,21 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 
 | task | what it does |
 |---|---|
-| `preflight` | the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
-| `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs) |
+| `preflight` | with `cascade`: which dependants get built (a dependant declaring no version over the new one fails the run here, in one line); the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
+| `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs); with `cascade` the same for each dependant, from the earliest offset of the topic the new version publishes |
 | `wait_caught_up` | sensor in reschedule mode, logs progress % (the job's `kappa_replay_progress_ratio`), lag, ETA and why it is (not yet) caught up; live: lag <= `max_lag` (or no more than the serving version's own lag - said so), bounded: job finished |
+| `wait_chain` | with `cascade` only (else done at once): the new version has published what it held when it caught up, and every dependant built against it has read all of it |
 | `verify` | `strict`: the table equals a recompute of the version's own transform over the exact micro-batches it holds (and the plain-Python oracle, for versions that have one); else the version is `failed` (first differing key in the log) and serving is untouched |
-| `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped |
+| `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped; with `cascade` the whole chain switches in one alias commit |
 | `watch` | for `watch_minutes` after the switch: the new version's job runs, the share of records it quarantines stays within `watch_max_quarantine_rate`, its expectations within their limits, its lag within `watch_max_lag`; when it breaks, rolls back to the replaced version (its job restarted) and fails with the reason, also written to the registry's audit log |
 
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
 `start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `upgrade` (`replay` \\| `continue`;
 default: what the version declares), `verify` (`strict` \\| `none`),
 `auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `watch_minutes`
-(default 10; 0: no watch), `watch_max_quarantine_rate` (0.05), `watch_max_lag` (50,000), `dry_run` (preflight +
-the plan of steps in its log; every later task skipped, nothing changed).
+(default 10; 0: no watch), `watch_max_quarantine_rate` (0.05), `watch_max_lag` (50,000), `cascade` (also rebuild
+the views over this one against it, verify all, promote the chain together; a watch rollback switches the chain
+back), `dry_run` (preflight + the plan of steps in its log; every later task skipped, nothing changed).
 
     airflow dags trigger kappa_replay --conf '{"view": "campaign_window_counts", "version": 2, "auto_promote": true}'
 
@@ -73,6 +75,15 @@ def _request(params: dict[str, Any], run_id: str | None) -> Any:
     from kappa.control.replay import ReplayRequest
 
     return ReplayRequest.from_params(params, triggered_by=f"airflow:{DAG_ID}:{run_id}")
+
+
+def _chain(req: Any) -> list[tuple[str, int]]:
+    """The dependants a cascade builds (none without ``cascade``; kappa.control.replay.cascade)."""
+    if not req.cascade:
+        return []
+    from kappa.control.replay.cascade import chain
+
+    return chain(req.view, req.version)
 
 
 def _platform() -> tuple[Any, Any]:
@@ -130,6 +141,9 @@ def _platform() -> tuple[Any, Any]:
                                                        "to the quarantine."),
         "watch_max_lag": Param(50000, type="integer", minimum=0, title="Watch: max lag",
                                description="Records the new version may lag behind (for several checks in a row)."),
+        "cascade": Param(False, type="boolean", title="Cascade to the views over it",
+                         description="Also rebuild the views over this one against the new version (their declared "
+                                     "versions over it), verify them all and promote the chain in one alias commit."),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Preflight and the plan of steps only (logged); every later task is skipped "
                                      "and nothing changes."),
@@ -150,9 +164,12 @@ def kappa_replay() -> None:
                 if exc.record is not None and exc.record.state == "serving":  # done before: nothing to do
                     raise AirflowSkipException(str(exc)) from None
                 raise
+            chain = _chain(req)
         log.info("%s", pre.summary())
         for i, step in enumerate(pre.plan(), 1):
             log.info("plan %s. %s", i, step)
+        for view, version in chain:
+            log.info("cascade: build %s@v%s over %s, verify it, switch with it", view, version, req.ref)
         return pre.to_dict()
 
     @task
@@ -168,6 +185,11 @@ def kappa_replay() -> None:
             req = _request(params or {}, run_id)
             settings, runner = _platform()
             rec = replay.launch(req, settings, runner, replay.Preflight.from_dict(pre))
+            if req.cascade:
+                from kappa.control.replay.cascade import launch_chain
+
+                for dep in launch_chain(req, settings, runner):
+                    log.info("cascade: %s: %s, app id %s", dep.ref, dep.state, dep.app_id)
         log.info("%s: %s, app id %s, starting %s", rec.ref, rec.state, rec.app_id, rec.starting)
         return rec.to_dict()
 
@@ -186,10 +208,30 @@ def kappa_replay() -> None:
             log.info("metrics:\n%s", sample.metrics_text())
             caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
                                       end_timestamp_ms=req.end_timestamp_ms, max_lag=req.max_lag, sample=sample)
+            published = None
+            if caught.done and req.cascade:  # what the views over it must have read: the table as it is now
+                from kappa.control.replay.cascade import table_version
+
+                published = table_version(replay.ViewVersion.resolve(req.view, req.version, settings))
         log.info("%s: %s", "caught up" if caught else "not caught up yet", caught.reason)
         return PokeReturnValue(is_done=caught.done, xcom_value={
             "summary": sample.summary(), "batch_id": sample.batch_id, "ratio": sample.ratio, "lag": sample.lag,
-            "caught_up": caught.reason})
+            "caught_up": caught.reason, "published": published})
+
+    @task.sensor(poke_interval=POKE_SECONDS, timeout=WAIT_TIMEOUT_SECONDS, mode="reschedule")
+    def wait_chain(caught: dict[str, Any], params: dict[str, Any] | None = None,
+                   run_id: str | None = None) -> PokeReturnValue:
+        """With cascade: the views built over the new version have read what it published (else done at once)."""
+        with _one_line_failures():
+            req = _request(params or {}, run_id)
+            if not req.cascade:
+                return PokeReturnValue(is_done=True, xcom_value=caught)
+            from kappa.control.replay.cascade import chain_caught_up
+
+            settings, runner = _platform()
+            done = chain_caught_up(req, settings, runner, published=caught["published"])
+        log.info("%s: %s", "the chain caught up" if done else "not yet", done.reason)
+        return PokeReturnValue(is_done=done.done, xcom_value={**caught, "chain": done.reason})
 
     @task
     def verify(caught: dict[str, Any], params: dict[str, Any] | None = None,
@@ -201,21 +243,24 @@ def kappa_replay() -> None:
         with _one_line_failures():
             req = _request(params or {}, run_id)
             settings, _runner = _platform()
-            result = replay.verify(req.view, req.version, settings, req.verify, by=req.triggered_by,
-                                   end_timestamp_ms=req.end_timestamp_ms)
-        log.info("%s", result.message)
-        for example in result.examples:
-            log.info("  %s", example)
-        if result.report:  # what changes for readers: judge the logic change before promoting (also in XCom)
-            from kappa.verify.diffreport import DiffReport
+            results = [replay.verify(view, version, settings, req.verify, by=req.triggered_by,
+                                     end_timestamp_ms=req.end_timestamp_ms)
+                       for view, version in [(req.view, req.version), *_chain(req)]]
+        for result in results:
+            log.info("%s", result.message)
+            for example in result.examples:
+                log.info("  %s", example)
+            if result.report:  # what changes for readers: judge the logic change before promoting (also in XCom)
+                from kappa.verify.diffreport import DiffReport
 
-            report = DiffReport(**result.report)
-            log.info("%s", report.summary())
-            for line in report.lines():
-                log.info("  %s", line)
-        if not result.passed:
-            raise AirflowFailException(result.message)
-        return result.to_dict()
+                report = DiffReport(**result.report)
+                log.info("%s", report.summary())
+                for line in report.lines():
+                    log.info("  %s", line)
+        failed = [r.message for r in results if not r.passed]
+        if failed:
+            raise AirflowFailException("; ".join(failed))
+        return results[0].to_dict()
 
     @task.short_circuit
     def promote_requested(verification: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
@@ -231,11 +276,13 @@ def kappa_replay() -> None:
         with _one_line_failures():
             req = _request(params or {}, run_id)
             settings, runner = _platform()
-            result = replay.promote(req.view, req.version, settings, runner, by=req.triggered_by,
-                                    keep_hours=req.keep_hours)
-        log.info("%s", result.message)
+            results = replay.promote_chain([(req.view, req.version), *_chain(req)], settings, runner,
+                                           by=req.triggered_by, keep_hours=req.keep_hours)
+        for result in results:
+            log.info("%s", result.message)
+        result = results[0]
         return {"view": result.view, "version": result.version, "previous_version": result.previous_version,
-                "changed": result.changed, "message": result.message}
+                "changed": result.changed, "message": "; ".join(r.message for r in results)}
 
     @task
     def watch(switched: dict[str, Any], params: dict[str, Any] | None = None,
@@ -253,13 +300,13 @@ def kappa_replay() -> None:
             log.info("no watch: %s", why)
             return {"healthy": True, "watched": False, "reason": why}
         result = watch_version(req.view, req.version, settings, runner, previous_version=previous, policy=policy,
-                               by=req.triggered_by)
+                               by=req.triggered_by, cascade=req.cascade)
         log.info("%s", result.message)
         if not result.healthy:
             raise AirflowFailException(result.message)
         return {**result.to_dict(), "watched": True}
 
-    checked = verify(wait_caught_up(launch(preflight())))
+    checked = verify(wait_chain(wait_caught_up(launch(preflight()))))
     gate = promote_requested(checked)
     switched = promote(checked)
     gate >> switched

@@ -7,7 +7,8 @@ stops the job of the version it replaces. One call into `kappa.control.replay.ro
 `kappa rollback VIEW --to N`. The switch is one Delta commit: readers see the old pointer or the new one.
 
 `to_version` is required: a rollback relative to "the previous version" would undo itself when retried.
-Running the DAG again with the same parameters is a no-op.
+Running the DAG again with the same parameters is a no-op. `cascade`: the views over this one (views of views)
+switch back with it, to their kept versions over `to_version`, in the same alias commit.
 
     airflow dags trigger kappa_rollback --conf '{"view": "campaign_window_counts", "to_version": 1}'
 """
@@ -49,6 +50,9 @@ VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="ut
                             description="A retired version whose table is still kept."),
         "keep_hours": Param(DEFAULT_KEEP_HOURS, type="number", minimum=0, title="Keep replaced version (hours)",
                             description="How long the replaced version's table is kept."),
+        "cascade": Param(False, type="boolean", title="Cascade to the views over it",
+                         description="Also switch the views over it back to their kept versions over to_version, "
+                                     "in the same alias commit."),
     },
 )
 def kappa_rollback() -> None:
@@ -64,7 +68,8 @@ def kappa_rollback() -> None:
             settings = Settings.from_env()
             result = replay.rollback(params["view"], int(params["to_version"]), settings,
                                      runner_for(settings), by=f"airflow:{DAG_ID}:{run_id}",
-                                     keep_hours=float(params.get("keep_hours", DEFAULT_KEEP_HOURS)))
+                                     keep_hours=float(params.get("keep_hours", DEFAULT_KEEP_HOURS)),
+                                     cascade=bool(params.get("cascade", False)))
         except ValueError as exc:  # refused by the platform: fail at once, one line, no retries
             raise AirflowFailException(one_line(exc)) from None
         log.info("%s", result.message)

@@ -105,7 +105,9 @@ def test_installed_pyspark_matches_pin() -> None:
 # -------------------------------------------------------------------------------------- catalog
 def test_platform_catalog() -> None:
     cat = load_catalog()
-    assert set(cat.topics) == {"ad-events", "campaigns"}
+    assert set(cat.topics) == {"ad-events", "campaigns", "campaign-windows.v1", "campaign-windows.v2"}
+    assert cat.topic("campaign-windows.v1").partitions == 1  # published windows stay in event-time order
+    assert cat.topic("campaign-windows.v2").config["cleanup.policy"] == "compact"
     assert cat.topic("ad-events").partitions == 4
     assert cat.topic("campaigns").config["cleanup.policy"] == "compact"
     assert cat.view("campaign_window_counts").topics == ("ad-events", "campaigns")
@@ -116,6 +118,28 @@ def test_platform_catalog() -> None:
         cat.view("nope")
     with pytest.raises(UnknownView, match=r"^events_raw has no version 3 in kappa/platform.yaml \(declared: 1, 2\)$"):
         cat.module_of("events_raw", 3)
+
+
+def test_the_declared_views_of_views_form_a_graph_without_problems() -> None:
+    """Each campaign_hourly_totals version reads the topic one campaign_window_counts version publishes; a catalog
+    with two publishers of one topic, or a publish topic it does not declare, is reported."""
+    import dataclasses
+
+    from kappa.control.replay.cascade import chain, graph, graph_problems
+
+    cat = load_catalog()
+    assert [str(e) for e in graph(cat)] == [
+        "campaign_hourly_totals@v1 <- campaign-windows.v1 <- campaign_window_counts@v1",
+        "campaign_hourly_totals@v2 <- campaign-windows.v2 <- campaign_window_counts@v2"]
+    assert graph_problems(cat) == []
+    assert chain("campaign_window_counts", 2) == [("campaign_hourly_totals", 2)]
+    twice = dataclasses.replace(cat, views={**cat.views, "copy": dataclasses.replace(
+        cat.view("campaign_window_counts"), name="copy", versions={1: "jobs.campaign_window_counts.v1"})})
+    assert graph_problems(twice) == ["copy@v1 and campaign_window_counts@v1 both publish to campaign-windows.v1 "
+                                     "(one topic per publishing version)"]
+    undeclared = dataclasses.replace(cat, topics={k: v for k, v in cat.topics.items() if k != "campaign-windows.v2"})
+    assert graph_problems(undeclared) == ["campaign_window_counts@v2 publishes to campaign-windows.v2, which "
+                                          "platform.yaml does not declare"]
 
 
 def test_catalog_reports_every_problem() -> None:

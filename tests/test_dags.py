@@ -77,7 +77,8 @@ def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
     schema = {name: dag.params.get_param(name).schema for name in dag.params}
     assert set(schema) == {"view", "version", "start", "start_timestamp_ms", "start_offsets", "end",
                            "end_timestamp_ms", "upgrade", "verify", "auto_promote", "keep_hours", "max_offsets_per_trigger",
-                           "max_lag", "watch_minutes", "watch_max_quarantine_rate", "watch_max_lag", "dry_run"}
+                           "max_lag", "watch_minutes", "watch_max_quarantine_rate", "watch_max_lag", "cascade",
+                           "dry_run"}
     assert schema["view"]["enum"] == sorted(load_catalog().views)
     assert schema["version"]["type"] == "integer" and schema["version"]["minimum"] == 1
     assert schema["start"]["enum"] == ["earliest", "timestamp", "offsets"]
@@ -85,19 +86,21 @@ def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
     assert schema["verify"]["enum"] == ["strict", "none"]
     assert schema["upgrade"]["enum"] == [None, "replay", "continue"]
     assert schema["auto_promote"]["type"] == "boolean" and schema["dry_run"]["type"] == "boolean"
+    assert schema["cascade"]["type"] == "boolean" and dag.params["cascade"] is False
     assert schema["keep_hours"]["type"] == "number" and schema["keep_hours"]["minimum"] == 0
     assert schema["start_timestamp_ms"]["type"] == ["null", "integer"]
     sensor = dag.task_dict["wait_caught_up"]
     assert sensor.mode == "reschedule"
-    assert list(dag.task_dict) == ["preflight", "launch", "wait_caught_up", "verify", "promote_requested", "promote",
-                                   "watch"]
+    assert list(dag.task_dict) == ["preflight", "launch", "wait_caught_up", "wait_chain", "verify",
+                                   "promote_requested", "promote", "watch"]
+    assert dag.task_dict["wait_chain"].mode == "reschedule"
     assert dag.task_dict["promote"].upstream_task_ids == {"promote_requested", "verify"}
     assert dag.task_dict["watch"].upstream_task_ids == {"promote"}
     assert schema["watch_minutes"]["minimum"] == 0 and schema["watch_max_quarantine_rate"]["maximum"] == 1
 
     rollback = _dagbag().dags["kappa_rollback"]
     assert {n: rollback.params.get_param(n).schema.get("type") for n in rollback.params} == {
-        "view": "string", "to_version": "integer", "keep_hours": "number"}
+        "view": "string", "to_version": "integer", "keep_hours": "number", "cascade": "boolean"}
     assert rollback.params.get_param("to_version").schema["minimum"] == 1
 
 

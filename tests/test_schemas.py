@@ -24,7 +24,7 @@ def ad_v1() -> dict[str, Any]:
 
 
 def test_shipped_schemas_are_compatible() -> None:
-    assert schemas.subjects() == ["ad_event", "campaign"]
+    assert schemas.subjects() == ["ad_event", "campaign", "campaign_window"]
     assert schemas.check_all() == []
 
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from kappa.runtime.lookups import CAMPAIGN_OF_AD
 from kappa.runtime.parsing import AD_EVENTS
-from kappa.runtime.view import Finality, ViewDefinition, tumbling_window_end
+from kappa.runtime.view import Finality, Publish, ViewDefinition, tumbling_window_end
 
 WINDOW_SECONDS = 10
 WINDOW = f"{WINDOW_SECONDS} seconds"
@@ -57,4 +57,7 @@ VIEW = ViewDefinition(
     latency_column="last_event_time",
     stateful=True,
     late_bound=late_bound,
+    # views over this one (campaign_hourly_totals v1) read its final windows (kappa.runtime.publish)
+    publish=Publish(topic="campaign-windows.v1", key=("campaign_id", "window_start"), where="is_final",
+                    order_by=("window_end",)),
 )

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from kappa.runtime.lookups import CAMPAIGN_OF_AD
 from kappa.runtime.parsing import AD_EVENTS
-from kappa.runtime.view import Finality, ViewDefinition, tumbling_window_end
+from kappa.runtime.view import Finality, Publish, ViewDefinition, tumbling_window_end
 
 WINDOW_SECONDS = 60
 WINDOW = f"{WINDOW_SECONDS} seconds"
@@ -68,4 +68,7 @@ VIEW = ViewDefinition(
     latency_column="last_event_time",
     stateful=True,
     late_bound=late_bound,
+    # views over this one (campaign_hourly_totals v2) read its final windows (kappa.runtime.publish)
+    publish=Publish(topic="campaign-windows.v2", key=("campaign_id", "window_start"), where="is_final",
+                    order_by=("window_end",)),
 )

@@ -240,9 +240,37 @@ class ServingAlias:
         Raises:
             ServingError: Unknown view/version, version not verified, or its table is missing.
         """
+        return self.promote_chain([(view, version)], by=by, keep=keep)[0]
+
+    def promote_chain(self, versions: list[tuple[str, int]], *, by: str,
+                      keep: timedelta | None = None) -> list[SwitchResult]:
+        """Point several views' aliases at once - a view and the views over it (a cascading replay): the alias
+        rows of all of them change in **one** Delta commit, so a reader resolving the aliases from one snapshot
+        (``kappa query`` joining two views) sees the old chain or the new one, never a mix. Idempotent like
+        :meth:`promote` (which is this with one view); the registry follows per view.
+
+        Raises:
+            ServingError: As :meth:`promote`, for any of them (nothing is switched then), or a view given twice.
+        """
         if not by:
             raise ServingError("by is required (e.g. cli:<user> or airflow:<dag_run_id>)")
+        views = [view for view, _version in versions]
+        if not versions or len(set(views)) != len(views):
+            raise ServingError(f"one version per view, at least one view: {versions}")
         keep = self.keep if keep is None else keep
+        checked = [self._promotable(view, version) for view, version in versions]
+        if all(done for _rec, _others, done in checked):
+            return [SwitchResult(view=rec.view, version=rec.version,
+                                 previous_version=self.alias(rec.view).previous_version,
+                                 table_path=rec.table_path, changed=False,
+                                 message=f"{view_ref(rec.view, rec.version)} already serves; nothing to do")
+                    for rec, _others, _done in checked]
+        # 1. the aliases: one MERGE commit, the only step readers see
+        switched = self._switch([(rec, others) for rec, others, _done in checked], by=by)
+        return [self._follow_switch(rec, *switched[rec.view], by=by, keep=keep) for rec, _others, _done in checked]
+
+    def _promotable(self, view: str, version: int) -> tuple[VersionRecord, list[VersionRecord], bool]:
+        """(registry row, the view's other serving versions, already served and consistent) - or a refusal."""
         self.target(view)  # validates the view name against the catalog
         rec = self.registry.get(view, version)
         if rec is None:
@@ -250,18 +278,19 @@ class ServingAlias:
         alias = self.alias(view)
         others = [r for r in self.registry.list(view) if r.state == "serving" and r.version != version]
         if alias is not None and alias.version == version and rec.state == "serving" and not others:
-            return SwitchResult(view=view, version=version, previous_version=alias.previous_version,
-                                table_path=alias.table_path, changed=False,
-                                message=f"{view_ref(view, version)} already serves; nothing to do")
+            return rec, others, True
         if rec.state not in {"verified", "serving", "retired"}:
             raise ServingError(f"{view_ref(view, version)} is {rec.state}; only a verified version can be promoted")
         if rec.deleted_at is not None:
             raise ServingError(f"{view_ref(view, version)}: its table was deleted at {rec.deleted_at.isoformat()}")
         if not DeltaTable.is_deltatable(rec.table_path, self.storage_options):
             raise ServingError(f"{view_ref(view, version)}: no Delta table at {rec.table_path}")
+        return rec, others, False
 
-        # 1. the alias: one MERGE commit, the only step readers see
-        changed, previous = self._switch(rec, others, by=by)
+    def _follow_switch(self, rec: VersionRecord, changed: bool, previous: int | None, *, by: str,
+                       keep: timedelta) -> SwitchResult:
+        """Steps 2-4 of a promote, after the alias switched to ``rec``: the registry follows it."""
+        view, version = rec.view, rec.version
         # 2. the new version serves (a rollback target loses its delete_after)
         try:
             self.registry.set_state(view, version, "serving", by=by, expected={"verified", "retired"},
@@ -339,11 +368,21 @@ class ServingAlias:
         Raises:
             ServingError: Nothing serves, or the target is not a retired version whose table still exists.
         """
+        return self.promote(view, self.rollback_target(view, to_version), by=by, keep=keep)
+
+    def rollback_target(self, view: str, to_version: int | None = None) -> int:
+        """The version a rollback of ``view`` serves again (see :meth:`rollback`), checked.
+
+        Raises:
+            ServingError: Nothing serves, or the target is not a retired version whose table still exists.
+        """
         alias = self.alias(view)
         serving = self.registry.serving(view)
         current = alias.version if alias else (serving.version if serving else None)
         if current is None:
             raise ServingError(f"{view} has no serving version to roll back from")
+        if to_version == current:
+            return to_version  # already there: the promote is a no-op / repair
         kept = {r.version: r for r in self.registry.list(view) if self._kept(r) and r.version != current}
         if to_version is None:
             previous = alias.previous_version if alias else None
@@ -351,15 +390,13 @@ class ServingAlias:
                 hint = f"; pass to_version (kept: v{', v'.join(map(str, sorted(kept)))})" if kept else ""
                 why = "no previous version" if previous is None else f"previous version v{previous} is not kept"
                 raise ServingError(f"cannot roll back {view} from v{current}: {why}{hint}")
-            to_version = previous
-        elif to_version == current:
-            return self.promote(view, to_version, by=by, keep=keep)  # already there: no-op / repair
-        elif to_version not in kept:
+            return previous
+        if to_version not in kept:
             rec = self.registry.get(view, to_version)
             why = ("is not registered" if rec is None else
                    f"is {rec.state}" if rec.state != "retired" else "has no table any more")
             raise ServingError(f"cannot roll back {view} to v{to_version}: it {why}")
-        return self.promote(view, to_version, by=by, keep=keep)
+        return to_version
 
     # ---------------------------------------------------------------------------------- retention
     def expired(self, now: datetime | None = None) -> list[VersionRecord]:
@@ -395,22 +432,36 @@ class ServingAlias:
         return (rec.state == "retired" and rec.deleted_at is None
                 and DeltaTable.is_deltatable(rec.table_path, self.storage_options))
 
-    def _switch(self, rec: VersionRecord, others: list[VersionRecord], *, by: str) -> tuple[bool, int | None]:
-        """Compare-and-set the alias row to ``rec``; returns (changed, previous version)."""
-        _ensure_table(self.uri, _ALIAS_COLUMNS, self.storage_options)
+    def _switch(self, targets: list[tuple[VersionRecord, list[VersionRecord]]], *,
+                by: str) -> dict[str, tuple[bool, int | None]]:
+        """Compare-and-set the alias rows of ``targets`` (registry row, the view's other serving versions) in one
+        MERGE commit; returns view -> (changed, previous version).
 
-        def attempt() -> tuple[bool, int | None]:
-            alias = self.alias(rec.view)
-            if alias is not None and alias.version == rec.version:
-                return False, alias.previous_version  # already switched (re-run after a crash)
-            if alias is not None:
-                previous: int | None = alias.version
-            else:
-                previous = max(others, key=lambda r: r.updated_at).version if others else None
-            row = {"view": rec.view, "version": rec.version, "table_path": rec.table_path,
-                   "switched_at": utcnow(), "switched_by": by, "previous_version": previous,
-                   "expected_version": alias.version if alias else None}
-            source = arrow_rows(_ALIAS_COLUMNS, [row], extra=(("expected_version", I64),))
+        Each source row carries the version it expects the alias to hold; a row whose expectation no longer holds
+        is not written, the count shows it and the switch is retried from a fresh read (delta-rs also refuses
+        the commit when a concurrent one rewrote the same alias file: retried the same way)."""
+        _ensure_table(self.uri, _ALIAS_COLUMNS, self.storage_options)
+        result: dict[str, tuple[bool, int | None]] = {}
+
+        def attempt() -> dict[str, tuple[bool, int | None]]:
+            aliases = self.aliases()
+            rows = []
+            for rec, others in targets:
+                alias = aliases.get(rec.view)
+                if alias is not None and alias.version == rec.version:
+                    result.setdefault(rec.view, (False, alias.previous_version))  # already switched
+                    continue
+                if alias is not None:
+                    previous: int | None = alias.version
+                else:
+                    previous = max(others, key=lambda r: r.updated_at).version if others else None
+                result[rec.view] = (True, previous)
+                rows.append({"view": rec.view, "version": rec.version, "table_path": rec.table_path,
+                             "switched_at": utcnow(), "switched_by": by, "previous_version": previous,
+                             "expected_version": alias.version if alias else None})
+            if not rows:
+                return result
+            source = arrow_rows(_ALIAS_COLUMNS, rows, extra=(("expected_version", I64),))
             cols = {_q(c): f"s.{_q(c)}" for c, _ in _ALIAS_COLUMNS}
             metrics = (
                 DeltaTable(self.uri, storage_options=self.storage_options)
@@ -419,11 +470,12 @@ class ServingAlias:
                 .when_not_matched_insert(cols)
                 .execute()
             )
-            if metrics.get("num_target_rows_updated", 0) + metrics.get("num_target_rows_inserted", 0) != 1:
+            if metrics.get("num_target_rows_updated", 0) + metrics.get("num_target_rows_inserted", 0) != len(rows):
                 raise _Lost()
-            return True, previous
+            return result
 
-        return _retrying(attempt, f"switch the alias of {rec.view}")
+        views = ", ".join(rec.view for rec, _others in targets)
+        return _retrying(attempt, f"switch the alias of {views}")
 
     def _delete(self, rec: VersionRecord, now: datetime, *, by: str) -> DeletionResult:
         def result(deleted: bool, message: str) -> DeletionResult:

@@ -372,6 +372,37 @@ def status() -> None:
         console.print(f"{r.ref} ({r.state_changed_by}): {r.note or '-'}", highlight=False, soft_wrap=False)
 
 
+@app.command("views")
+def views_cmd() -> None:
+    """The declared views, their versions, what each reads and publishes, and what serves (the dependency
+    graph of views of views: a version over another reads the topic that one publishes)."""
+    from kappa.catalog import load_catalog
+    from kappa.control.replay.cascade import graph, graph_problems
+    from kappa.control.serving import ServingAlias
+    from kappa.runtime.view import load_view
+
+    settings = _settings()
+    alias = ServingAlias(settings.lake_uri)
+    over = {(e.view, e.version): e for e in graph()}
+    table = Table("version", "reads", "publishes", "serves", box=None)
+    for name, spec in load_catalog().views.items():
+        serving = alias.target(name).version
+        for version, module in spec.versions.items():
+            definition = load_view(module)
+            table.add_row(f"{name}@v{version}", definition.stream_topic,
+                          definition.publish.topic if definition.publish else "-", "yes" if version == serving else "")
+    console.print(table)
+    if over:
+        console.print("views of views (reader <- topic <- publisher):")
+        for edge in over.values():
+            console.print(f"  {edge}", highlight=False, soft_wrap=True)
+    problems = graph_problems()
+    for problem in problems:
+        console.print(f"problem: {problem}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+
+
 @app.command("query")
 def query(
     sql: str = typer.Argument(..., help="SQL over the serving views (campaign_window_counts, ...)."),
@@ -450,48 +481,81 @@ def replay_cmd(
     detach: bool = typer.Option(False, "--detach", help="Return once the job runs; the same command without "
                                 "--start attaches again (progress, verify, promote)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Preflight and the plan of steps only: change nothing."),
+    cascade: bool = typer.Option(False, "--cascade", help="Also rebuild the views over this one against the new "
+                                 "version (their declared versions over it), verify them all and switch readers "
+                                 "to the whole chain in one alias commit."),
 ) -> None:
     """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote).
 
     Interrupting the wait (Ctrl-C) or --detach leaves the job running; rerunning the command follows it."""
     from kappa.control import replay
+    from kappa.control.replay import cascade as cascading
     from kappa.control.runners import runner_for
 
     settings = _settings()
     req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
                           upgrade=upgrade, verify=verify, auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
-                          watch_minutes=watch_minutes)
+                          watch_minutes=watch_minutes, cascade=cascade)
     runner = runner_for(settings)
     # rerunning the command follows a replay that is already under way (it never starts a second driver); an
     # explicit --start must match the one it runs from
     pre = replay.preflight(req, settings, runner, resume=True, check_start=start is not None)
+    chain = cascading.chain(view, version) if cascade else []
     console.print(pre.summary(), highlight=False)
     if dry_run:
         console.print("dry run - nothing registered, started or written; a replay would:", highlight=False)
-        for i, step in enumerate(pre.plan(), 1):
+        for i, step in enumerate([*pre.plan(), *_cascade_steps(req, chain)], 1):
             console.print(f"  {i}. {step}", highlight=False)
         return
     rec = replay.launch(req, settings, runner, pre)
     job = runner.status(view, version)
     console.print(f"{req.ref}: {rec.state}, job {job.state} (app id {rec.app_id})"
                   + (f", metrics {job.metrics_url}" if job.metrics_url else ""), highlight=False)
+    for dep in cascading.launch_chain(req, settings, runner) if cascade else []:
+        console.print(f"{dep.ref}: {dep.state} over {req.ref} (cascade, app id {dep.app_id})", highlight=False)
     if detach:
         console.print(f"detached; follow it with: {settings.cli} replay {view} --version {version}"
-                      + (" --promote" if promote else ""), highlight=False)
+                      + (" --cascade" if cascade else "") + (" --promote" if promote else ""), highlight=False)
         return
     _follow(req, settings, runner, timeout=timeout)
-    result = replay.verify(view, version, settings, req.verify, by=req.triggered_by,
-                           end_timestamp_ms=req.end_timestamp_ms)
-    _print_verification(result)
-    if not result.passed:
-        raise UserError(f"{req.ref} failed verification; serving unchanged")
+    if cascade:
+        published = cascading.table_version(replay.ViewVersion.resolve(view, version, settings))
+        caught = cascading.follow_chain(req, settings, runner, published=published, timeout=timeout,
+                                        on_wait=lambda why: console.print(f"  waiting: {why}", highlight=False))
+        console.print(f"{', '.join(f'{v}@v{n}' for v, n in chain)} caught up: {caught.reason}", highlight=False)
+    for ref_view, ref_version in [(view, version), *chain]:
+        result = replay.verify(ref_view, ref_version, settings, req.verify, by=req.triggered_by,
+                               end_timestamp_ms=req.end_timestamp_ms)
+        _print_verification(result)
+        if not result.passed:
+            raise UserError(f"{ref_view}@v{ref_version} failed verification; serving unchanged")
     if req.auto_promote:
-        switched = replay.promote(view, version, settings, runner, by=req.triggered_by, keep_hours=keep_hours)
-        console.print(switched.message, highlight=False)
-        _watch(req, settings, runner, switched.previous_version)
+        switched = replay.promote_chain([(view, version), *chain], settings, runner, by=req.triggered_by,
+                                        keep_hours=keep_hours)
+        for one in switched:
+            console.print(one.message, highlight=False)
+        if cascade:
+            console.print(f"switched together: {', '.join(f'{s.view} v{s.version}' for s in switched)} "
+                          "(one alias commit)", highlight=False)
+        _watch(req, settings, runner, switched[0].previous_version)
     else:
-        console.print(f"promote it with: {settings.cli} promote {view} --version {version}", highlight=False)
+        pairs = " ".join(f"{v}@v{n}" for v, n in [(view, version), *chain])
+        console.print(f"promote it with: {settings.cli} promote {view} --version {version}"
+                      + (f" --cascade (switches {pairs} together)" if cascade else ""), highlight=False)
+
+
+def _cascade_steps(req, chain: list[tuple[str, int]]) -> list[str]:
+    """The dry run's steps of a cascade (kappa.control.replay.cascade)."""
+    from kappa.runtime.view import declared_view
+
+    steps = [f"build {v}@v{n} over {req.ref} from the earliest offset of {declared_view(v, n).stream_topic} "
+             "(what the new version publishes), verify it" for v, n in chain]
+    if chain:
+        what = ", ".join([req.ref, *(f"{v}@v{n}" for v, n in chain)])
+        steps.append(f"switch readers to {what} in one alias commit"
+                     + ("" if req.auto_promote else " (with --promote, or `kappa promote ... --cascade` later)"))
+    return steps
 
 
 def _watch(req, settings, runner, previous: int | None) -> None:
@@ -504,7 +568,7 @@ def _watch(req, settings, runner, previous: int | None) -> None:
     console.print(f"watching {req.ref} for {policy.minutes:g} min (rolls back to v{previous} if it breaks; "
                   "Ctrl-C stops watching, the switch stays)", highlight=False)
     result = watch(req.view, req.version, settings, runner, previous_version=previous, policy=policy,
-                   by=req.triggered_by)
+                   by=req.triggered_by, cascade=req.cascade)
     console.print(result.message, highlight=False)
     if not result.healthy:
         raise UserError(result.message)
@@ -566,15 +630,19 @@ def promote_cmd(
     view: str = typer.Argument(..., help="View name."),
     version: int = typer.Option(..., help="Verified version to serve."),
     keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
+    cascade: bool = typer.Option(False, "--cascade", help="Also switch the views over it to their versions over "
+                                 "this one (built by `replay --cascade`, verified), in the same alias commit."),
 ) -> None:
     """Switch the view's serving alias to a verified version (atomic, idempotent); stop the old job."""
     from kappa.control import replay
+    from kappa.control.replay.cascade import chain
     from kappa.control.runners import runner_for
 
     settings = _settings()
-    result = replay.promote(view, version, settings, runner_for(settings), by=_by(),
-                            keep_hours=keep_hours)
-    console.print(result.message, highlight=False)
+    results = replay.promote_chain([(view, version), *(chain(view, version) if cascade else [])], settings,
+                                   runner_for(settings), by=_by(), keep_hours=keep_hours)
+    for result in results:
+        console.print(result.message, highlight=False)
 
 
 def _time_ms(text: str, option: str) -> int:
@@ -617,13 +685,16 @@ def rollback_cmd(
     view: str = typer.Argument(..., help="View name."),
     to: Optional[int] = typer.Option(None, "--to", help="Version to serve again (default: the previous one)."),
     keep_hours: float = typer.Option(DEFAULT_KEEP_HOURS, min=0.0, help="Keep the replaced version's table this long."),
+    cascade: bool = typer.Option(False, "--cascade", help="Also switch the views over it back to their kept "
+                                 "versions over the target, in the same alias commit."),
 ) -> None:
     """Serve a kept earlier version again: switch the alias back, restart its job, stop the other one."""
     from kappa.control import replay
     from kappa.control.runners import runner_for
 
     settings = _settings()
-    result = replay.rollback(view, to, settings, runner_for(settings), by=_by(), keep_hours=keep_hours)
+    result = replay.rollback(view, to, settings, runner_for(settings), by=_by(), keep_hours=keep_hours,
+                             cascade=cascade)
     console.print(result.message, highlight=False)
 
 

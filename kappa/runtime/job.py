@@ -125,7 +125,7 @@ class ViewJob:
         settings: platform settings (Kafka, lake root, jars).
         spark: an existing SparkSession (tests share one); a new one is built when omitted.
         starting: start position for a new checkpoint (see :func:`starting_options`).
-        trigger_seconds: processing-time trigger of live runs.
+        trigger_seconds: processing-time trigger of live runs (a view declaring its own uses that).
         available_now: process what the log holds at start, then stop (bounded backfill, tests).
         end_timestamp_ms: only records with a Kafka timestamp before this are processed (bounded backfill).
         max_offsets_per_trigger: bound micro-batch size (replays).
@@ -153,7 +153,7 @@ class ViewJob:
         self.settings = settings
         self.paths = ViewPaths(settings.lake_uri, view.name, view.version)
         self.starting = starting_options(starting)
-        self.trigger_seconds = trigger_seconds
+        self.trigger_seconds = view.trigger_seconds or trigger_seconds
         self.available_now = available_now
         self.end_timestamp_ms = end_timestamp_ms
         self.max_offsets_per_trigger = max_offsets_per_trigger
@@ -180,6 +180,7 @@ class ViewJob:
         self.late_batches: list[int] = []  # micro-batches whose late records were looked for (kappa.runtime.late)
         self._lookup_cache: LookupCache | None = lookups
         self._own_lookups = lookups is None
+        self.publisher: Any = None  # kappa.runtime.publish.Publisher of a version that publishes
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -330,6 +331,12 @@ class ViewJob:
         self._install_listener()
         self._stream = stream
         self.queries = [self._start_query()]
+        if view.publish is not None:  # views over this one read what it publishes (kappa.runtime.publish)
+            from kappa.runtime.publish import Publisher
+
+            self.publisher = Publisher(view, self.settings, self.paths, files=self._files, metrics=self.metrics)
+            self.publisher.ensure_topic()
+            self.publisher.start(self.trigger_seconds)
         self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
         self._lag_thread.start()
 
@@ -591,9 +598,11 @@ class ViewJob:
 
     # lifecycle -----------------------------------------------------------------------------------------
     def process_all_available(self) -> None:
-        """Block until every query has processed all data available now (tests)."""
+        """Block until every query has processed all data available now and its commits are published (tests)."""
         for query in self.queries:
             query.processAllAvailable()
+        if self.publisher is not None:
+            self.publisher.publish()
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the queries to end (bounded runs end by themselves); re-raise a query failure."""
@@ -679,6 +688,9 @@ class ViewJob:
                 self._settle()
             except Exception as exc:  # noqa: BLE001 - the next start settles again; say why it did not now
                 log.error("%s: staged catch-up batches not written yet: %s", self.view.ref, exc)
+        if self.publisher is not None:  # what the last commits (and the settle) added is published too
+            self.publisher.stop(final=True)
+            self.publisher = None
         if self._listener is not None:
             try:
                 self.spark.streams.removeListener(self._listener)

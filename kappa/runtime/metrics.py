@@ -108,6 +108,11 @@ class ViewMetrics:
         self.kafka_unreachable_seconds = gauge("kappa_kafka_unreachable_seconds",
                                                "Seconds since the job last reached the broker (0 while it does).")
         self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate).")
+        self.published_rows = Counter("kappa_published_rows", "Rows of the table published to the version's "
+                                      "publish topic (views of views; copies re-published after a crash count "
+                                      "again).", names, registry=r)
+        self.published_version = gauge("kappa_published_delta_version", "Last Delta version of the table whose "
+                                       "rows are published to its publish topic.")
         self.latency = _BulkHistogram(
             "kappa_end_to_end_latency_seconds", "Event time to committed in Delta.", self.labels, LATENCY_BUCKETS)
         r.register(self.latency)

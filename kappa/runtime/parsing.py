@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "decode", "valid_rows", "invalid_rows", "KAFKA_META_COLUMNS",
-           "INTERNAL_COLUMNS"]
+__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "CAMPAIGN_WINDOWS", "decode", "valid_rows", "invalid_rows",
+           "KAFKA_META_COLUMNS", "INTERNAL_COLUMNS"]
 
 #: Kafka metadata kept on every decoded row (and in the quarantine table).
 KAFKA_META_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp")
@@ -52,6 +52,9 @@ AD_EVENTS = RecordFormat(subject="ad_event", key_field="user_id", key_column="ke
                          event_time_field="event_time")
 CAMPAIGNS = RecordFormat(subject="campaign", key_field=None, key_column="ad_id", tombstones=True,
                          max_value_bytes=4 * 1024)
+#: Final windows campaign_window_counts publishes (``campaign-windows.v<N>``; views over that view read them).
+CAMPAIGN_WINDOWS = RecordFormat(subject="campaign_window", key_field=None, key_column="window_key",
+                                max_value_bytes=4 * 1024, event_time_field="window_start")
 
 
 def _field_checks(json_schema: Mapping[str, Any]) -> list[tuple["Column", str]]:

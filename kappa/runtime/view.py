@@ -21,8 +21,8 @@ from kappa.runtime.parsing import RecordFormat
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["UPGRADE_MODES", "Expectation", "ViewDefinition", "Finality", "continue_refusal", "declared_view",
-           "load_view", "tumbling_window_end"]
+__all__ = ["UPGRADE_MODES", "Expectation", "ViewDefinition", "Finality", "Publish", "continue_refusal",
+           "declared_view", "load_view", "tumbling_window_end"]
 
 WriteMode = Literal["append", "merge", "upsert_delete"]
 UpgradeMode = Literal["replay", "continue"]
@@ -92,6 +92,31 @@ class Finality:
 
 
 @dataclass(frozen=True)
+class Publish:
+    """Rows of a view version's table published to a Kafka topic, for views over this view (Samza's pattern;
+    :mod:`kappa.runtime.publish`).
+
+    Attributes:
+        topic: A topic ``platform.yaml`` declares (compacted, one partition), written by this version only; a view
+            version over this one reads it as its ``stream_topic``. One topic per publishing version: a replay
+            of the view publishes into its own topic while the serving version keeps publishing into its.
+        key: Columns of the Kafka key (``a|b``, compaction keeps the latest row per key).
+        where: DuckDB SQL over a row: which rows are published (e.g. ``is_final``: a window once the watermark
+            passed it, after which it never changes - so a copy published again after a crash is identical).
+        order_by: Columns the rows of one publish are sorted by (event time: the reader's watermark relies on it).
+    """
+
+    topic: str
+    key: tuple[str, ...]
+    where: str | None = None
+    order_by: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError(f"publish to {self.topic}: key columns are required (compaction keeps one per key)")
+
+
+@dataclass(frozen=True)
 class ViewDefinition:
     """One version of one view.
 
@@ -131,6 +156,10 @@ class ViewDefinition:
             reached (no replay of the history). Refused for stateful versions and where the serving version
             differs in topic, write mode or keys (:func:`continue_refusal`); the operator can ask for either
             mode per replay.
+        publish: rows of the table this version publishes to a Kafka topic for views over it
+            (:class:`Publish`); ``None``: none.
+        trigger_seconds: how often its live micro-batches run (``None``: the job's default, 2 s) - a view whose
+            readers need no second-fresh rows (hourly totals) spares the driver the fixed cost of a batch.
     """
 
     name: str
@@ -151,6 +180,8 @@ class ViewDefinition:
     late_bound: Callable[[], "Column"] | None = None
     expectations: tuple[Expectation, ...] = ()
     upgrade: UpgradeMode = "replay"
+    publish: Publish | None = None
+    trigger_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.upgrade not in UPGRADE_MODES:

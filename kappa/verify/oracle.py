@@ -25,7 +25,7 @@ __all__ = ["MAX_VALUE_BYTES", "LogRecord", "OracleInput", "OracleSpec", "Validat
            "late_watermarks", "oracle_for", "read_log", "validate_records"]
 
 #: Size limits of the platform's record contract (schemas/README.md).
-MAX_VALUE_BYTES = {"ad_event": 16 * 1024, "campaign": 4 * 1024}
+MAX_VALUE_BYTES = {"ad_event": 16 * 1024, "campaign": 4 * 1024, "campaign_window": 4 * 1024}
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,10 @@ steps need (module, topic, paths, run identity):
 ``launching``          :func:`launch`, :func:`adopt_serving`
 ``following``          :func:`progress`, :func:`caught_up`
 ``verification``       :func:`verify`, :class:`Verification`, :func:`expectations_check`
-``switch``             :func:`promote`, :func:`rollback`, :func:`retire_expired`, the Spark SQL catalog
+``switch``             :func:`promote`, :func:`promote_chain`, :func:`rollback`, :func:`retire_expired`, the Spark
+                       SQL catalog
+``cascade``            views of views: the dependency graph, cascading replays
+                       (:func:`~kappa.control.replay.cascade.chain`)
 ``watch``              the watch window after a switch, automatic rollback
 =====================  =================================================================================
 """
@@ -63,7 +66,8 @@ from kappa.control.replay.following import CatchUp, Progress, caught_up, follow,
 from kappa.control.replay.request import (DEFAULT_MAX_LAG, END_MODES, START_MODES, VERIFY_MODES, ReplayError, ReplayRequest,
                                   VersionBusy, offsets_from_json, parse_end, parse_start, spark_offsets)
 from kappa.control.replay.upgrade import continue_point, upgrade_mode
-from kappa.control.replay.switch import catalog_sql_path, promote, retire_expired, rollback, spark_catalog, write_catalog_sql
+from kappa.control.replay.switch import (catalog_sql_path, promote, promote_chain, retire_expired, rollback,
+                                        spark_catalog, write_catalog_sql)
 from kappa.control.replay.verification import Verification, expectations_check, table_rows, verify
 from kappa.control.replay.version import (ViewVersion, alias_of, committed_offsets, module_of, registry_of, run_app_id,
                                   stream_topic)
@@ -74,7 +78,8 @@ __all__ = [
     "adopt_serving", "alias_of", "catalog_sql_path", "caught_up", "checkpoint_batches", "committed_offsets",
     "continue_point", "upgrade_mode",
     "expectations_check", "follow", "launch", "measured_throughput", "module_of", "offsets_from_json", "parse_end",
-    "parse_start", "preflight", "progress", "promote", "registry_of", "retire_expired", "rollback", "run_app_id",
+    "parse_start", "preflight", "progress", "promote", "promote_chain",
+    "registry_of", "retire_expired", "rollback", "run_app_id",
     "spark_catalog", "spark_offsets", "stream_topic", "table_rows", "verify",
     "write_catalog_sql",
 ]

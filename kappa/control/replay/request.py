@@ -80,6 +80,9 @@ class ReplayRequest:
             (:mod:`kappa.control.replay.watch`; 0: no watch).
         watch_max_quarantine_rate: The watch's limit on the share of records quarantined since the switch.
         watch_max_lag: The watch's limit on the records the new version lags behind (for several checks).
+        cascade: Also build the views over this one against the new version - each dependant's declared version
+            that reads what the new version publishes, from earliest - verify them all and switch readers to the
+            whole chain in one alias commit (:mod:`kappa.control.replay.cascade`).
     """
 
     view: str
@@ -100,6 +103,7 @@ class ReplayRequest:
     watch_minutes: float = 10.0
     watch_max_quarantine_rate: float = 0.05
     watch_max_lag: int = 50_000
+    cascade: bool = False
 
     @property
     def ref(self) -> str:
@@ -174,6 +178,11 @@ class ReplayRequest:
                               "within [0, 1]")
         if not integer(self.watch_max_lag) or self.watch_max_lag < 0:
             raise ReplayError(f"watch_max_lag {self.watch_max_lag!r}: expected an integer >= 0 (records)")
+        if not isinstance(self.cascade, bool):
+            raise ReplayError(f"cascade {self.cascade!r}: expected true or false")
+        if self.cascade and self.bounded:
+            raise ReplayError("cascade builds live versions (the views over this one follow what it publishes): "
+                              "end=timestamp does not apply")
         if not isinstance(self.triggered_by, str) or not self.triggered_by.strip():
             raise ReplayError("triggered_by is required (e.g. cli:<user> or airflow:<dag>:<run id>)")
         return self

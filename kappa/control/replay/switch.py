@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.control.runners.base import Runner
     from kappa.control.serving import DeletionResult, SwitchResult
 
-__all__ = ["catalog_sql_path", "promote", "retire_expired", "rollback", "spark_catalog", "write_catalog_sql"]
+__all__ = ["catalog_sql_path", "promote", "promote_chain", "retire_expired", "rollback", "spark_catalog",
+           "write_catalog_sql"]
 
 log = logging.getLogger("kappa.control.replay")
 
@@ -125,25 +126,37 @@ def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: 
         ReplayError: Not verified, expectations over their limits, table missing, a concurrent switch won, or
             stopping the old job failed.
     """
-    vv = ViewVersion.resolve(view, version, settings)
-    current = registry_of(settings).get(view, version)
-    if current is None or current.state != "serving":
-        quality = _expectations(vv)
-        if quality is not None and not quality.passed:
-            raise ReplayError(f"{vv.ref} cannot be promoted: {quality.message}")
+    return promote_chain([(view, version)], settings, runner, by=by, keep_hours=keep_hours)[0]
+
+
+def promote_chain(versions: list[tuple[str, int]], settings: Settings, runner: Runner, *, by: str,
+                  keep_hours: float = DEFAULT_KEEP_HOURS) -> list[SwitchResult]:
+    """:func:`promote` for several views at once - a view and the views over it after a cascading replay
+    (:mod:`kappa.control.replay.cascade`): every check passes for all of them first, then their alias rows switch
+    in one Delta commit (:meth:`kappa.control.serving.ServingAlias.promote_chain`), then the replaced jobs stop."""
+    registry = registry_of(settings)
+    for view, version in versions:
+        vv = ViewVersion.resolve(view, version, settings)
+        current = registry.get(view, version)
+        if current is None or current.state != "serving":
+            quality = _expectations(vv)
+            if quality is not None and not quality.passed:
+                raise ReplayError(f"{vv.ref} cannot be promoted: {quality.message}")
     try:
-        adopt_serving(view, settings, by=by, exclude=version)
-        result = alias_of(settings).promote(view, version, by=by, keep=timedelta(hours=keep_hours))
+        for view, version in versions:
+            adopt_serving(view, settings, by=by, exclude=version)
+        results = alias_of(settings).promote_chain(versions, by=by, keep=timedelta(hours=keep_hours))
     except RegistryError as exc:
         raise ReplayError(one_line(exc)) from None
-    if result.previous_version is not None and result.previous_version != version:
-        _stop(runner, view, result.previous_version)
+    for result in results:
+        if result.previous_version is not None and result.previous_version != result.version:
+            _stop(runner, result.view, result.previous_version)
     write_catalog_sql(settings)
-    return result
+    return results
 
 
 def rollback(view: str, to_version: int | None, settings: Settings, runner: Runner, *, by: str,
-             keep_hours: float = DEFAULT_KEEP_HOURS) -> SwitchResult:
+             keep_hours: float = DEFAULT_KEEP_HOURS, cascade: bool = False) -> SwitchResult:
     """Point the alias back to a kept version, restart its job, stop the replaced one; idempotent.
 
     Args:
@@ -154,16 +167,40 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
         runner: Job runner.
         by: Who asks.
         keep_hours: How long the replaced version's table is kept.
+        cascade: Also switch the views over this one back to their kept versions over ``to_version``, in the
+            same alias commit (:func:`kappa.control.replay.cascade.rollback_targets`).
 
     Raises:
-        ReplayError: Nothing to roll back to, or the target's table is gone.
+        ReplayError: Nothing to roll back to, the target's table is gone, or (cascade) a dependant has no kept
+            version over the target.
     """
-    from kappa.runtime.driver import JobSpec
-
+    alias = alias_of(settings)
     try:
-        result = alias_of(settings).rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))
+        if cascade:
+            from kappa.control.replay.cascade import rollback_targets
+
+            target = to_version if to_version is not None else alias.rollback_target(view)
+            chain = [(view, target), *rollback_targets(view, target, settings)]
+            results = alias.promote_chain(chain, by=by, keep=timedelta(hours=keep_hours))
+        else:
+            results = [alias.rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))]
     except RegistryError as exc:
         raise ReplayError(one_line(exc)) from None
+    for result in results:
+        _restart(runner, settings, result)
+    write_catalog_sql(settings)
+    if len(results) == 1:
+        return results[0]
+    from dataclasses import replace
+
+    return replace(results[0], message="; ".join(r.message for r in results) + " (one alias commit)")
+
+
+def _restart(runner: Runner, settings: Settings, result: SwitchResult) -> None:
+    """After a rollback's switch: the version serving again runs, the one it replaced stops."""
+    from kappa.runtime.driver import JobSpec
+
+    view = result.view
     rec = registry_of(settings).get(view, result.version)
     if runner.status(view, result.version).state != "running":
         try:
@@ -174,8 +211,6 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:
         _stop(runner, view, result.previous_version)
-    write_catalog_sql(settings)
-    return result
 
 
 def retire_expired(settings: Settings, runner: Runner, *, by: str,

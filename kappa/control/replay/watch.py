@@ -108,10 +108,12 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, previous_version: int | None,
-          policy: WatchPolicy, by: str, sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+          policy: WatchPolicy, by: str, sleep: Callable[[float], None] = time.sleep,
+          cascade: bool = False) -> WatchResult:
     """Watch ``view@v<version>`` (just promoted, replacing ``previous_version``) for ``policy.minutes``; roll back
     to ``previous_version`` when it breaks (see the module doc). Without a previous version nothing can be rolled
-    back to: a break is only reported."""
+    back to: a break is only reported. ``cascade``: the views over it were switched with it (a cascading replay)
+    and the rollback switches them back with it."""
     from kappa.control.replay.switch import rollback
     from kappa.control.replay.version import ViewVersion, registry_of
 
@@ -165,7 +167,7 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
     log.warning("%s@v%s broke %.0f s after the switch: %s", view, version, seconds, reason)
     rolled = None
     if previous_version is not None and previous_version != version:
-        rollback(view, previous_version, settings, runner, by=by)
+        rollback(view, previous_version, settings, runner, by=by, cascade=cascade)
         rolled = previous_version
         registry_of(settings).set_state(  # the audit line saying why
             view, version, "retired", by=by, expected={"retired"},

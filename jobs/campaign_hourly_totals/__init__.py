@@ -1,0 +1,1 @@
+"""Versions of the `campaign_hourly_totals` view (a view over `campaign_window_counts`)."""

@@ -1,0 +1,126 @@
+"""Views of views (Samza's pattern): campaign_window_counts publishes its final windows to a topic of its own,
+campaign_hourly_totals reads it; a cascading replay rebuilds and switches both together.
+
+* the two stages on the real broker, Spark and Delta: every final window of the upstream table is in the topic,
+  exactly as stored; the hourly table equals its oracle over the topic's raw records AND, end to end, plain Python
+  over the raw ad events (final windows of the upstream oracle summed per hour); a publish repeated after a
+  simulated crash (its progress file removed: what a crash between the acks and the progress write leaves)
+  puts copies of every window in the log and changes no row of the hourly table.
+* ``kappa replay campaign_window_counts --version 2 --cascade --promote`` (the CLI, LocalRunner: the real view host
+  runs the jobs) builds v2 and campaign_hourly_totals v2 over it, verifies both strictly and switches the pair in
+  one alias commit: a reader of the alias table never sees v2 of one with v1 of the other; ``kappa rollback
+  --cascade`` switches the pair back the same way. Refusals are one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from jobs.campaign_hourly_totals.oracle import HOUR_MS, hourly_totals_of_windows
+from kappa.identity import ViewPaths
+from kappa.log import generator
+from kappa.runtime import lineage
+from kappa.runtime.job import ViewJob
+from kappa.runtime.view import load_view
+from kappa.verify import oracle
+from kappa.verify.oracle import OracleInput, epoch_ms
+from tests.helpers import delta_txns
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000_000  # 13 min into an hour: the events span that hour (final at the end) and part of the next
+UPSTREAM = "campaign_window_counts"
+HOURLY = "campaign_hourly_totals"
+
+
+def _load(settings, n: int, seed: int) -> None:
+    u = generator.universe(seed=seed, campaigns=3, users=60)
+    generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
+    events = generator.events(n, seed=seed, universe=u, start_ms=T0, rate_per_s=0.35, late_fraction=0.05,
+                              max_lateness_ms=40_000, malformed_fraction=0.03)
+    assert generator.produce(settings, settings.topic("ad-events"), events).delivered == n
+
+
+def _run(spark, settings, module: str, *, batch: int) -> None:
+    job = ViewJob(load_view(module), settings, spark=spark, starting="earliest", available_now=True,
+                  max_offsets_per_trigger=batch)
+    job.start()
+    try:
+        assert job.await_termination(600), f"{module} did not finish"
+        assert job.failure() is None, job.failure()
+    finally:
+        job.stop()
+
+
+def _batches(settings, view: str, version: int) -> list:
+    paths = ViewPaths(settings.lake_uri, view, version)
+    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view}@v{version}:") and "/" not in a)
+    history = DeltaTable(paths.table).history()
+    if DeltaTable.is_deltatable(paths.staging):
+        history += DeltaTable(paths.staging).history()
+    return lineage.batches_from_history(history, app)
+
+
+def _rows(spark, settings, view: str, version: int) -> list[dict]:
+    return [r.asDict() for r in spark.read.format("delta").load(ViewPaths(settings.lake_uri, view, version).table)
+            .collect()]
+
+
+def _final_windows_of_raw_log(settings, version: int) -> dict[tuple[str, int], int]:
+    """Plain Python over the raw ad events (the upstream's own oracle): final window -> views."""
+    spec = oracle.oracle_for(UPSTREAM, version)
+    events = oracle.validate_records(oracle.read_log(settings, settings.topic("ad-events")), "ad_event",
+                                     key_field="user_id")
+    campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign",
+                                        key_field=None, tombstones=True)
+    windows = spec.compute(OracleInput(events=events, lookups={"campaigns": campaigns},
+                                       batches=_batches(settings, UPSTREAM, version)))
+    return {k: v[1] for k, v in windows.items() if v[-1]}  # (window end, views, ..., is_final)
+
+
+def _hourly(rows: list[dict]) -> dict[tuple[str, int], int]:
+    return {(r["campaign_id"], epoch_ms(r["hour_start"])): r["view_count"] for r in rows}
+
+
+def test_hourly_totals_over_published_windows_equal_the_oracle_and_the_raw_log(spark, kafka, lake):
+    from kappa.runtime.publish import PROGRESS_FILE, Publisher
+
+    _load(lake, 1500, seed=31)
+    _run(spark, lake, "jobs.campaign_window_counts.v1", batch=300)
+
+    # every final window of the table is in the topic, as stored; nothing that is not final
+    upstream = _rows(spark, lake, UPSTREAM, 1)
+    final = {(r["campaign_id"], epoch_ms(r["window_start"])): r["view_count"] for r in upstream if r["is_final"]}
+    assert final and len(final) < len(upstream), "some windows final, some still open"
+    topic = lake.topic("campaign-windows.v1")
+    published = oracle.validate_records(oracle.read_log(lake, topic), "campaign_window", key_field=None)
+    assert all(v.error is None for v in published)
+    assert {(v.value["campaign_id"], v.value["window_start"]): v.value["view_count"] for v in published} == final
+    assert len(published) == len(final), "each window published once (no crash happened)"
+    starts = [v.value["window_start"] for v in published]
+    assert starts == sorted(starts), "published in event-time order"
+
+    _run(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    hourly = _rows(spark, lake, HOURLY, 1)
+    spec = oracle.oracle_for(HOURLY, 1)
+    expected = spec.compute(OracleInput(events=published, batches=_batches(lake, HOURLY, 1)))
+    actual = dict(spec.adapt(r) for r in hourly)
+    assert actual == expected and len(actual) == len(hourly)
+    assert any(v[-1] for v in expected.values()) and not all(v[-1] for v in expected.values()), \
+        "one hour final, one still open"
+    # end to end, independent of both jobs: the raw log's final windows summed per hour
+    assert _hourly(hourly) == hourly_totals_of_windows(_final_windows_of_raw_log(lake, 1))
+    assert {h for _c, h in _hourly(hourly)} == {T0 - T0 % HOUR_MS, T0 - T0 % HOUR_MS + HOUR_MS}
+
+    # a crash between the acks and the progress write: the next publish sends every window again
+    paths = ViewPaths(lake.lake_uri, UPSTREAM, 1)
+    Path(paths.checkpoint, PROGRESS_FILE).unlink()
+    assert Publisher(load_view("jobs.campaign_window_counts.v1"), lake, paths).publish() == len(final)
+    assert len(oracle.read_log(lake, topic)) == 2 * len(final)
+    _run(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    assert _hourly(_rows(spark, lake, HOURLY, 1)) == _hourly(hourly), "a copy changed a total"
+    late = spark.read.format("delta").load(paths.quarantine).where(f"view = '{HOURLY}' and error LIKE 'late%'")
+    assert 0 < late.count() <= len(final), "the copies behind the watermark are kept as late, once each"
