@@ -34,7 +34,7 @@ def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000)
 
 @pytest.mark.timeout(1800)
 def test_sigkill_during_processing_loses_and_duplicates_nothing(spark, kafka, declared_topics, lake, tmp_path):
-    _prove(spark, lake, tmp_path, kills=4, seed=21)
+    _prove(spark, lake, tmp_path, kills=4, seed=21, events=4000)
 
 
 @pytest.mark.slow

@@ -156,19 +156,18 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
                 # preflight told the truth: no replay was measured on this fresh platform, so no made-up ETA
                 assert "ETA unknown until its first micro-batches" in out, out
                 assert "detached; follow it with: bin/kappa replay campaign_window_counts --version 2" in out, out
-                assert re.search(r"caught up: lag [\d,]+ records", out), out
-                assert "promote it with: bin/kappa promote campaign_window_counts --version 2" in out, out
-                figures["CLI replay v2: caught up + verified (s)"] = round(took)
-                ratios = _ratios(registry, 2)
-                assert ratios and ratios == sorted(ratios), f"progress went down: {ratios}"
-                # the job's own gauge says what the CLI and the registry say
+                # the job's own gauge says what the registry says, up to caught up (the attach's progress bar
+                # and verification run in tests/test_replay.py; the DAG below follows this job)
                 url = re.search(r"metrics (http://127\.0\.0\.1:\d+/metrics)", out).group(1)
-                deadline, exported, sampled = time.monotonic() + 60, None, None
+                deadline, exported, sampled = time.monotonic() + 300, None, None
                 while time.monotonic() < deadline and not exported == sampled == 1.0:  # the job polls every few s
                     exported = _gauge(url, "kappa_replay_progress_ratio")
-                    sampled = replay.progress(VIEW, 2, settings).ratio
+                    sampled = replay.progress(VIEW, 2, settings, record=True, by="cli:walk").ratio
                     time.sleep(2)
                 assert exported == sampled == 1.0, (exported, sampled)
+                ratios = _ratios(registry, 2)
+                assert ratios and ratios == sorted(ratios), f"progress went down: {ratios}"
+                figures["CLI replay v2: detached, then caught up (s)"] = round(time.monotonic() - t0)
             if "airflow trigger kappa_replay" in block.text:
                 assert re.search(r"/dags/kappa_replay/runs/\S+", out), out
                 assert re.search(r"^success ", out, re.M), out

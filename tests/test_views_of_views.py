@@ -85,10 +85,24 @@ def _hourly(rows: list[dict]) -> dict[tuple[str, int], int]:
     return {(r["campaign_id"], epoch_ms(r["hour_start"])): r["view_count"] for r in rows}
 
 
-def test_hourly_totals_over_published_windows_equal_the_oracle_and_the_raw_log(spark, kafka, lake):
+def _alias_pairs(settings) -> list[tuple[int, int]]:
+    """(upstream version, hourly version) readers resolved at every Delta version of the alias table."""
+    from kappa.control.serving import ServingAlias
+    from kappa.runtime.deltars import read_rows
+
+    uri = ServingAlias(settings.lake_uri).uri
+    pairs = []
+    for version in range(DeltaTable(uri).version() + 1):
+        rows = {r["view"]: r["version"] for r in read_rows(DeltaTable(uri, version=version))}
+        pairs.append((rows.get(UPSTREAM, 1), rows.get(HOURLY, 1)))
+    return pairs
+
+
+def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
+    """v1 of both views, run over the log in small micro-batches: what the upstream published, the hourly table,
+    and the hourly table again after every window was published a second time."""
     from kappa.runtime.publish import PROGRESS_FILE, Publisher
 
-    _load(lake, 1500, seed=31)
     _run(spark, lake, "jobs.campaign_window_counts.v1", batch=300)
 
     # every final window of the table is in the topic, as stored; nothing that is not final
@@ -124,3 +138,61 @@ def test_hourly_totals_over_published_windows_equal_the_oracle_and_the_raw_log(s
     assert _hourly(_rows(spark, lake, HOURLY, 1)) == _hourly(hourly), "a copy changed a total"
     late = spark.read.format("delta").load(paths.quarantine).where(f"view = '{HOURLY}' and error LIKE 'late%'")
     assert 0 < late.count() <= len(final), "the copies behind the watermark are kept as late, once each"
+
+
+@pytest.mark.timeout(1200)
+def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, kafka, lake, tmp_path, monkeypatch,
+                                                                       capsys):
+    from kappa.control.registry import Registry
+    from kappa.control.runners.local import LocalRunner
+    from kappa.front import cli
+    from kappa.runtime.host import stop_host
+    from tests.conftest import subprocess_env
+
+    settings = lake.replace(home=tmp_path / "home")
+    for key, value in subprocess_env(settings).items():
+        if key.startswith("KAPPA_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    monkeypatch.setenv("KAPPA_LOCAL_DRIVER", "host")  # the jobs run in the view host, as under `make run`
+    _load(settings, 1500, seed=31)
+    _two_stages_equal_their_oracles_and_the_raw_log(spark, settings)  # v1 of both serve (by default)
+
+    def kappa(*argv: str) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(list(argv))
+        out = capsys.readouterr()
+        assert "Traceback" not in out.out + out.err
+        return exited.value.code, out.out + out.err
+
+    code, out = kappa("replay", UPSTREAM, "--version", "3", "--cascade", "--dry-run")
+    assert code != 0 and "campaign_window_counts@v3 publishes nothing" in out and len(out.strip().splitlines()) == 1
+    code, out = kappa("replay", UPSTREAM, "--version", "2", "--cascade", "--dry-run")
+    assert code == 0 and "build campaign_hourly_totals@v2 over campaign_window_counts@v2" in out, out
+    assert not Registry(settings.lake_uri).list(), "a dry run registers nothing"
+
+    try:
+        code, out = kappa("replay", UPSTREAM, "--version", "2", "--cascade", "--promote", "--watch-minutes", "0",
+                          "--timeout", "600")
+        assert code == 0, out
+        assert "switched together: campaign_window_counts v2, campaign_hourly_totals v2 (one alias commit)" in out
+        registry = Registry(settings.lake_uri)
+        states = {(r.view, r.version): r.state for r in registry.list()}
+        assert states == {(UPSTREAM, 1): "retired", (UPSTREAM, 2): "serving", (HOURLY, 1): "retired",
+                          (HOURLY, 2): "serving"}, states
+        pairs = _alias_pairs(settings)
+        assert pairs[-1] == (2, 2) and set(pairs) <= {(1, 1), (2, 2)}, f"readers saw a mixed chain: {pairs}"
+        # end to end: the new chain equals plain Python over the raw ad events
+        hourly = _hourly(_rows(spark, settings, HOURLY, 2))
+        assert hourly and hourly == hourly_totals_of_windows(_final_windows_of_raw_log(settings, 2))
+
+        code, out = kappa("rollback", UPSTREAM, "--to", "1", "--cascade")
+        assert code == 0 and "(one alias commit)" in out, out
+        pairs = _alias_pairs(settings)
+        assert pairs[-1] == (1, 1) and set(pairs) <= {(1, 1), (2, 2)}, f"readers saw a mixed chain: {pairs}"
+        runner = LocalRunner(settings, mode="host")
+        assert {(v, n): runner.status(v, n).state for v, n in ((UPSTREAM, 1), (HOURLY, 1), (UPSTREAM, 2),
+                                                                 (HOURLY, 2))} == {
+            (UPSTREAM, 1): "running", (HOURLY, 1): "running", (UPSTREAM, 2): "stopped", (HOURLY, 2): "stopped"}
+    finally:
+        stop_host(settings)

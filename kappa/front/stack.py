@@ -1,4 +1,4 @@
-"""The local stack behind ``make run``: broker, topics, the four views, a live producer and Airflow.
+"""The local stack behind ``make run``: broker, topics, the views (default versions), a live producer and Airflow.
 
 Everything runs as background process groups recorded under ``$KAPPA_HOME/run`` (pid files) with logs in
 ``$KAPPA_HOME/logs``; ``kappa down`` stops them all. The data (Kafka log, Delta tables, checkpoints, Airflow's
