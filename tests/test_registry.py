@@ -311,6 +311,45 @@ def test_promote_switches_alias_and_registry(alias: ServingAlias, reg: Registry)
     assert (row.version, row.previous_version, row.switched_by) == (2, 1, "cli:alice")
 
 
+def test_promote_chain_switches_every_view_in_one_commit_or_none(alias: ServingAlias, reg: Registry):
+    """A view and the view over it (a cascading replay) switch together: every Delta version of the alias table
+    holds v1 of both or v2 of both; a chain with one version not ready switches nothing; again is a no-op."""
+    from kappa.runtime.deltars import read_rows
+
+    over = "campaign_hourly_totals"
+
+    def ready_over(version: int, states: list[str]) -> None:
+        rec = reg.register(over, version, code_module=f"jobs.campaign_hourly_totals.v{version}",
+                           table_path=ViewPaths(reg.lake_uri, over, version).table,
+                           app_id=f"kappa:{over}@v{version}:r1", starting="earliest", triggered_by="test:setup")
+        write_table(rec.table_path, version, 5)
+        walk(reg, version, states, view=over)
+
+    for version in (1, 2):
+        ready(reg, version)
+        ready_over(version, ["caught_up", "verified"])
+    first = alias.promote_chain([(VIEW, 1), (over, 1)], by="cli:a")
+    assert [(r.view, r.version, r.changed) for r in first] == [(VIEW, 1, True), (over, 1, True)]
+    results = alias.promote_chain([(VIEW, 2), (over, 2)], by="cli:a")
+    assert [(r.version, r.previous_version) for r in results] == [(2, 1), (2, 1)]
+    pairs = [tuple(sorted((row["view"], row["version"]) for row in read_rows(DeltaTable(alias.uri, version=v))))
+             for v in range(DeltaTable(alias.uri).version() + 1)]
+    assert pairs[-1] == ((over, 2), (VIEW, 2))
+    assert {pair for pair in pairs if pair} <= {((over, 1), (VIEW, 1)), ((over, 2), (VIEW, 2))}, pairs
+    assert [(reg.get(v, 1).state, reg.get(v, 2).state) for v in (VIEW, over)] == [("retired", "serving")] * 2
+
+    commits = DeltaTable(alias.uri).version()
+    ready(reg, 3)
+    reg.register(over, 3, code_module="jobs.campaign_hourly_totals.v2",
+                 table_path=ViewPaths(reg.lake_uri, over, 3).table, app_id=f"kappa:{over}@v3:r1",
+                 starting="earliest", triggered_by="test:setup")
+    with pytest.raises(ServingError, match=rf"^{over}@v3 is building; only a verified version can be promoted$"):
+        alias.promote_chain([(VIEW, 3), (over, 3)], by="cli:a")
+    assert DeltaTable(alias.uri).version() == commits and alias.target(VIEW).version == 2
+    again = alias.promote_chain([(VIEW, 2), (over, 2)], by="cli:a")
+    assert [r.changed for r in again] == [False, False] and DeltaTable(alias.uri).version() == commits
+
+
 def test_promote_again_is_a_noop(alias: ServingAlias, reg: Registry):
     ready(reg, 1)
     alias.promote(VIEW, 1, by="cli:a")

@@ -223,7 +223,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         rerun = _dag("kappa_replay").test(run_conf=conf)
         assert rerun.state == "success"
         assert _states(rerun) == {"preflight": "skipped", "launch": "skipped", "wait_caught_up": "skipped",
-                                  "verify": "skipped", "promote_requested": "skipped", "promote": "skipped",
+                                  "wait_chain": "skipped", "verify": "skipped", "promote_requested": "skipped", "promote": "skipped",
                                   "watch": "skipped"}
         again = replay.promote(VIEW, 2, settings, runner, by="test:retry")
         assert again.changed is False and alias.alias(VIEW) == switched
@@ -775,6 +775,7 @@ def test_dry_run_plans_and_changes_nothing(kafka, lake, airflow_home, tmp_path, 
     run = _dag("kappa_replay").test(run_conf={"view": VIEW, "version": 2, "dry_run": True})
     states = _states(run)
     assert states["preflight"] == "success" and states["launch"] == "skipped", states
-    assert {states[t] for t in ("wait_caught_up", "verify", "promote_requested", "promote")} == {"skipped"}
+    assert {states[t] for t in ("wait_caught_up", "wait_chain", "verify", "promote_requested", "promote")} == {
+        "skipped"}
     assert not Path(settings.lake_uri).exists(), "nothing registered, no table, no checkpoint"
     assert set(list_topics(settings)) == topics_before

@@ -84,8 +84,8 @@ def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kaf
 
     runner = LocalRunner(settings)
     view = "events_raw"
-    # slowed: 40 records per micro-batch, ~50 batches - longer than the topic keeps a closed segment
-    req = ReplayRequest(view=view, version=1, max_offsets_per_trigger=40, max_lag=0, triggered_by="test")
+    # slowed: 80 records per micro-batch, ~25 batches of 1.5-3 s - longer than the topic keeps a closed segment
+    req = ReplayRequest(view=view, version=1, max_offsets_per_trigger=80, max_lag=0, triggered_by="test")
     try:
         replay.launch(req, settings, runner, replay.preflight(req, settings, runner))
         assert _retention(settings, topic)[:2] == HELD, "the lease holds the topic's retention"

@@ -89,7 +89,8 @@ def test_short_retention_topic(kafka_settings: Settings, topic_factory: TopicFac
 
 
 def test_offsets(kafka_settings: Settings, topic_factory: TopicFactory) -> None:
-    name = topic_factory(2)
+    # records stamped in 2023: the broker's default time retention (7 days) would delete them at its next check
+    name = topic_factory(2, {"retention.ms": "-1"})
     assert partition_offsets(kafka_settings, name) == {0: (0, 0), 1: (0, 0)}
     p = Producer(kafka_settings.kafka_client_config({"enable.idempotence": True}))
     t0 = 1_700_000_000_000

@@ -246,7 +246,7 @@ class ServingAlias:
                       keep: timedelta | None = None) -> list[SwitchResult]:
         """Point several views' aliases at once - a view and the views over it (a cascading replay): the alias
         rows of all of them change in **one** Delta commit, so a reader resolving the aliases from one snapshot
-        (``kappa query`` joining two views) sees the old chain or the new one, never a mix. Idempotent like
+        (``kappa query`` joining two views) sees the old chain or the new one, never a mix (:meth:`_switch`). Idempotent like
         :meth:`promote` (which is this with one view); the registry follows per view.
 
         Raises:
@@ -437,14 +437,16 @@ class ServingAlias:
         """Compare-and-set the alias rows of ``targets`` (registry row, the view's other serving versions) in one
         MERGE commit; returns view -> (changed, previous version).
 
-        Each source row carries the version it expects the alias to hold; a row whose expectation no longer holds
-        is not written, the count shows it and the switch is retried from a fresh read (delta-rs also refuses
-        the commit when a concurrent one rewrote the same alias file: retried the same way)."""
+        The rows are read and merged at one snapshot of the alias table: a concurrent switch committed since then
+        rewrote the same file, so delta-rs refuses the commit (all rows or none) and the switch is retried from a
+        fresh read. Each source row also carries the version it expects the alias to hold; a count short of the
+        rows means an expectation failed, and the switch is retried the same way."""
         _ensure_table(self.uri, _ALIAS_COLUMNS, self.storage_options)
         result: dict[str, tuple[bool, int | None]] = {}
 
         def attempt() -> dict[str, tuple[bool, int | None]]:
-            aliases = self.aliases()
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
+            aliases = {row["view"]: AliasRow(**row) for row in read_rows(table)}
             rows = []
             for rec, others in targets:
                 alias = aliases.get(rec.view)
@@ -464,8 +466,7 @@ class ServingAlias:
             source = arrow_rows(_ALIAS_COLUMNS, rows, extra=(("expected_version", I64),))
             cols = {_q(c): f"s.{_q(c)}" for c, _ in _ALIAS_COLUMNS}
             metrics = (
-                DeltaTable(self.uri, storage_options=self.storage_options)
-                .merge(source, predicate='t."view" = s."view"', source_alias="s", target_alias="t")
+                table.merge(source, predicate='t."view" = s."view"', source_alias="s", target_alias="t")
                 .when_matched_update(cols, predicate='t."version" = s."expected_version"')
                 .when_not_matched_insert(cols)
                 .execute()

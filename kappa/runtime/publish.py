@@ -84,12 +84,12 @@ class Publisher:
     def publish(self) -> int:
         """Publish the rows of every commit since the last published one; returns how many were produced."""
         import arro3.core as ac
+        from deltalake import DeltaTable
 
+        from kappa.log.generator import produce
         from kappa.runtime.deltars import rs_uri
 
         with self._lock:
-            from deltalake import DeltaTable
-
             uri = rs_uri(self.paths.table)
             if not DeltaTable.is_deltatable(uri):
                 return 0
@@ -106,8 +106,6 @@ class Publisher:
                 changes = True
             records = self._records(data, changes=changes)
             if records:
-                from kappa.log.generator import produce
-
                 result = produce(self.settings, self.topic, records, producer_config={"client.id": "kappa-publish"})
                 if result.failed:
                     raise RuntimeError(f"{self.view.ref}: {result.failed} record(s) to {self.topic} failed: "
@@ -154,14 +152,19 @@ class Publisher:
 
     # ---------------------------------------------------------------------------------------------------
     def ensure_topic(self) -> None:
-        """Create the declared topic if it is missing (its configs from ``platform.yaml``)."""
+        """Converge the declared topic (created with its ``platform.yaml`` configs when missing). A cluster that
+        refuses (no Create/AlterConfigs right: the chart's topics Job has them) is logged, not fatal - the
+        produce then says whether the topic is there."""
         import dataclasses
 
         from kappa.catalog import load_catalog
         from kappa.log.topics import ensure_topics
 
         spec = load_catalog().topic(self.spec.topic)
-        ensure_topics(self.settings, [dataclasses.replace(spec, name=self.topic)])
+        try:
+            ensure_topics(self.settings, [dataclasses.replace(spec, name=self.topic)])
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("%s: cannot converge its publish topic %s: %s", self.view.ref, self.topic, one_line(exc))
 
     def start(self, interval: float) -> None:
         """Publish every ``interval`` seconds in a background thread until :meth:`stop`."""

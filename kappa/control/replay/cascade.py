@@ -121,7 +121,10 @@ def chain(view: str, version: int) -> list[tuple[str, int]]:
             over = [e.version for e in edges
                     if e.view == dependant and (e.upstream, e.upstream_version) == (up, up_version)]
             if not over:
-                published = next((e.topic for e in edges if (e.upstream, e.upstream_version) == (up, up_version)), None)
+                from kappa.runtime.view import declared_view
+
+                publish = declared_view(up, up_version).publish
+                published = publish.topic if publish is not None else None
                 reads = ", ".join(sorted({e.topic for e in edges if e.view == dependant}))
                 ref = view_ref(up, up_version)
                 raise ReplayError(
@@ -141,7 +144,8 @@ def dependant_request(req: ReplayRequest, view: str, version: int) -> ReplayRequ
     """The replay of one dependant in a cascade of ``req``: from the earliest offset of the topic it reads, live,
     with the cascade's verification, promotion and keep (its lag counts published rows: it must read all)."""
     return replace(req, view=view, version=version, start="earliest", start_timestamp_ms=None, start_offsets=None,
-                   upgrade="replay", max_offsets_per_trigger=None, max_lag=0, metrics_port=None).validate()
+                   upgrade="replay", max_offsets_per_trigger=None, max_lag=0, metrics_port=None,
+                   cascade=False).validate()
 
 
 def launch_chain(req: ReplayRequest, settings: Settings, runner: Runner) -> list[VersionRecord]:
@@ -173,7 +177,8 @@ def chain_caught_up(req: ReplayRequest, settings: Settings, runner: Runner, *, p
     target = {(req.view, req.version): published}
     for view, version in chain(req.view, req.version):
         edge = upstream_of(view, version)
-        assert edge is not None  # chain() only lists versions over a publisher
+        if edge is None:  # chain() lists only versions over a publisher: the declarations changed meanwhile
+            raise ReplayError(f"{view_ref(view, version)} no longer reads what a view publishes (kappa views)")
         up = ViewVersion.resolve(edge.upstream, edge.upstream_version, settings)
         goal = target.get((up.name, up.version))
         if goal is None:
@@ -181,10 +186,9 @@ def chain_caught_up(req: ReplayRequest, settings: Settings, runner: Runner, *, p
         done = published_through(up.paths.checkpoint)
         if done < goal:
             return CatchUp(False, f"{up.ref} has published its table through Delta version {done} of {goal}")
-        dreq = dependant_request(req, view, version)
         caught = caught_up(view, version, settings, runner, by=req.triggered_by, max_lag=0)
         if not caught:
-            return CatchUp(False, f"{dreq.ref}: {caught.reason}")
+            return CatchUp(False, f"{view_ref(view, version)}: {caught.reason}")
         target[(view, version)] = table_version(ViewVersion.resolve(view, version, settings))
     return CatchUp(True, "every view over it has read what it published")
 
