@@ -105,6 +105,25 @@ def upstream_of(view: str, version: int) -> Edge | None:
     return next((e for e in graph() if (e.view, e.version) == (view, version)), None)
 
 
+def _walk(view: str, version: int, edges: list[Edge],
+          pick: Callable[[str, str, int, set[int]], int | None]) -> list[tuple[str, int]]:
+    """The views over ``view@v<version>``, upstream first, recursively: for each view with a version over any
+    version of the upstream, ``pick(dependant, upstream, upstream version, its versions over that one)`` chooses
+    its version (None: leave it out)."""
+    out: list[tuple[str, int]] = []
+    todo = [(view, version)]
+    while todo:
+        up, up_version = todo.pop(0)
+        for dependant in sorted({e.view for e in edges if e.upstream == up}):
+            over = {e.version for e in edges
+                    if e.view == dependant and (e.upstream, e.upstream_version) == (up, up_version)}
+            chosen = pick(dependant, up, up_version, over)
+            if chosen is not None:
+                out.append((dependant, chosen))
+                todo.append((dependant, chosen))
+    return out
+
+
 def chain(view: str, version: int) -> list[tuple[str, int]]:
     """The dependants a cascading replay of ``view@v<version>`` builds, upstream first: for each view with a
     version over any version of ``view``, its (highest) declared version over ``version``; recursively.
@@ -113,28 +132,24 @@ def chain(view: str, version: int) -> list[tuple[str, int]]:
         ReplayError: ``view`` has no dependants, or one declares no version over ``version`` (one line).
     """
     edges = graph()
-    out: list[tuple[str, int]] = []
-    todo = [(view, version)]
-    while todo:
-        up, up_version = todo.pop(0)
-        for dependant in sorted({e.view for e in edges if e.upstream == up}):
-            over = [e.version for e in edges
-                    if e.view == dependant and (e.upstream, e.upstream_version) == (up, up_version)]
-            if not over:
-                from kappa.runtime.view import declared_view
 
-                publish = declared_view(up, up_version).publish
-                published = publish.topic if publish is not None else None
-                reads = ", ".join(sorted({e.topic for e in edges if e.view == dependant}))
-                ref = view_ref(up, up_version)
-                raise ReplayError(
-                    f"{dependant} reads {up} ({reads}) but "
-                    + (f"declares no version over {ref} (its topic {published}): declare one in platform.yaml"
-                       if published else f"{ref} publishes nothing: declare its publish topic and a {dependant} "
-                       "version reading it")
-                    + ", or replay without cascade")
-            out.append((dependant, max(over)))
-            todo.append((dependant, max(over)))
+    def highest(dependant: str, up: str, up_version: int, over: set[int]) -> int:
+        if not over:
+            from kappa.runtime.view import declared_view
+
+            publish = declared_view(up, up_version).publish
+            published = publish.topic if publish is not None else None
+            reads = ", ".join(sorted({e.topic for e in edges if e.view == dependant}))
+            ref = view_ref(up, up_version)
+            raise ReplayError(
+                f"{dependant} reads {up} ({reads}) but "
+                + (f"declares no version over {ref} (its topic {published}): declare one in platform.yaml"
+                   if published else f"{ref} publishes nothing: declare its publish topic and a {dependant} "
+                   "version reading it")
+                + ", or replay without cascade")
+        return max(over)
+
+    out = _walk(view, version, edges, highest)
     if not out:
         raise ReplayError(f"cascade: no view reads what {view} publishes (kappa views shows the graph)")
     return out
@@ -230,24 +245,18 @@ def rollback_targets(view: str, to_version: int, settings: Settings) -> list[tup
     """
     alias, registry = alias_of(settings), registry_of(settings)
     edges = graph()
-    out: list[tuple[str, int]] = []
-    todo = [(view, to_version)]
-    while todo:
-        up, up_version = todo.pop(0)
-        for dependant in sorted({e.view for e in edges if e.upstream == up}):
-            serving = alias.target(dependant).version
-            if not any((e.view, e.version) == (dependant, serving) and e.upstream == up for e in edges):
-                continue  # what serves does not read this view
-            over = {e.version for e in edges
-                    if e.view == dependant and (e.upstream, e.upstream_version) == (up, up_version)}
-            kept = {r.version for r in registry.list(dependant)
-                    if r.version in over and r.deleted_at is None and r.state in {"retired", "serving"}}
-            if not kept:
-                raise ReplayError(f"{dependant} has no kept version over {view_ref(up, up_version)}: rebuild one with "
-                                  f"`kappa replay {up} --version {up_version} --cascade`, or roll back without cascade")
-            row = alias.alias(dependant)
-            previous = row.previous_version if row is not None else None
-            chosen = previous if previous in kept else max(kept)
-            out.append((dependant, chosen))
-            todo.append((dependant, chosen))
-    return out
+
+    def kept_one(dependant: str, up: str, up_version: int, over: set[int]) -> int | None:
+        serving = alias.target(dependant).version
+        if not any((e.view, e.version) == (dependant, serving) and e.upstream == up for e in edges):
+            return None  # what serves does not read this view
+        kept = {r.version for r in registry.list(dependant)
+                if r.version in over and r.deleted_at is None and r.state in {"retired", "serving"}}
+        if not kept:
+            raise ReplayError(f"{dependant} has no kept version over {view_ref(up, up_version)}: rebuild one with "
+                              f"`kappa replay {up} --version {up_version} --cascade`, or roll back without cascade")
+        row = alias.alias(dependant)
+        previous = row.previous_version if row is not None else None
+        return previous if previous in kept else max(kept)
+
+    return _walk(view, to_version, edges, kept_one)
