@@ -35,7 +35,8 @@ Running view versions:
   host's reconcile interval (1 s), first restart backoff of a failed query (5 s, doubling) and the consecutive
   failures after which a query stays ``failed`` (5).
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: the local cores, else 4),
-  ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL`` (``WARN``) -- the Spark sessions the platform builds.
+  ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL`` (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map
+  the class-data archive ``make setup`` built, :mod:`kappa.runtime.cds`) -- the Spark sessions the platform builds.
 
 Operating it:
 
@@ -134,7 +135,7 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
+        spark_ui, spark_log_level, spark_cds, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
         lease_ttl_seconds, kafka_outage_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
@@ -166,6 +167,7 @@ class Settings:
     shuffle_partitions: int | None = None
     spark_ui: bool = False
     spark_log_level: str = "WARN"
+    spark_cds: bool = True
     airflow_port: int = 8080
     replay_poke_seconds: float | None = None
     replay_timeout_seconds: float = 24 * 3600.0
@@ -240,6 +242,7 @@ class Settings:
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
             spark_ui=(get("KAPPA_SPARK_UI") or "false").lower() in ("1", "true", "yes"),
             spark_log_level=get("KAPPA_SPARK_LOG_LEVEL") or "WARN",
+            spark_cds=(get("KAPPA_SPARK_CDS") or "true").lower() not in ("0", "false", "no"),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),

@@ -86,3 +86,25 @@ def test_token_provider_has_what_spark_sql_kafka_calls(tmp_path: Path) -> None:
                 have.add((name, line.split(":", 1)[1].strip()))
         missing += [f"{cls}.{n}{d}" for n, d in members if (n, d) not in have]
     assert not missing, f"{token.name} lacks: {missing}"
+
+
+def test_driver_jvms_map_the_class_data_archive(spark, tmp_path: Path) -> None:
+    """make setup built the drivers' class-data archive; the platform's sessions map it, and a JVM that must map
+    it (-Xshare:on: no archive, no JVM) starts and runs a job with it."""
+    import sys
+
+    from kappa.runtime.cds import archive_path
+
+    archive = archive_path(JARS)
+    assert archive.is_file(), "run `make setup`"
+    jvm = spark.sparkContext._jvm
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert hotspot.getVMOption("SharedArchiveFile").getValue() == str(archive)
+    script = ("import sys\nfrom kappa.config import Settings\nfrom kappa.runtime.spark import build_spark\n"
+              "s = build_spark('cds', Settings.from_env().replace(home=sys.argv[2]),"
+              " cds_options=['-XX:SharedArchiveFile=' + sys.argv[1], '-Xshare:on'])\n"
+              "print('rows', s.range(7).count())\n")
+    run = subprocess.run([sys.executable, "-c", script, str(archive), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and "rows 7" in run.stdout, run.stderr[-2000:]

@@ -9,7 +9,8 @@
 # Every ARG default equals infra/versions.env (tests/deploy/test_images.py). Layout: the repository at
 # /opt/kappa (KAPPA_REPO_ROOT), the package installed editable from there (so kappa/platform.yaml is
 # /opt/kappa/kappa/platform.yaml, where the chart's topics Job mounts its ConfigMap), jars in
-# /opt/kappa/.cache/jars/spark (what kappa.runtime.spark.spark_jars() reads).
+# /opt/kappa/.cache/jars/spark (what kappa.runtime.spark.spark_jars() reads), the drivers' class-data sharing
+# archive (kappa/runtime/cds.py: every driver JVM starts seconds faster) in /opt/kappa/.cache/jars/cds.
 
 ARG PYTHON_VERSION=3.11
 ARG DEBIAN_RELEASE=bookworm
@@ -91,7 +92,8 @@ COPY --from=jars /jars/ .cache/jars/spark/
 COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
 RUN /opt/venv/bin/pip install --no-deps -e /opt/kappa \
  && /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
- && /opt/venv/bin/kappa --help >/dev/null
+ && /opt/venv/bin/kappa --help >/dev/null \
+ && /opt/venv/bin/python -m kappa.runtime.cds
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
     SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark \

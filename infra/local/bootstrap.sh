@@ -2,9 +2,10 @@
 # Bootstrap the local kappa toolchain: Python venv + JVM jars, everything under <repo>/.cache/.
 #
 # Usage: infra/local/bootstrap.sh [all|python|jars|lock|check]
-#   all     (default) preflight, Python venv, broker + Spark connector jars; one summary line.
+#   all     (default) preflight, Python venv, broker + Spark connector jars, the driver class-data archive;
+#           one summary line.
 #   python  preflight + .cache/venv only.
-#   jars    preflight + .cache/jars/{broker,spark} (needs the venv: Spark jars are diffed against pyspark/jars).
+#   jars    preflight + .cache/jars/{broker,spark,cds} (needs the venv: Spark jars are diffed against pyspark/jars).
 #   lock    regenerate requirements.lock from a clean throw-away venv (pins from infra/versions.env).
 #   check   preflight only.
 #
@@ -20,6 +21,7 @@
 #   .cache/venv/                python3.11 venv: requirements.lock + `pip install -e . --no-deps`
 #   .cache/jars/broker/*.jar    Kafka broker (kafka.Kafka) + storage tool (kafka.tools.StorageTool) + log4j2
 #   .cache/jars/spark/*.jar     jars missing from pyspark/jars: spark-sql-kafka-0-10, Kafka clients, Delta
+#   .cache/jars/cds/spark-driver.jsa  class-data sharing archive every Spark driver JVM maps (kappa/runtime/cds.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -183,6 +185,23 @@ $(ls "$pyspark_dir")" "$POM" "$MVN_SETTINGS")"
     fi
 }
 
+# ---------------------------------------------------------------------------------------------- cds
+# A class-data sharing archive of what a Spark driver loads (kappa/runtime/cds.py): every driver JVM maps it
+# and starts seconds faster. Rebuilt when the JDK, the jars or the workload change.
+cds_step() {
+    local h
+    h="$(hash_of "$(java -version 2>&1) $(ls "$(pyspark_jars_dir)" "$JARS/spark")" "$ROOT/kappa/runtime/cds.py")"
+    if stamp_ok cds "$h" && [[ -f "$JARS/cds/spark-driver.jsa" ]]; then
+        CDS_STATUS="cached"
+    else
+        log "cds: building the Spark driver class-data archive (~1 min, once)"
+        "$VENV/bin/python" -m kappa.runtime.cds "$JARS/cds/spark-driver.jsa" >"$CACHE/cds.log" 2>&1 \
+            || die "building the class-data archive failed; see .cache/cds.log: $(tail -1 "$CACHE/cds.log")"
+        stamp_set cds "$h"
+        CDS_STATUS="built"
+    fi
+}
+
 # --------------------------------------------------------------------------------------------- lock
 lock_step() {
     local lv="$CACHE/lock-venv"
@@ -214,7 +233,8 @@ summary() {
     ns="$(find "$JARS/spark" -name '*.jar' | wc -l)"; ss="$(du -sh "$JARS/spark" | cut -f1)"
     echo "bootstrap: ok in ${SECONDS}s -- venv $("$VENV/bin/python" -c 'import platform; print(platform.python_version())') ($PY_STATUS, $(grep -cv '^#' "$LOCK") pkgs)" \
          "| broker jars: $nb, $sb ($BROKER_STATUS, kafka $KAFKA_VERSION)" \
-         "| spark jars: $ns, $ss ($SPARK_STATUS, spark $SPARK_VERSION, delta $DELTA_VERSION)"
+         "| spark jars: $ns, $ss ($SPARK_STATUS, spark $SPARK_VERSION, delta $DELTA_VERSION)" \
+         "| driver class-data archive: $(du -sh "$JARS/cds/spark-driver.jsa" | cut -f1) ($CDS_STATUS)"
 }
 
 main() {
@@ -222,9 +242,9 @@ main() {
     load_versions
     mkdir -p "$CACHE"
     case "$cmd" in
-        all)    preflight; python_step; jars_step; summary ;;
+        all)    preflight; python_step; jars_step; cds_step; summary ;;
         python) preflight; python_step; echo "bootstrap: python ok ($PY_STATUS) in ${SECONDS}s" ;;
-        jars)   preflight; PY_STATUS="n/a"; jars_step; summary ;;
+        jars)   preflight; PY_STATUS="n/a"; jars_step; cds_step; summary ;;
         lock)   preflight; lock_step ;;
         check)  preflight; echo "bootstrap: preflight ok (java, mvn, $PYTHON)" ;;
         -h|--help|help) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//' ;;

@@ -10,9 +10,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from kappa.errors import KappaError
+from kappa.runtime import cds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
@@ -58,6 +59,7 @@ def build_spark(
     driver_memory: str = "1g",
     warehouse_dir: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    cds_options: Sequence[str] | None = None,
 ) -> "SparkSession":
     """Build (or return the active) SparkSession with Delta and the Kafka connector on the classpath.
 
@@ -72,6 +74,8 @@ def build_spark(
         driver_memory: heap of the local driver JVM.
         warehouse_dir: Spark SQL warehouse (catalog views for analysts live there); default ``<home>/warehouse``.
         extra_conf: additional Spark settings, applied last.
+        cds_options: the driver JVM's class-data sharing options; default: map the archive ``make setup`` built
+            (:func:`kappa.runtime.cds.java_options`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -110,7 +114,7 @@ def build_spark(
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
     # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
-    java_options = ["-Xss8m"]
+    java_options = ["-Xss8m", *(cds.java_options(settings) if cds_options is None else cds_options)]
     warehouse_dir = warehouse_dir or str(Path(settings.home) / "warehouse")
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
