@@ -17,11 +17,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kappa.config import Settings
 from kappa.identity import ViewPaths
 from tests.conftest import subprocess_env
-from tests.helpers import committed_batches, delta_txns
+from tests.helpers import committed_batches, delta_txns, run_to_end
 
 VIEWS = ("events_raw", "campaign_catalog", "campaign_window_counts", "user_sessions")
 PHASES = ("before_write", "between_commits", "after_commit")
@@ -124,11 +125,14 @@ def _kill_once(settings: Settings, workdir: Path, view: str, i: int, rng: random
                       random_kill=True)
 
 
-def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> CrashReport:
+def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int, spark: Any = None) -> CrashReport:
     """Kill view drivers ``kills`` times, then drain and let every view finish the log.
 
     Rounds kill the four views' drivers concurrently (one thread each, independent random choices), so the
-    drivers also crash while others are starting, reading or writing.
+    drivers also crash while others are starting, reading or writing. The drain restarts every view from the
+    checkpoint its last killed driver left, to the end of the log, in several micro-batches (events that arrive
+    after the watermark passed their window are dropped - and kept - only between batches): in ``spark`` (this
+    process's session: no JVM to start) when given, else in drivers of their own, two at a time.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -141,14 +145,16 @@ def crash_loop(settings: Settings, workdir: Path, *, kills: int, seed: int) -> C
                                    random.Random(f"{seed}-{r}-{view}"), report) for k, view in enumerate(views)]
             for future in futures:
                 future.result()
-    # drain: every view processes the rest of the log and stops by itself, in several micro-batches (events that
-    # arrive after the watermark passed their window are dropped - and kept - only between batches); two drivers
-    # at a time (their JVM start-ups overlap the other's work on 2 cores)
+    batch = int(os.environ.get("KAPPA_CRASH_DRAIN_BATCH", "1000"))
+    if spark is not None:
+        for view in VIEWS:
+            run_to_end(spark, settings, f"jobs.{view}.v1", batch=batch)
+        return report
+
     def drain(view: str) -> None:
         log = workdir / f"{view}.log"
         args = [sys.executable, "-m", "kappa.runtime.driver", "view", view, "--version", "1", "--starting",
-                "earliest", "--metrics-port", "0", "--available-now", "--max-offsets-per-trigger",
-                os.environ.get("KAPPA_CRASH_DRAIN_BATCH", "1000")]
+                "earliest", "--metrics-port", "0", "--available-now", "--max-offsets-per-trigger", str(batch)]
         with open(log, "ab") as fh:
             proc = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   env=subprocess_env(settings), timeout=600, start_new_session=True)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table"]
+__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table", "run_to_end"]
 
 
 def read_table(spark: Any, path: str) -> list[Any]:
@@ -30,6 +30,22 @@ def committed_batches(checkpoint: str) -> list[int]:
     """Batch ids committed in a Spark checkpoint (its commits/ folder)."""
     folder = Path(checkpoint, "commits")
     return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.exists() else []
+
+
+def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = None) -> None:
+    """Run a view version module's real job in this process's Spark session, from its checkpoint (earliest for a
+    new one) to the end of the log, then stop it; ``batch``: records per micro-batch."""
+    from kappa.runtime.job import ViewJob
+    from kappa.runtime.view import load_view
+
+    job = ViewJob(load_view(module), settings, spark=spark, starting="earliest", available_now=True,
+                  max_offsets_per_trigger=batch)
+    job.start()
+    try:
+        assert job.await_termination(600), f"{module} did not finish"
+        assert job.failure() is None, job.failure()
+    finally:
+        job.stop()
 
 
 class FakeRunner:

@@ -21,9 +21,9 @@ def _load(settings, n: int, seed: int) -> None:
     assert generator.produce(settings, settings.topic("ad-events"), stream).delivered == n
 
 
-def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000) -> None:
+def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000, drain_here: bool = False) -> None:
     _load(settings, events, seed)
-    report = crash_loop(settings, tmp_path, kills=kills, seed=seed)
+    report = crash_loop(settings, tmp_path, kills=kills, seed=seed, spark=spark if drain_here else None)
     print("\n".join(report.log))
     assert report.kills >= kills
     stats = assert_views_match(spark, settings)
@@ -34,7 +34,7 @@ def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000)
 
 @pytest.mark.timeout(1800)
 def test_sigkill_during_processing_loses_and_duplicates_nothing(spark, kafka, declared_topics, lake, tmp_path):
-    _prove(spark, lake, tmp_path, kills=4, seed=21, events=4000)
+    _prove(spark, lake, tmp_path, kills=4, seed=21, events=4000, drain_here=True)
 
 
 @pytest.mark.slow

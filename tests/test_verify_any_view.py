@@ -3,9 +3,9 @@
 A team's view is written only as a transform, in a module of its own on ``PYTHONPATH``, and declared in its own
 copy of the platform file (``KAPPA_PLATFORM``) - nothing in ``kappa/`` changes and no oracle exists for it:
 
-* the ``kappa_replay`` DAG (``dag.test()``) replays v1 from the log, verifies it strictly (recompute of the same
-  transform over the exact micro-batches the table holds) and promotes it; the table is also checked here
-  against a plain-Python count of the raw Kafka records;
+* v1's real job runs over the log in micro-batches; ``verify`` checks it strictly (recompute of the same
+  transform over the exact micro-batches the table holds) and ``promote`` serves it; the table is also checked
+  here against a plain-Python count of the raw Kafka records;
 * three faulty runs of later versions, each through a fake sink that injects one fault the real sink cannot
   produce on purpose - one batch dropped, one batch applied twice, one value corrupted - fail verification
   with a message naming the first differing key; the serving version stays v1;
@@ -164,10 +164,9 @@ def _dag(dag_id: str) -> Any:
 
 
 @pytest.mark.integration
-@pytest.mark.airflow
 @pytest.mark.timeout(900)
 def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
-        kafka, lake, airflow_home, spark, team_view, tmp_path, monkeypatch):
+        kafka, lake, spark, team_view, tmp_path, monkeypatch):
     from deltalake import DeltaTable
 
     from kappa.control.runners.local import LocalRunner
@@ -179,22 +178,16 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
     registry, alias = Registry(settings.lake_uri), ServingAlias(settings.lake_uri)
     assert oracle.oracle_for(VIEW, 1) is None
 
-    conf = {"view": VIEW, "version": 1, "start": "earliest", "end": "timestamp", "end_timestamp_ms": cut,
-            "verify": "strict", "auto_promote": True, "max_offsets_per_trigger": 400, "watch_minutes": 0}
-    try:
-        run = _dag("kappa_replay").test(run_conf=conf)
-        states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-        assert run.state == "success", states
-        verification = next(ti for ti in run.get_task_instances() if ti.task_id == "verify").xcom_pull(
-            task_ids="verify")
-    finally:
-        runner.stop(VIEW, 1)
-
-    assert verification["passed"] and verification["oracle"] is None, verification
-    recomputed = verification["recompute"]
+    # v1: the team's real job over the log in micro-batches of 400 (registered caught up as a replay leaves it),
+    # verified by the recompute of its own transform alone (no oracle exists), promoted
+    assert _run_version(spark, settings, 1, cut) is None
+    verification = replay.verify(VIEW, 1, settings, "strict", by="test")
+    assert verification.passed and verification.oracle is None, verification
+    recomputed = verification.recompute
     assert recomputed["passed"] and recomputed["details"]["batches"] >= 4, recomputed
     assert recomputed["details"]["quarantine_expected"] > 30, "the malformed records were checked too"
-    assert "equal the recompute" in verification["message"], verification["message"]
+    assert "equal the recompute" in verification.message, verification.message
+    assert replay.promote(VIEW, 1, settings, runner, by="test").changed
     assert registry.get(VIEW, 1).state == "serving"
     table_path = replay.ViewVersion.resolve(VIEW, 1, settings).paths.table
     assert alias.resolve(VIEW) == table_path

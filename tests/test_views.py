@@ -22,7 +22,7 @@ from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
 from kappa.runtime.view import load_view
-from tests.helpers import committed_batches, delta_txns
+from tests.helpers import committed_batches, delta_txns, run_to_end
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -32,14 +32,7 @@ VIEWS = ("events_raw", "campaign_catalog", "campaign_window_counts", "user_sessi
 
 def _run_all(spark, settings, bounds: dict[str, int] | None = None) -> None:
     for name in VIEWS:
-        job = ViewJob(load_view(f"jobs.{name}.v1"), settings, spark=spark, starting="earliest",
-                      available_now=True, max_offsets_per_trigger=(bounds or {}).get(name))
-        job.start()
-        try:
-            assert job.await_termination(600), f"{name} did not finish"
-            assert job.failure() is None, job.failure()
-        finally:
-            job.stop()
+        run_to_end(spark, settings, f"jobs.{name}.v1", batch=(bounds or {}).get(name))
 
 
 def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_topics, lake):

@@ -23,11 +23,10 @@ from jobs.campaign_hourly_totals.oracle import HOUR_MS, hourly_totals_of_windows
 from kappa.identity import ViewPaths
 from kappa.log import generator
 from kappa.runtime import lineage
-from kappa.runtime.job import ViewJob
 from kappa.runtime.view import load_view
 from kappa.verify import oracle
 from kappa.verify.oracle import OracleInput, epoch_ms
-from tests.helpers import delta_txns
+from tests.helpers import delta_txns, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -42,17 +41,6 @@ def _load(settings, n: int, seed: int) -> None:
     events = generator.events(n, seed=seed, universe=u, start_ms=T0, rate_per_s=0.35, late_fraction=0.05,
                               max_lateness_ms=40_000, malformed_fraction=0.03)
     assert generator.produce(settings, settings.topic("ad-events"), events).delivered == n
-
-
-def _run(spark, settings, module: str, *, batch: int) -> None:
-    job = ViewJob(load_view(module), settings, spark=spark, starting="earliest", available_now=True,
-                  max_offsets_per_trigger=batch)
-    job.start()
-    try:
-        assert job.await_termination(600), f"{module} did not finish"
-        assert job.failure() is None, job.failure()
-    finally:
-        job.stop()
 
 
 def _batches(settings, view: str, version: int) -> list:
@@ -103,7 +91,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     and the hourly table again after every window was published a second time."""
     from kappa.runtime.publish import PROGRESS_FILE, Publisher
 
-    _run(spark, lake, "jobs.campaign_window_counts.v1", batch=300)
+    run_to_end(spark, lake, "jobs.campaign_window_counts.v1", batch=300)
 
     # every final window of the table is in the topic, as stored; nothing that is not final
     upstream = _rows(spark, lake, UPSTREAM, 1)
@@ -117,7 +105,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     starts = [v.value["window_start"] for v in published]
     assert starts == sorted(starts), "published in event-time order"
 
-    _run(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
     hourly = _rows(spark, lake, HOURLY, 1)
     spec = oracle.oracle_for(HOURLY, 1)
     expected = spec.compute(OracleInput(events=published, batches=_batches(lake, HOURLY, 1)))
@@ -134,7 +122,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     Path(paths.checkpoint, PROGRESS_FILE).unlink()
     assert Publisher(load_view("jobs.campaign_window_counts.v1"), lake, paths).publish() == len(final)
     assert len(oracle.read_log(lake, topic)) == 2 * len(final)
-    _run(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
     assert _hourly(_rows(spark, lake, HOURLY, 1)) == _hourly(hourly), "a copy changed a total"
     late = spark.read.format("delta").load(paths.quarantine).where(f"view = '{HOURLY}' and error LIKE 'late%'")
     assert 0 < late.count() <= len(final), "the copies behind the watermark are kept as late, once each"
