@@ -91,7 +91,7 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
                               late_fraction=0.1, max_lateness_ms=5000, malformed_fraction=0.05)
     generator.produce(lake, lake.topic("ad-events"), stream)
 
-    _run_all(spark, lake, bounds={"events_raw": 500, "campaign_catalog": 6, "campaign_window_counts": 400,
+    _run_all(spark, lake, bounds={"events_raw": 500, "campaign_catalog": 20, "campaign_window_counts": 400,
                                   "user_sessions": 500})
     stats = assert_views_match(spark, lake)
     for name in ("campaign_window_counts", "campaign_catalog"):

@@ -91,7 +91,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     and the hourly table again after every window was published a second time."""
     from kappa.runtime.publish import PROGRESS_FILE, Publisher
 
-    run_to_end(spark, lake, "jobs.campaign_window_counts.v1", batch=300)
+    run_to_end(spark, lake, "jobs.campaign_window_counts.v1", batch=500)
 
     # every final window of the table is in the topic, as stored; nothing that is not final
     upstream = _rows(spark, lake, UPSTREAM, 1)
@@ -105,7 +105,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     starts = [v.value["window_start"] for v in published]
     assert starts == sorted(starts), "published in event-time order"
 
-    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=400)
     hourly = _rows(spark, lake, HOURLY, 1)
     spec = oracle.oracle_for(HOURLY, 1)
     expected = spec.compute(OracleInput(events=published, batches=_batches(lake, HOURLY, 1)))
@@ -122,7 +122,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     Path(paths.checkpoint, PROGRESS_FILE).unlink()
     assert Publisher(load_view("jobs.campaign_window_counts.v1"), lake, paths).publish() == len(final)
     assert len(oracle.read_log(lake, topic)) == 2 * len(final)
-    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=150)
+    run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=400)
     assert _hourly(_rows(spark, lake, HOURLY, 1)) == _hourly(hourly), "a copy changed a total"
     late = spark.read.format("delta").load(paths.quarantine).where(f"view = '{HOURLY}' and error LIKE 'late%'")
     assert 0 < late.count() <= len(final), "the copies behind the watermark are kept as late, once each"
