@@ -32,45 +32,12 @@ def _wait(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def test_host_runs_views_in_one_jvm_and_stops_one_alone(spark, kafka, declared_topics, lake):
-    u = generator.universe(seed=5, campaigns=5, users=50)
-    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
-    first = generator.produce(lake, lake.topic("ad-events"), generator.events(1500, seed=5, universe=u,
-                                                                               malformed_fraction=0.02))
-    runner = LocalRunner(lake, mode="host")
-    try:
-        for view in ("events_raw", "campaign_window_counts"):
-            status = runner.start(JobSpec(view, 1, starting="earliest", metrics_port=0))
-            assert status.state == "running", status
-        pid = host_pid(lake)
-        assert pid is not None
-        valid = first.kinds["valid"]
-        _wait(lambda: _rows(spark, lake, "events_raw") == valid, 300, f"events_raw to hold {valid} rows")
-        _wait(lambda: _rows(spark, lake, "campaign_window_counts") > 0, 300, "campaign_window_counts rows")
-        jvms = [p for p in psutil.Process(pid).children(recursive=True)
-                if "java" in p.name() and "SparkSubmit" in " ".join(p.cmdline())]
-        assert len(jvms) == 1, f"expected one Spark JVM for both views, found {len(jvms)}"
-
-        # stopping one view version leaves the other running in the same host
-        assert runner.stop("campaign_window_counts", 1).state == "stopped"
-        assert runner.status("campaign_window_counts", 1).state == "stopped"
-        assert runner.status("events_raw", 1).state == "running"
-        more = generator.produce(lake, lake.topic("ad-events"), generator.events(
-            500, seed=6, universe=u, start_ms=1_700_000_900_000))
-        _wait(lambda: _rows(spark, lake, "events_raw") == valid + more.kinds["valid"], 300, "the second load")
-        assert host_pid(lake) == pid
-        # an auto-mode runner (what `kappa replay` uses) joins the running host
-        assert LocalRunner(lake).status("events_raw", 1).state == "running"
-    finally:
-        stop_host(lake)
-    assert host_pid(lake) is None
-    assert runner.status("events_raw", 1).state == "stopped"
-
-
-def test_host_restarts_a_failing_query_alone(spark, kafka, declared_topics, lake, monkeypatch):
-    """A real storage fault (events_raw's Delta log replaced by a file, the one fake here: nothing else makes a
-    commit fail on demand) fails that view's query; the host restarts it alone after a backoff, while the other
-    view in the same JVM keeps committing; once the log is back the view catches up exactly once."""
+def test_host_runs_views_in_one_jvm_restarts_a_failing_query_alone_and_stops_one_alone(
+        spark, kafka, declared_topics, lake, monkeypatch):
+    """Two views in one host JVM. A real storage fault (events_raw's Delta log replaced by a file, the one fake
+    here: nothing else makes a commit fail on demand) fails that view's query; the host restarts it alone after a
+    backoff, while the other view in the same JVM keeps committing; once the log is back the view catches up
+    exactly once. Then one view version is stopped alone and the other goes on in the same host."""
     import os
     import shutil
 
@@ -80,16 +47,24 @@ def test_host_restarts_a_failing_query_alone(spark, kafka, declared_topics, lake
     monkeypatch.setenv("KAPPA_HOST_MAX_RESTARTS", "50")
     u = generator.universe(seed=8, campaigns=5, users=50)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
-    first = generator.produce(lake, lake.topic("ad-events"), generator.events(800, seed=8, universe=u))
+    first = generator.produce(lake, lake.topic("ad-events"), generator.events(1000, seed=8, universe=u,
+                                                                               malformed_fraction=0.02))
     runner = LocalRunner(lake, mode="host")
     windows = ViewPaths(lake.lake_uri, "campaign_window_counts", 1).table
     log = ViewPaths(lake.lake_uri, "events_raw", 1).table + "/_delta_log"
     try:
         for view in ("events_raw", "campaign_window_counts"):
-            assert runner.start(JobSpec(view, 1, starting="earliest", metrics_port=0)).state == "running"
+            status = runner.start(JobSpec(view, 1, starting="earliest", metrics_port=0))
+            assert status.state == "running", status
         pid = host_pid(lake)
+        assert pid is not None
         _wait(lambda: _rows(spark, lake, "events_raw") == first.kinds["valid"], 300, "events_raw's first load")
         _wait(lambda: _rows(spark, lake, "campaign_window_counts") > 0, 300, "campaign_window_counts rows")
+        jvms = [p for p in psutil.Process(pid).children(recursive=True)
+                if "java" in p.name() and "SparkSubmit" in " ".join(p.cmdline())]
+        assert len(jvms) == 1, f"expected one Spark JVM for both views, found {len(jvms)}"
+
+        # a failing query is restarted alone; the other keeps committing in the same JVM
         os.rename(log, log + ".away")
         with open(log, "w") as fh:
             fh.write("not a directory")
@@ -107,9 +82,21 @@ def test_host_restarts_a_failing_query_alone(spark, kafka, declared_topics, lake
         _wait(lambda: runner.status("events_raw", 1).detail.startswith("host pid"), 60, "events_raw running again")
         raw = spark.read.format("delta").load(ViewPaths(lake.lake_uri, "events_raw", 1).table)
         assert raw.select("partition", "offset").distinct().count() == total  # nothing twice
+
+        # stopping one view version leaves the other running in the same host
+        assert runner.stop("campaign_window_counts", 1).state == "stopped"
+        assert runner.status("campaign_window_counts", 1).state == "stopped"
+        assert runner.status("events_raw", 1).state == "running"
+        last = generator.produce(lake, lake.topic("ad-events"), generator.events(
+            300, seed=6, universe=u, start_ms=1_700_001_800_000))
+        _wait(lambda: _rows(spark, lake, "events_raw") == total + last.kinds["valid"], 300, "the last load")
         assert host_pid(lake) == pid
+        # an auto-mode runner (what `kappa replay` uses) joins the running host
+        assert LocalRunner(lake).status("events_raw", 1).state == "running"
     finally:
         if os.path.isfile(log):
             os.remove(log)
             shutil.move(log + ".away", log)
         stop_host(lake)
+    assert host_pid(lake) is None
+    assert runner.status("events_raw", 1).state == "stopped"

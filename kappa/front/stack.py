@@ -47,11 +47,14 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         # an idle Airflow on a 2-core machine: a few executor slots instead of 32 idle LocalExecutor workers,
-        # one DAG parsing process, a scheduler that sleeps between empty loops
+        # one DAG parsing process
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
-        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "5",
+        # the scheduler's sleep between empty loops is the gap between one task's end and the next one's start:
+        # 1 s (Airflow's default) instead of 5 s takes ~20 s off a replay run of 8 tasks, and the whole idle
+        # Airflow used 2.8 % of one core with it against 2.3 % (60 s samples, 2 cores)
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1",
         # a replay's sensor reports progress every 10 s here (the DAG's default, 60 s, suits a cluster)
         "KAPPA_REPLAY_POKE_SECONDS": str(settings.replay_poke_seconds or 10),
     }

@@ -69,10 +69,14 @@ def read_log(settings: "Settings", topic: str, *, start: Mapping[int, int] | Non
         while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic}: partitions {sorted(pending)} did not reach their end")
-            for msg in consumer.consume(num_messages=10000, timeout=1.0):
+            # a batch returns when full or after the timeout: a short one, or every read ends with a full wait
+            for msg in consumer.consume(num_messages=10000, timeout=0.1):
                 p = msg.partition()
                 if msg.error() is not None:
                     if msg.error().code() == msg.error()._PARTITION_EOF:
+                        # at the log end, which is at or past the bound (a control record or a compacted
+                        # offset can be the last one below it)
+                        pending.discard(p)
                         continue
                     raise RuntimeError(str(msg.error()))
                 if p not in pending:

@@ -309,17 +309,27 @@ def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int
     parts = [p for p in end if end[p] > start.get(p, 0)]
     if not parts:
         return 0.0
+    # a range shorter than the sample is read to its end (or its partitions' log ends: a compacted topic holds
+    # fewer records than offsets), not until the deadline
+    wanted = min(limit, sum(end[p] - start.get(p, 0) for p in parts))
     consumer = Consumer(settings.kafka_client_config({
         "group.id": f"kappa-preflight-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-        "enable.partition.eof": False, "auto.offset.reset": "earliest"}))
+        "enable.partition.eof": True, "auto.offset.reset": "earliest"}))
     sizes: list[int] = []
+    done: set[int] = set()
     try:
         consumer.assign([TopicPartition(topic, p, start.get(p, 0)) for p in parts])
         deadline = time.monotonic() + timeout
-        while len(sizes) < limit and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=limit - len(sizes), timeout=0.5):
-                if msg.error() is None:
-                    sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
+        while len(sizes) < wanted and len(done) < len(parts) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=wanted - len(sizes), timeout=0.1):
+                if msg.error() is not None:
+                    if msg.error().code() == msg.error()._PARTITION_EOF:
+                        done.add(msg.partition())
+                elif msg.partition() not in done:
+                    if msg.offset() >= end[msg.partition()]:
+                        done.add(msg.partition())
+                    else:
+                        sizes.append(len(msg.key() or b"") + len(msg.value() or b""))
     finally:
         consumer.close()
     return sum(sizes) / len(sizes) if sizes else 0.0
