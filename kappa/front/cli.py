@@ -251,14 +251,14 @@ def up(
     # librdkafka's warning of a retry that succeeds, not something to act on
     logging.getLogger("kappa.log.generator").setLevel(logging.ERROR)
     stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
+    if airflow:  # starting while the views start: first rows 44 s instead of 42 s, ready in 60 s instead of 75 s
+        daemon = stack.start_airflow(settings)
+        console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
     if wait:
         _wait_views(settings, timeout=wait)
         console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a micro-batch",
                       highlight=False)
-    if airflow:  # after the views: they get the machine first (Airflow's first start migrates its database)
-        daemon = stack.start_airflow(settings)
-        console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
-        if wait:
+        if airflow:
             _wait_airflow(settings, timeout=wait)
     if wait:
         console.print(f"\nready in {time.monotonic() - began:.0f} s: every view has committed rows"

@@ -189,7 +189,7 @@ def start_airflow(settings: Settings) -> Daemon:
 def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     """Start (or continue) the broker, the topics, the live producer and every view (in the view host);
     idempotent. Returns once every view's query runs (:func:`wait_ready` waits for their first micro-batches;
-    :func:`start_airflow` adds Airflow - after the views, so they get the machine first)."""
+    :func:`start_airflow` adds Airflow)."""
     from kappa.log.generator import campaign_records, publish_campaigns, universe
     from kappa.runtime.driver import JobSpec
     from kappa.control.runners.local import LocalRunner
