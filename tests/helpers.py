@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table", "run_to_end"]
+__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table", "recorded_batches", "run_to_end"]
 
 
 def read_table(spark: Any, path: str) -> list[Any]:
@@ -30,6 +30,22 @@ def committed_batches(checkpoint: str) -> list[int]:
     """Batch ids committed in a Spark checkpoint (its commits/ folder)."""
     folder = Path(checkpoint, "commits")
     return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.exists() else []
+
+
+def recorded_batches(settings: Any, view: str, version: int) -> list[Any]:
+    """The micro-batch boundaries a version's run recorded in its Delta commits (the staging table's too: a bulk
+    catch-up stages its batches there), oldest first."""
+    from deltalake import DeltaTable
+
+    from kappa.identity import ViewPaths
+    from kappa.runtime import lineage
+
+    paths = ViewPaths(settings.lake_uri, view, version)
+    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view}@v{version}:") and "/" not in a)
+    history = DeltaTable(paths.table).history()
+    if DeltaTable.is_deltatable(paths.staging):
+        history += DeltaTable(paths.staging).history()
+    return lineage.batches_from_history(history, app)
 
 
 def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = None) -> None:

@@ -11,6 +11,7 @@ import os
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,11 +19,12 @@ from jobs.campaign_window_counts.oracle import late_window_records
 from jobs.user_sessions.oracle import expected_sessions_batched, late_session_records
 from kappa.log import generator
 from kappa.verify import oracle
+from kappa.verify.oracle import OracleInput
 from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
 from kappa.runtime.view import load_view
-from tests.helpers import committed_batches, delta_txns, run_to_end
+from tests.helpers import committed_batches, delta_txns, recorded_batches, run_to_end
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -136,16 +138,32 @@ def test_second_driver_for_same_version_is_refused(spark, kafka, declared_topics
     again.stop()
 
 
+def _equals_window_oracle(spark, settings, view: str, version: int) -> tuple[Any, OracleInput, dict]:
+    """The window view's table equals its oracle over the raw records and the batches the run recorded, every
+    column, no window twice; returns the oracle, its input and what it expected."""
+    batches = recorded_batches(settings, view, version)
+    assert [b.batch_id for b in batches] == list(range(len(batches)))
+    spec = oracle.oracle_for(view, version)
+    validated = oracle.validate_records(oracle.read_log(settings, settings.topic("ad-events")), "ad_event",
+                                        key_field="user_id")
+    campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign",
+                                        key_field=None, tombstones=True)
+    given = OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=batches)
+    expected = spec.compute(given)
+    rows = [r.asDict() for r in spark.read.format("delta").load(ViewPaths(settings.lake_uri, view, version).table)
+            .collect()]
+    actual = dict(spec.adapt(r) for r in rows)
+    assert len(actual) == len(rows), "a window is stored twice"
+    assert actual == expected, [(k, actual.get(k), expected.get(k)) for k in sorted(set(actual) | set(expected),
+                                key=str) if actual.get(k) != expected.get(k)][:5]
+    return spec, given, expected
+
+
 def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kafka, declared_topics, lake):
     """The live write path (MERGE per batch, pruned to the open windows; the finality clause only when a stored
     window closes) over runs whose events arrive past the watermark: Spark drops them, the table equals the
     oracle that replays the recorded batch boundaries and watermarks, the drops are counted, and every dropped
     record is kept once in the quarantine (reason `late`)."""
-    from deltalake import DeltaTable
-
-    from kappa.runtime import lineage
-    from kappa.verify.oracle import OracleInput
-
     u = generator.universe(seed=14, campaigns=6, users=100)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
     events = list(generator.events(2400, seed=14, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
@@ -185,21 +203,8 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     closing = [json.loads(info["operationParameters"]["notMatchedBySourcePredicates"]) != []
                for info in _commit_infos(paths.table) if info["operation"] == "MERGE"]
     assert True in closing and False in closing, f"finality clause per MERGE: {closing}"
-    table = DeltaTable(paths.table)
-    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view.name}@v1:") and "/" not in a)
-    batches = lineage.batches_from_history(table.history(), app)
-    assert [b.batch_id for b in batches] == list(range(len(batches)))
-    spec = oracle.oracle_for(view.name, 1)
-    validated = oracle.validate_records(oracle.read_log(lake, lake.topic("ad-events")), "ad_event",
-                                        key_field="user_id")
-    campaigns = oracle.validate_records(oracle.read_log(lake, lake.topic("campaigns")), "campaign", key_field=None,
-                                        tombstones=True)
-    expected = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=batches))
-    rows = [r.asDict() for r in spark.read.format("delta").load(paths.table).collect()]
-    actual = dict(spec.adapt(r) for r in rows)
-    assert len(actual) == len(rows), "a window is stored twice"
-    assert actual == expected, [(k, actual.get(k), expected.get(k)) for k in sorted(set(actual) | set(expected),
-                                key=str) if actual.get(k) != expected.get(k)][:5]
+    spec, given, expected = _equals_window_oracle(spark, lake, view.name, 1)
+    validated, campaigns, batches = given.events, given.lookups["campaigns"], given.batches
     # the run really had events past the watermark: the oracle drops some, and so did Spark (counted)
     unbatched = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=None))
     assert sum(v[1] for v in unbatched.values()) > sum(v[1] for v in expected.values())  # view counts
@@ -224,11 +229,7 @@ def test_hopping_dedupe_view_equals_the_oracle_with_injected_duplicates(spark, k
     late records are in the quarantine, each once."""
     import dataclasses
 
-    from deltalake import DeltaTable
-
     from jobs.campaign_window_counts.oracle import late_event_records
-    from kappa.runtime import lineage
-    from kappa.verify.oracle import OracleInput
 
     u = generator.universe(seed=23, campaigns=5, users=80)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
@@ -250,23 +251,9 @@ def test_hopping_dedupe_view_equals_the_oracle_with_injected_duplicates(spark, k
             job.stop()
 
     paths = ViewPaths(lake.lake_uri, view.name, 3)
-    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view.name}@v3:") and "/" not in a)
-    history = DeltaTable(paths.table).history()
-    if DeltaTable.is_deltatable(paths.staging):  # the first run caught up in bulk: its batches are staged commits
-        history += DeltaTable(paths.staging).history()
-    batches = lineage.batches_from_history(history, app)
-    assert len(batches) >= 4 and [b.batch_id for b in batches] == list(range(len(batches)))
-    spec = oracle.oracle_for(view.name, 3)
-    validated = oracle.validate_records(oracle.read_log(lake, lake.topic("ad-events")), "ad_event",
-                                        key_field="user_id")
-    campaigns = oracle.validate_records(oracle.read_log(lake, lake.topic("campaigns")), "campaign", key_field=None,
-                                        tombstones=True)
-    expected = spec.compute(OracleInput(events=validated, lookups={"campaigns": campaigns}, batches=batches))
-    rows = [r.asDict() for r in spark.read.format("delta").load(paths.table).collect()]
-    actual = dict(spec.adapt(r) for r in rows)
-    assert len(actual) == len(rows), "a window is stored twice"
-    assert actual == expected, [(k, actual.get(k), expected.get(k)) for k in sorted(set(actual) | set(expected),
-                                key=str) if actual.get(k) != expected.get(k)][:5]
+    spec, given, expected = _equals_window_oracle(spark, lake, view.name, 3)
+    validated, campaigns, batches = given.events, given.lookups["campaigns"], given.batches
+    assert len(batches) >= 4
     # counted without their ids, the copies would have raised the counts: the dedupe had work to do
     anonymous = [dataclasses.replace(v, value={k: x for k, x in v.value.items() if k != "event_id"})
                  if v.value else v for v in validated]

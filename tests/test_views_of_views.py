@@ -22,11 +22,10 @@ from deltalake import DeltaTable
 from jobs.campaign_hourly_totals.oracle import HOUR_MS, hourly_totals_of_windows
 from kappa.identity import ViewPaths
 from kappa.log import generator
-from kappa.runtime import lineage
 from kappa.runtime.view import load_view
 from kappa.verify import oracle
 from kappa.verify.oracle import OracleInput, epoch_ms
-from tests.helpers import delta_txns, run_to_end
+from tests.helpers import recorded_batches, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -43,15 +42,6 @@ def _load(settings, n: int, seed: int) -> None:
     assert generator.produce(settings, settings.topic("ad-events"), events).delivered == n
 
 
-def _batches(settings, view: str, version: int) -> list:
-    paths = ViewPaths(settings.lake_uri, view, version)
-    app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{view}@v{version}:") and "/" not in a)
-    history = DeltaTable(paths.table).history()
-    if DeltaTable.is_deltatable(paths.staging):
-        history += DeltaTable(paths.staging).history()
-    return lineage.batches_from_history(history, app)
-
-
 def _rows(spark, settings, view: str, version: int) -> list[dict]:
     return [r.asDict() for r in spark.read.format("delta").load(ViewPaths(settings.lake_uri, view, version).table)
             .collect()]
@@ -65,7 +55,7 @@ def _final_windows_of_raw_log(settings, version: int) -> dict[tuple[str, int], i
     campaigns = oracle.validate_records(oracle.read_log(settings, settings.topic("campaigns")), "campaign",
                                         key_field=None, tombstones=True)
     windows = spec.compute(OracleInput(events=events, lookups={"campaigns": campaigns},
-                                       batches=_batches(settings, UPSTREAM, version)))
+                                       batches=recorded_batches(settings, UPSTREAM, version)))
     return {k: v[1] for k, v in windows.items() if v[-1]}  # (window end, views, ..., is_final)
 
 
@@ -108,7 +98,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     run_to_end(spark, lake, "jobs.campaign_hourly_totals.v1", batch=400)
     hourly = _rows(spark, lake, HOURLY, 1)
     spec = oracle.oracle_for(HOURLY, 1)
-    expected = spec.compute(OracleInput(events=published, batches=_batches(lake, HOURLY, 1)))
+    expected = spec.compute(OracleInput(events=published, batches=recorded_batches(lake, HOURLY, 1)))
     actual = dict(spec.adapt(r) for r in hourly)
     assert actual == expected and len(actual) == len(hourly)
     assert any(v[-1] for v in expected.values()) and not all(v[-1] for v in expected.values()), \

@@ -363,6 +363,14 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+def make_producer(settings: Settings, producer_config: Mapping[str, Any] | None = None) -> Any:
+    """An idempotent, acks=all confluent-kafka producer for ``settings``' cluster (:data:`PRODUCER_DEFAULTS`, then
+    ``producer_config``); librdkafka's log lines go to the logging module."""
+    from confluent_kafka import Producer  # local import: keep module import light
+
+    return Producer(settings.kafka_client_config({**PRODUCER_DEFAULTS, "logger": log, **(producer_config or {})}))
+
+
 def produce(
     settings: Settings,
     topic: str,
@@ -371,6 +379,7 @@ def produce(
     rate: float | None = None,
     producer_config: Mapping[str, Any] | None = None,
     flush_timeout: float = 120.0,
+    producer: Any = None,
 ) -> ProduceResult:
     """Produce records to ``topic`` with an idempotent, acks=all producer and wait for every ack.
 
@@ -381,6 +390,8 @@ def produce(
         rate: Max records per second (smooth pacing), None = as fast as possible.
         producer_config: librdkafka overrides on top of :data:`PRODUCER_DEFAULTS`.
         flush_timeout: Seconds to wait for outstanding acks at the end.
+        producer: A producer of :func:`make_producer` to use (a long-lived one: no connection per call); by default
+            one is made for this call (``producer_config`` applies to it only).
 
     Returns:
         Counts of sent/delivered/failed records, per kind.
@@ -388,14 +399,13 @@ def produce(
     Raises:
         RuntimeError: If records are still undelivered after ``flush_timeout``.
     """
-    from confluent_kafka import KafkaError, Producer  # local import: keep module import light
+    from confluent_kafka import KafkaError  # local import: keep module import light
 
     if rate is not None and rate <= 0:
         raise ValueError("rate must be > 0")
     # librdkafka's own log lines (e.g. "Coordinator load in progress: retrying" right after a broker
     # start) go to the logging module instead of stderr
-    conf = settings.kafka_client_config({**PRODUCER_DEFAULTS, "logger": log, **(producer_config or {})})
-    producer = Producer(conf)
+    producer = producer if producer is not None else make_producer(settings, producer_config)
     result = ProduceResult()
 
     def on_delivery(kind: str, late: bool) -> Callable[[KafkaError | None, Any], None]:

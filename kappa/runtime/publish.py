@@ -73,6 +73,7 @@ class Publisher:
         self.metrics = metrics
         self.topic = settings.topic(self.spec.topic)
         self._lock = threading.Lock()
+        self._producer: Any = None  # one for the publisher's life (made at its first publish)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -86,7 +87,7 @@ class Publisher:
         import arro3.core as ac
         from deltalake import DeltaTable
 
-        from kappa.log.generator import produce
+        from kappa.log.generator import make_producer, produce
         from kappa.runtime.deltars import rs_uri
 
         with self._lock:
@@ -106,7 +107,9 @@ class Publisher:
                 changes = True
             records = self._records(data, changes=changes)
             if records:
-                result = produce(self.settings, self.topic, records, producer_config={"client.id": "kappa-publish"})
+                if self._producer is None:
+                    self._producer = make_producer(self.settings, {"client.id": "kappa-publish"})
+                result = produce(self.settings, self.topic, records, producer=self._producer)
                 if result.failed:
                     raise RuntimeError(f"{self.view.ref}: {result.failed} record(s) to {self.topic} failed: "
                                        f"{dict(result.errors)}")
