@@ -11,7 +11,8 @@ restart after a crash.
 the classes a view job uses - Delta writes, MERGE, the change feed, a stateful stream on RocksDB, the Kafka
 source - and dumps what it loaded at exit). :func:`java_options` adds it to a driver's options when it exists.
 A JVM whose build or class path does not match the archive ignores it (``-Xshare:auto``) and starts as before;
-``KAPPA_SPARK_CDS=false`` turns it off.
+``KAPPA_SPARK_CDS=false`` turns it off. A *truncated* archive is not detected that way (the JVM dies mapping it),
+so the archive is written beside its destination and renamed into place only once complete.
 """
 
 from __future__ import annotations
