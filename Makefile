@@ -35,6 +35,9 @@ test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, sc
 bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench
 
+images: ## build the images (view-job, airflow, kafka, postgres) with podman from Debian, no registry needed; cached
+	@bash infra/images/build.sh
+
 k8s-build: ## build the pinned Kubernetes control plane once (Go module proxy; cached in ~/.cache/kappa, ~15 min cold)
 	@bash infra/k8s/build.sh >/dev/null
 

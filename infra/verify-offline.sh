@@ -21,7 +21,7 @@
 #   5. PromQL of the PrometheusRule alerts and the Grafana dashboard parses, and uses only metrics that
 #      kappa/runtime/metrics.py exports
 #   6. checkov (infra/deploy/checkov.yaml) on the rendered manifests and on infra/terraform: zero failures
-#   7. BuildKit's Dockerfile checks on infra/images/*.Dockerfile
+#   7. BuildKit's Dockerfile checks on infra/images/*.Dockerfile and infra/images/bases/*.Dockerfile
 #   8. Terraform: hclfmt syntax/format check; `fmt -check` with tofu/terraform when installed; `validate`
 #      needs provider downloads and is reported as not run
 set -euo pipefail
@@ -221,8 +221,8 @@ echo "  disabled checks ($disabled, reasons in infra/deploy/checkov.yaml): $(gre
 ((k8s_fail == 0 && tf_fail == 0)) || die "policy check failed: $k8s_fail Kubernetes + $tf_fail Terraform failures"
 
 log "7/8 Dockerfiles: BuildKit $BUILDKIT_VERSION checks (dockerfile-lint)"
-"$TOOLS/dockerfile-lint" infra/images/*.Dockerfile | sed 's/^/  /'; [[ "${PIPESTATUS[0]}" == 0 ]] || die "Dockerfile check failed"
-dockerfiles="$(ls infra/images/*.Dockerfile | wc -l)"
+"$TOOLS/dockerfile-lint" infra/images/*.Dockerfile infra/images/bases/*.Dockerfile | sed 's/^/  /'; [[ "${PIPESTATUS[0]}" == 0 ]] || die "Dockerfile check failed"
+dockerfiles="$(ls infra/images/*.Dockerfile infra/images/bases/*.Dockerfile | wc -l)"
 
 log "8/8 Terraform (infra/terraform)"
 "$HCLFMT" -check -require-no-change infra/terraform/*.tf infra/terraform/*.tfvars >/dev/null \

@@ -8,15 +8,20 @@
 #
 #   docker build -f infra/images/airflow.Dockerfile -t kappa/airflow:0.1.0 .        (from the repository root)
 #
-# Every ARG default equals infra/versions.env (tests/deploy/test_images.py).
+# Every ARG default equals infra/versions.env (tests/deploy/test_images.py); the base image and the view-job image
+# the jars come from are build args too (AIRFLOW_IMAGE, VIEW_JOB_IMAGE): without a registry, infra/images/build.sh
+# (`make images`) passes a local equivalent of the official image (infra/images/bases/airflow.Dockerfile) and
+# localhost/kappa/view-job:KAPPA_VERSION.
 
 ARG AIRFLOW_VERSION=3.1.8
 ARG PYTHON_VERSION=3.11
 ARG KAPPA_VERSION=0.1.0
+ARG AIRFLOW_IMAGE=apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+ARG VIEW_JOB_IMAGE=kappa/view-job:${KAPPA_VERSION}
 
-FROM kappa/view-job:${KAPPA_VERSION} AS viewjob
+FROM ${VIEW_JOB_IMAGE} AS viewjob
 
-FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+FROM ${AIRFLOW_IMAGE}
 ARG AIRFLOW_VERSION=3.1.8
 
 USER root

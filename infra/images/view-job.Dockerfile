@@ -6,7 +6,9 @@
 #
 #   docker build -f infra/images/view-job.Dockerfile -t kappa/view-job:0.1.0 .      (from the repository root)
 #
-# Every ARG default equals infra/versions.env (tests/deploy/test_images.py). Layout: the repository at
+# Every ARG default equals infra/versions.env (tests/deploy/test_images.py); the base images are build args too
+# (PYTHON_IMAGE, MAVEN_IMAGE), defaulting to the official images: without a registry, infra/images/build.sh
+# (`make images`) builds local equivalents from infra/images/bases/ and passes them. Layout: the repository at
 # /opt/kappa (KAPPA_REPO_ROOT), the package installed editable from there (so kappa/platform.yaml is
 # /opt/kappa/kappa/platform.yaml, where the chart's topics Job mounts its ConfigMap), jars in
 # /opt/kappa/.cache/jars/spark (what kappa.runtime.spark.spark_jars() reads), the drivers' class-data sharing
@@ -15,9 +17,11 @@
 ARG PYTHON_VERSION=3.11
 ARG DEBIAN_RELEASE=bookworm
 ARG MAVEN_IMAGE_TAG=3.9.11-eclipse-temurin-17
+ARG PYTHON_IMAGE=python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}
+ARG MAVEN_IMAGE=maven:${MAVEN_IMAGE_TAG}
 
 # --------------------------------------------------------------------------------------------- python
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS python
+FROM ${PYTHON_IMAGE} AS python
 ARG SPARK_VERSION=4.2.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements.lock /tmp/requirements.lock
@@ -27,7 +31,7 @@ RUN python -m venv /opt/venv \
  && /opt/venv/bin/python -c "import pyspark, sys; sys.exit(0 if pyspark.__version__ == '${SPARK_VERSION}' else 'pyspark ' + pyspark.__version__ + ' != SPARK_VERSION ${SPARK_VERSION}')"
 
 # --------------------------------------------------------------------------------------------- jars
-FROM maven:${MAVEN_IMAGE_TAG} AS jars
+FROM ${MAVEN_IMAGE} AS jars
 ARG PYTHON_VERSION=3.11
 ARG SCALA_BINARY=2.13
 ARG SPARK_VERSION=4.2.0
@@ -38,12 +42,16 @@ ARG LOG4J2_VERSION=2.24.3
 ARG MAVEN_DEPENDENCY_PLUGIN_VERSION=3.8.1
 ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.2.0
 COPY infra/local/pom.xml /build/pom.xml
+COPY infra/local/maven-settings.xml /build/maven-settings.xml
 COPY infra/images/s3a.pom.xml /build/s3a.pom.xml
 COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
 # Only what pyspark does not ship: every artifactId prefix of pyspark/jars is excluded (same rule as
 # infra/local/bootstrap.sh), so no library lands on the classpath twice in two versions. Hadoop and Jackson
-# versions are the ones pyspark ships (also as in bootstrap.sh).
-RUN set -eu; \
+# versions are the ones pyspark ships (also as in bootstrap.sh). infra/local/maven-settings.xml mirrors every
+# repository a POM declares to Maven Central (Spark's parent POM lists a GCS mirror first, unreachable from many
+# networks). The local repository is a build cache mount: a rebuild downloads nothing it fetched before.
+# kafka-clients comes in the version spark-sql-kafka declares (what `make setup` resolves), not the broker's.
+RUN --mount=type=cache,target=/root/.m2 set -eu; \
     excludes="$(find /pyspark-jars -maxdepth 1 -name '*.jar' -printf '%f\n' | sed 's/\.jar$//' | awk '{ \
         s = $0; pre = ""; \
         while ((i = match(s, /-[0-9]/)) > 0) { pre = pre substr(s, 1, i - 1); print pre; \
@@ -52,25 +60,25 @@ RUN set -eu; \
     hadoop="$(find /pyspark-jars -maxdepth 1 -name 'hadoop-client-api-*.jar' -printf '%f\n' | sed 's/^hadoop-client-api-\(.*\)\.jar$/\1/')"; \
     jackson="$(find /pyspark-jars -maxdepth 1 -name 'jackson-databind-*.jar' -printf '%f\n' | sed 's/^jackson-databind-\(.*\)\.jar$/\1/')"; \
     test -n "$hadoop" && test -n "$jackson"; \
-    mvn -B -q -f /build/pom.xml -P spark \
+    mvn -B -q -s /build/maven-settings.xml -f /build/pom.xml -P spark \
         -Dscala.binary="${SCALA_BINARY}" -Dspark.version="${SPARK_VERSION}" -Dkafka.version="${KAFKA_VERSION}" \
         -Ddelta.version="${DELTA_VERSION}" -Ddelta.artifact="${DELTA_SPARK_ARTIFACT}" \
         -Dlog4j2.version="${LOG4J2_VERSION}" -Dspark.token.provider.version="${SPARK_KAFKA_TOKEN_PROVIDER_VERSION}" \
         -Djackson.version="$jackson" \
         -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
         -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
-    mvn -B -q -f /build/s3a.pom.xml -Dhadoop.version="$hadoop" \
+    mvn -B -q -s /build/maven-settings.xml -f /build/s3a.pom.xml -Dhadoop.version="$hadoop" \
         -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
         -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
     for jar in "spark-sql-kafka-0-10_${SCALA_BINARY}-${SPARK_VERSION}.jar" "${DELTA_SPARK_ARTIFACT}-${DELTA_VERSION}.jar" \
-               "delta-storage-${DELTA_VERSION}.jar" "kafka-clients-${KAFKA_VERSION}.jar" "hadoop-aws-$hadoop.jar"; do \
+               "delta-storage-${DELTA_VERSION}.jar" "hadoop-aws-$hadoop.jar"; do \
         test -f "/jars/$jar" || { echo "missing /jars/$jar" >&2; exit 1; }; \
     done; \
+    ls /jars/kafka-clients-*.jar; \
     ls /jars
 
 # --------------------------------------------------------------------------------------------- runtime
-FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}
-ARG PYTHON_VERSION=3.11
+FROM ${PYTHON_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Spark 4.1 runs on Java 17/21; tini reaps the JVM/Python workers; procps for Spark's scripts
 RUN set -eu; \
@@ -93,10 +101,13 @@ COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
 RUN /opt/venv/bin/pip install --no-deps -e /opt/kappa \
  && /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
  && /opt/venv/bin/kappa --help >/dev/null \
- && /opt/venv/bin/python -m kappa.runtime.cds
+ && /opt/venv/bin/python -m kappa.runtime.cds \
+ && ln -s "$(/opt/venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
+# SPARK_HOME is the pip-installed pyspark, through the /opt/spark link (not a path spelled with PYTHON_VERSION:
+# the official python image sets ENV PYTHON_VERSION=3.11.x, which buildah lets win over this stage's ARG)
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
-    SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark \
+    SPARK_HOME=/opt/spark \
     PYSPARK_PYTHON=/opt/venv/bin/python \
     PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
     KAPPA_REPO_ROOT=/opt/kappa \

@@ -1,10 +1,16 @@
-"""infra/images: Dockerfile build-arg pins == infra/versions.env, sources exist, non-root, entrypoint."""
+"""infra/images: Dockerfile build-arg pins == infra/versions.env, sources exist, non-root, entrypoints.
+
+The project's Dockerfiles (view-job, airflow) and the local stand-ins for official images that
+infra/images/build.sh (`make images`) builds where no registry is reachable (infra/images/bases/): every base image
+is a build arg defaulting to the official image (tags from pinned args), and build.sh passes a local one for each.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -17,7 +23,22 @@ import deploy_helpers as h
 pytestmark = pytest.mark.deploy
 
 IMAGES = h.ROOT / "infra" / "images"
-DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
+BASES = IMAGES / "bases"
+DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile")) + sorted(BASES.glob("*.Dockerfile"))
+BUILD_SH = IMAGES / "build.sh"
+
+#: what each base-image build arg stands for where a registry is reachable: the official image (from the pins)
+OFFICIAL_IMAGES = {
+    "PYTHON_IMAGE": ["python:{PYTHON_VERSION}-slim-{DEBIAN_RELEASE}"],
+    "MAVEN_IMAGE": ["maven:{MAVEN_IMAGE_TAG}"],
+    "AIRFLOW_IMAGE": ["apache/airflow:{AIRFLOW_VERSION}-python{PYTHON_VERSION}"],
+    "VIEW_JOB_IMAGE": ["kappa/view-job:{KAPPA_VERSION}"],
+    "DEBIAN_IMAGE": ["debian:{DEBIAN_RELEASE}-slim", "debian:{POSTGRES_DEBIAN_RELEASE}-slim"],
+}
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(IMAGES))
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
@@ -45,38 +66,122 @@ def arg_defaults(path: Path) -> dict[str, list[str]]:
     return found
 
 
+def global_args(path: Path) -> dict[str, str]:
+    """The ARGs before the first FROM (the only ones a FROM can use), in order."""
+    out: dict[str, str] = {}
+    for ins, rest in instructions(path):
+        if ins == "FROM":
+            break
+        if ins == "ARG" and "=" in rest:
+            name, value = rest.split("=", 1)
+            out[name.strip()] = value.strip().strip('"')
+    return out
+
+
 def test_dockerfiles_exist() -> None:
-    assert {p.name for p in DOCKERFILES} == {"view-job.Dockerfile", "airflow.Dockerfile"}
+    assert {_name(p) for p in DOCKERFILES} == {
+        "view-job.Dockerfile", "airflow.Dockerfile", "bases/python.Dockerfile", "bases/maven.Dockerfile",
+        "bases/airflow.Dockerfile", "bases/kafka.Dockerfile", "bases/postgres.Dockerfile"}
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
 def test_build_arg_defaults_equal_versions_env(dockerfile: Path) -> None:
     pins = h.versions()
     args = arg_defaults(dockerfile)
     assert args, "pinned build ARGs expected"
     for name, defaults in args.items():
-        assert name in pins, f"{dockerfile.name}: ARG {name} has no pin in infra/versions.env"
-        assert set(defaults) == {pins[name]}, f"{dockerfile.name}: ARG {name}={defaults} but versions.env has {pins[name]}"
+        if name.endswith("_IMAGE"):
+            continue  # base images: test_base_image_args_default_to_the_official_images
+        assert name in pins, f"{_name(dockerfile)}: ARG {name} has no pin in infra/versions.env"
+        assert set(defaults) == {pins[name]}, f"{_name(dockerfile)}: ARG {name}={defaults} but versions.env has {pins[name]}"
     required = {"view-job.Dockerfile": {"PYTHON_VERSION", "SPARK_VERSION", "DELTA_VERSION", "DELTA_SPARK_ARTIFACT",
-                                        "KAFKA_VERSION", "SCALA_BINARY", "DEBIAN_RELEASE", "MAVEN_IMAGE_TAG"},
-                "airflow.Dockerfile": {"AIRFLOW_VERSION", "PYTHON_VERSION"}}[dockerfile.name]
-    assert required <= set(args), f"{dockerfile.name}: missing pinned ARGs {sorted(required - set(args))}"
+                                        "KAFKA_VERSION", "SCALA_BINARY", "DEBIAN_RELEASE", "MAVEN_IMAGE_TAG",
+                                        "PYTHON_IMAGE", "MAVEN_IMAGE"},
+                "airflow.Dockerfile": {"AIRFLOW_VERSION", "PYTHON_VERSION", "KAPPA_VERSION", "AIRFLOW_IMAGE",
+                                       "VIEW_JOB_IMAGE"},
+                "bases/python.Dockerfile": {"PYTHON_VERSION", "DEBIAN_RELEASE", "DEBIAN_IMAGE"},
+                "bases/maven.Dockerfile": {"DEBIAN_RELEASE", "DEBIAN_IMAGE"},
+                "bases/airflow.Dockerfile": {"AIRFLOW_VERSION", "PYTHON_VERSION", "PYTHON_IMAGE",
+                                             "AIRFLOW_PROVIDERS_CNCF_KUBERNETES_VERSION",
+                                             "AIRFLOW_PROVIDERS_POSTGRES_VERSION", "AIRFLOW_KUBERNETES_CLIENT_VERSION"},
+                "bases/kafka.Dockerfile": {"KAFKA_VERSION", "SCALA_BINARY", "LOG4J2_VERSION", "DEBIAN_IMAGE",
+                                           "MAVEN_IMAGE"},
+                "bases/postgres.Dockerfile": {"POSTGRES_DEBIAN_RELEASE", "POSTGRES_MAJOR", "DEBIAN_IMAGE"},
+                }[_name(dockerfile)]
+    assert required <= set(args), f"{_name(dockerfile)}: missing pinned ARGs {sorted(required - set(args))}"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
+def test_base_image_args_default_to_the_official_images(dockerfile: Path) -> None:
+    """A base image is a global ARG ``<X>_IMAGE`` whose default names the official image, its tag made of pinned
+    ARGs declared before it (ARG-in-ARG expansion: BuildKit and buildah both do it); no other ARG holds one."""
+    pins = h.versions()
+    declared: dict[str, str] = {}
+    for name, default in global_args(dockerfile).items():
+        if name.endswith("_IMAGE"):
+            refs = re.findall(r"\$\{(\w+)\}", default)
+            assert refs, f"{_name(dockerfile)}: {name}={default} takes no pinned ARG"
+            for ref in refs:
+                assert ref in declared, f"{_name(dockerfile)}: {name} uses ${{{ref}}}, not a global ARG declared before it"
+            expanded = re.sub(r"\$\{(\w+)\}", lambda m: declared[m.group(1)], default)
+            official = [form.format(**pins) for form in OFFICIAL_IMAGES[name]]
+            assert expanded in official, f"{_name(dockerfile)}: {name} defaults to {expanded}, not {official}"
+            assert "latest" not in expanded and ":" in expanded
+        declared[name] = default
+    for name in arg_defaults(dockerfile):
+        if name.endswith("_IMAGE"):
+            assert name in global_args(dockerfile), f"{_name(dockerfile)}: ARG {name} must be global (a FROM uses it)"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
 def test_base_images_are_pinned_by_args(dockerfile: Path) -> None:
     froms = [rest.split()[0] for ins, rest in instructions(dockerfile) if ins == "FROM"]
     assert froms
     stages = {rest.split()[-1] for ins, rest in instructions(dockerfile) if ins == "FROM" and " AS " in rest.upper()}
+    image_args = {name for name in global_args(dockerfile) if name.endswith("_IMAGE")}
     for ref in froms:
         if ref in stages:
             continue
-        assert ":" in ref and "latest" not in ref, f"{dockerfile.name}: FROM {ref}"
-        assert "${" in ref, f"{dockerfile.name}: FROM {ref} does not take its tag from a pinned ARG"
+        m = re.fullmatch(r"\$\{(\w+)\}", ref)
+        assert m and m.group(1) in image_args, f"{_name(dockerfile)}: FROM {ref} is not a base-image build arg"
+    used = {re.fullmatch(r"\$\{(\w+)\}", r).group(1) for r in froms if r not in stages}
+    assert used == image_args, f"{_name(dockerfile)}: base-image args {sorted(image_args - used)} are not used"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
+def test_the_local_build_passes_a_local_base_for_every_base_image_arg(dockerfile: Path) -> None:
+    """build.sh never lets a build fall back to an official image (no registry here): each of the Dockerfile's
+    base-image args gets a localhost/ image."""
+    script = BUILD_SH.read_text()
+    rel = str(dockerfile.relative_to(h.ROOT))
+    m = re.search(rf"^\s*build [\w-]+ {re.escape(rel)} (.*?)^\s*record ", script, re.M | re.S)
+    assert m, f"build.sh does not build {rel}"
+    passed = set(re.findall(r"--build-arg (\w+)=", m.group(1)))
+    image_args = {name for name in global_args(dockerfile) if name.endswith("_IMAGE")}
+    assert passed == image_args, f"build.sh passes {sorted(passed)} to {rel}, its base-image args are {sorted(image_args)}"
+    for name in image_args:
+        var = re.search(rf"--build-arg {name}=\"\$(\w+)\"", m.group(1)).group(1)
+        assert _resolve(script, var).startswith("localhost/"), f"{rel}: {name} gets ${var}, not a localhost/ image"
+
+
+def _resolve(script: str, var: str) -> str:
+    """The value build.sh assigns to a variable, with a leading ``$OTHER`` resolved the same way."""
+    values = re.findall(rf'^\s*{var}="([^"]*)"', script, re.M)
+    assert values, f"build.sh never assigns {var}"
+    value = values[-1]
+    m = re.match(r"\$(\w+)", value)
+    return _resolve(script, m.group(1)) + value[m.end():] if m else value
+
+
+def _ignore_patterns(dockerfile: Path) -> list[str]:
+    return [line.strip() for line in Path(f"{dockerfile}.dockerignore").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
 def test_copy_sources_exist(dockerfile: Path) -> None:
+    patterns = _ignore_patterns(dockerfile)
+    allow_list = patterns[:1] == ["*"]
     for ins, rest in instructions(dockerfile):
         if ins not in ("COPY", "ADD"):
             continue
@@ -84,23 +189,42 @@ def test_copy_sources_exist(dockerfile: Path) -> None:
         if "--from=" in rest:
             continue
         for src in parts[:-1]:
-            assert (h.ROOT / src).exists(), f"{dockerfile.name}: COPY source {src} does not exist"
+            assert (h.ROOT / src).exists(), f"{_name(dockerfile)}: COPY source {src} does not exist"
+            if allow_list:  # "*" then "!<path>" exceptions: each source must be let back in
+                assert any(src.rstrip("/") == p[1:].rstrip("/") or src.startswith(p[1:].rstrip("/") + "/")
+                           for p in patterns if p.startswith("!")), \
+                    f"{_name(dockerfile)}: COPY {src} is left out of the build context by its .dockerignore"
 
 
-@pytest.mark.parametrize(("dockerfile", "uid"), [("view-job.Dockerfile", 10001), ("airflow.Dockerfile", 50000)])
-def test_images_run_as_the_chart_uid(dockerfile: str, uid: int, default_objs: list[dict]) -> None:
+@pytest.mark.parametrize(("dockerfile", "uid", "image_repo"), [
+    ("view-job.Dockerfile", 10001, "kappa/view-job"), ("airflow.Dockerfile", 50000, "kappa/airflow"),
+    ("bases/airflow.Dockerfile", 50000, "kappa/airflow"), ("bases/kafka.Dockerfile", 10001, "docker.io/apache/kafka")])
+def test_images_run_as_the_chart_uid(dockerfile: str, uid: int, image_repo: str, default_objs: list[dict]) -> None:
     users = [rest for ins, rest in instructions(IMAGES / dockerfile) if ins == "USER"]
     final = users[-1].split(":")[0]
     assert final.isdigit() and int(final) == uid, f"{dockerfile}: final USER {users[-1]} (numeric non-root expected)"
-    image_repo = {"view-job.Dockerfile": "kappa/view-job", "airflow.Dockerfile": "kappa/airflow"}[dockerfile]
     pods = [w for w in h.workloads(default_objs) if h.pod_spec(w)["containers"][0]["image"].startswith(image_repo)]
     assert pods
     for w in pods:
         assert h.pod_spec(w)["securityContext"]["runAsUser"] == uid, w["metadata"]["name"]
 
 
+def test_the_postgres_image_runs_non_root_and_the_chart_picks_the_uid(default_objs: list[dict]) -> None:
+    users = [rest for ins, rest in instructions(BASES / "postgres.Dockerfile") if ins == "USER"]
+    assert users[-1] == "999:999", "the postgres user of the official image, numeric"
+    sts = h.named(default_objs, "StatefulSet", "kappa-postgresql")
+    assert h.pod_spec(sts)["securityContext"]["runAsUser"] == 10001  # any uid: the entrypoint handles it
+
+
 def _unset_properties(pom: Path) -> set[str]:
     return set(re.findall(r"<([A-Za-z0-9.]+)>UNSET</\1>", pom.read_text()))
+
+
+def _profile_properties(pom: Path, profile: str) -> set[str]:
+    """The ${...} properties a profile of the POM uses (the UNSET ones must be passed)."""
+    text = pom.read_text()
+    block = re.search(rf"<profile>\s*<id>{profile}</id>(.*?)</profile>", text, re.S).group(1)
+    return set(re.findall(r"\$\{([A-Za-z0-9.]+)\}", block)) & _unset_properties(pom)
 
 
 def test_every_maven_property_is_passed_pinned() -> None:
@@ -110,6 +234,25 @@ def test_every_maven_property_is_passed_pinned() -> None:
         missing = _unset_properties(pom) - passed
         assert not missing, f"{pom.name}: properties {sorted(missing)} are not passed by view-job.Dockerfile"
     assert not any("spark.jars.packages" in rest for _, rest in instructions(IMAGES / "view-job.Dockerfile"))
+    # the Kafka image: the broker profile of the same POM, and the tools POM
+    text = (BASES / "kafka.Dockerfile").read_text()
+    passed = set(re.findall(r"-D([A-Za-z0-9.]+)=", text))
+    missing = (_profile_properties(h.ROOT / "infra" / "local" / "pom.xml", "broker") | {"scala.binary"}
+               | _unset_properties(BASES / "kafka-tools.pom.xml")) - passed
+    assert not missing, f"kafka.Dockerfile does not pass {sorted(missing)}"
+
+
+@pytest.mark.parametrize("dockerfile", ["view-job.Dockerfile", "bases/kafka.Dockerfile"])
+def test_maven_resolves_from_central_only(dockerfile: str) -> None:
+    """Every mvn run uses infra/local/maven-settings.xml (a POM's own repositories, like the GCS mirror in Spark's
+    parent POM, are mirrored to Central) and keeps its downloads in a build cache mount."""
+    runs = [rest for ins, rest in instructions(IMAGES / dockerfile) if ins == "RUN" and "mvn " in rest]
+    assert runs
+    assert "COPY infra/local/maven-settings.xml /build/maven-settings.xml" in (IMAGES / dockerfile).read_text()
+    for rest in runs:
+        assert rest.startswith("--mount=type=cache,target=/root/.m2 "), rest[:80]
+        calls = re.findall(r"\bmvn (.*?)(?:;|$)", rest)
+        assert calls and all("-s /build/maven-settings.xml" in call for call in calls), calls
 
 
 def test_view_job_layout_matches_the_chart(default_objs: list[dict]) -> None:
@@ -128,10 +271,12 @@ def test_view_job_layout_matches_the_chart(default_objs: list[dict]) -> None:
     assert "command" not in h.pod_spec(driver)["containers"][0], "the driver must keep the image entrypoint"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
 def test_dockerignore_keeps_caches_out(dockerfile: Path) -> None:
-    ignore = Path(f"{dockerfile}.dockerignore").read_text().split()
-    assert {".git", ".cache", ".kappa"} <= set(ignore)
+    patterns = _ignore_patterns(dockerfile)
+    # either everything out but an allow-list, or at least the caches and the repository's history
+    assert patterns[:1] == ["*"] or {".git", ".cache", ".kappa"} <= set(patterns), patterns
+    assert not any(p.startswith("!") and p[1:].split("/")[0] in (".git", ".cache", ".kappa") for p in patterns)
 
 
 def test_chart_image_defaults_follow_versions_env() -> None:
@@ -205,3 +350,61 @@ def test_dockerfiles_pass_buildkit_checks(helm: Path) -> None:
         assert res.returncode == 1 and "JSONArgsRecommended" in res.stdout, "the linter must catch problems"
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ local base entrypoints
+def test_airflow_base_entrypoint_runs_commands_as_the_official_one(tmp_path: Path) -> None:
+    """bases/airflow-entrypoint.sh: `airflow X` and a bare `X` both run `airflow X`; bash/python run directly;
+    umask 0002; `airflow db check` is retried CONNECTION_CHECK_MAX_COUNT times before anything runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "airflow"
+    fake.write_text('#!/bin/sh\nif [ "$1 $2" = "db check" ]; then exit "${FAKE_DB_CHECK_RC:-0}"; fi\n'
+                    'echo "airflow $*"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "AIRFLOW_USER_HOME_DIR": str(tmp_path), "HOME": str(tmp_path),
+           "CONNECTION_CHECK_SLEEP_TIME": "0"}
+    entrypoint = str(BASES / "airflow-entrypoint.sh")
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", entrypoint, *args], env={**env, **extra}, capture_output=True, text=True)
+
+    assert run("airflow", "version").stdout == "airflow version\n"
+    assert run("version").stdout == "airflow version\n"
+    assert run("scheduler", "--help").stdout == "airflow scheduler --help\n"
+    assert run("bash", "-c", "umask").stdout.strip() == "0002"
+    assert run("python", "-c", "print('py')").stdout.strip() == "py"
+    failed = run("airflow", "version", CONNECTION_CHECK_MAX_COUNT="3", FAKE_DB_CHECK_RC="1")
+    assert failed.returncode == 1 and "Maximum number of retries (3) reached" in failed.stderr
+    assert run("airflow", "version", CONNECTION_CHECK_MAX_COUNT="0", FAKE_DB_CHECK_RC="1").returncode == 0
+
+
+def _fake_kafka_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    home = tmp_path / "kafka"
+    shutil.copytree(BASES / "kafka", home)
+    env = {"PATH": os.environ["PATH"], "JAVA_HOME": str(_fake_java(tmp_path)), "LOG_DIR": str(tmp_path / "logs")}
+    return home, env
+
+
+def test_kafka_scripts_honour_the_apache_variables(tmp_path: Path) -> None:
+    """bases/kafka/bin: kafka-server-start.sh and kafka-storage.sh start the right classes with Apache's defaults
+    and variables (KAFKA_HEAP_OPTS, KAFKA_OPTS, LOG_DIR for the GC log, the log4j2 config), as start.sh needs."""
+    home, env = _fake_kafka_home(tmp_path)
+    res = subprocess.run([str(home / "bin" / "kafka-server-start.sh"), "/tmp/server.properties"], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    args = res.stdout.splitlines()
+    assert args[:2] == ["-Xmx1G", "-Xms1G"], "kafka-server-start.sh's default heap"
+    assert args[-2:] == ["kafka.Kafka", "/tmp/server.properties"]
+    assert args[args.index("-cp") + 1] == f"{home}/libs/*"
+    assert f"-Xlog:gc*:file={tmp_path}/logs/kafkaServer-gc.log:time,tags:filecount=10,filesize=100M" in args
+    assert f"-Dlog4j2.configurationFile={home}/bin/../config/log4j2.properties" in args
+    assert f"-Dkafka.logs.dir={tmp_path}/logs" in args and (tmp_path / "logs").is_dir()
+    env.update(KAFKA_HEAP_OPTS="-Xms512m -Xmx512m", KAFKA_OPTS="-Dextra=1")
+    res = subprocess.run([str(home / "bin" / "kafka-storage.sh"), "format", "--ignore-formatted"], env=env,
+                         capture_output=True, text=True)
+    args = res.stdout.splitlines()
+    assert args[:2] == ["-Xms512m", "-Xmx512m"] and "-Dextra=1" in args
+    assert args[-3:] == ["kafka.tools.StorageTool", "format", "--ignore-formatted"]
+    assert f"-Dlog4j2.configurationFile={home}/config/tools-log4j2.properties" in args
+    assert not any(a.startswith("-Xlog:gc") for a in args), "only the server writes a GC log"
