@@ -28,7 +28,8 @@
 # machine's hard limits, through a containers.conf of its own (.cache/images/containers.conf, CONTAINERS_CONF);
 # nothing under /etc is changed. podman, buildah, runc and debootstrap are installed from Debian when missing (root).
 # Build steps use the host network. Logs: .cache/images/<image>.log.
-set -euo pipefail
+set -Eeuo pipefail
+trap 'echo "images: error: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SELF="$ROOT/infra/images/build.sh"
@@ -173,7 +174,8 @@ EOF
     done < <(extra_cas || true)
     if ((n)); then
         log "rootfs $release: trusting $n extra CA certificate(s) of this host ($EXTRA_CA_DIR)"
-        chroot "$root" update-ca-certificates >/dev/null 2>&1
+        TMPDIR=/tmp chroot "$root" update-ca-certificates >"$STATE/update-ca-certificates-$release.log" 2>&1 \
+            || die "update-ca-certificates in the $release rootfs failed; see $STATE/update-ca-certificates-$release.log"
     fi
     find "$root/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete 2>/dev/null || true
     rm -rf "$root/usr/share/man/"* "$root/usr/share/info/"* "$root/usr/share/locale/"*
