@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-long test-deploy bench clean lock k8s-build k8s-up k8s-down
+.PHONY: help setup run down status test test-long test-deploy test-cluster bench clean lock k8s-build k8s-up k8s-down \
+	images cluster-up cluster-down
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -24,7 +25,7 @@ status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
 test: setup k8s-build ## the test suite (real Kafka, Spark, Delta, Airflow, a real Kubernetes API server; Helm checks)
-	@$(PYTEST) -m "not slow and not bench" --durations=25 tests
+	@$(PYTEST) -m "not slow and not bench and not cluster" --durations=25 tests
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs; broker killed and frozen)
 	@$(PYTEST) -m slow -rP tests
@@ -47,8 +48,20 @@ k8s-up: k8s-build ## start a Kubernetes API server + KWOK nodes on loopback (.ka
 k8s-down: ## stop it (its state stays in .kappa/k8s)
 	@bash infra/k8s/cluster.sh down
 
+cluster-up: k8s-build ## a real node on this machine: control plane + kubelet/containerd/runc, CNI, kube-proxy, CoreDNS (root; .kappa/cluster)
+	@bash infra/k8s/node.sh up
+
+cluster-down: ## stop the real node and its pods (state stays in .kappa/cluster)
+	@bash infra/k8s/node.sh down
+
+test-cluster: setup ## the platform in real pods (builds the images when absent; needs make cluster-up)
+	@$(MAKE) --no-print-directory images
+	@bash infra/k8s/node.sh load
+	@$(PYTEST) -m cluster -rP --durations=0 tests
+
 lock: ## regenerate requirements.lock from infra/versions.env pins
 	@bash infra/local/bootstrap.sh lock
 
 clean: down ## remove runtime state (.kappa/); keeps the .cache/ downloads
+	@if [ -f .kappa/cluster/run/kubelet.pid ]; then bash infra/k8s/node.sh down; fi
 	rm -rf .kappa

@@ -232,6 +232,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "networkPolicy.metrics.podSelector": LABEL_SELECTOR,
     "networkPolicy.kafka.extraFrom": PEERS,
     "networkPolicy.airflow.apiServerFrom": PEERS,
+    "producer.rate": {"type": "number", "exclusiveMinimum": 0},
 }
 #: by last path segment
 BY_KEY: dict[str, dict[str, Any]] = {
@@ -274,6 +275,7 @@ OBJECT_DOCS = {
     "viewJobs.rbac": "RBAC of the drivers",
     "viewJobs.spark": "Spark settings of the drivers",
     "viewJobs.spark.executor": "Spark executors (kubernetes mode)",
+    "producer": "Demo producer of synthetic ad events (`kappa produce --live`)",
     "airflow": "Airflow 3 (LocalExecutor) driving replays and rollbacks",
     "airflow.image": "Project Airflow image",
     "airflow.auth": "Airflow authentication",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback, for the chart's tests and for poking at: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and KWOK (fake nodes; pods are marked Running, no container runs).
+# infra/k8s/node.sh starts the same control plane for a real node (KAPPA_K8S_NODE_IP set, no fake nodes).
 #
 # Usage: infra/k8s/cluster.sh up|down|status
 #   up      build the binaries once (infra/k8s/build.sh, cached per version), create certificates, start the
@@ -11,7 +12,10 @@
 #
 # Environment: KAPPA_K8S_HOME (state folder, default <repo>/.kappa/k8s), KAPPA_K8S_PORT (API server port,
 # default 16443), KAPPA_K8S_ETCD_PORT (default 23790; peer = +1), KAPPA_K8S_NODES (fake nodes, default 2),
-# KAPPA_K8S_PVS (pre-created 10Gi PersistentVolumes, default 12: there is no provisioner).
+# KAPPA_K8S_PVS (pre-created 10Gi PersistentVolumes, default 12: there is no provisioner), KAPPA_K8S_NODE_IP (set by
+# infra/k8s/node.sh for a real node: the API server listens on every address and advertises this one, so pods reach
+# it through the `kubernetes` Service, and reaches the kubelet for logs/exec with a client certificate; with
+# KAPPA_K8S_NODES=0 no KWOK runs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 set -a; . "$ROOT/infra/versions.env"; set +a
@@ -20,6 +24,7 @@ PORT="${KAPPA_K8S_PORT:-16443}"
 ETCD_PORT="${KAPPA_K8S_ETCD_PORT:-23790}"
 NODES="${KAPPA_K8S_NODES:-2}"
 PVS="${KAPPA_K8S_PVS:-12}"
+NODE_IP="${KAPPA_K8S_NODE_IP:-}"
 PKI="$HOME_DIR/pki"; RUN="$HOME_DIR/run"; LOGS="$HOME_DIR/logs"
 KUBECONFIG_FILE="$HOME_DIR/admin.kubeconfig"
 log() { echo "k8s: $*" >&2; }
@@ -34,25 +39,31 @@ start() {  # start <name> <binary> [args...]: a background process with a pid fi
     echo $! > "$RUN/$name.pid"
 }
 
+sign() {  # sign <name> <subject> [extfile]: a key and a certificate signed by the cluster CA, in $PKI
+    ( cd "$PKI"
+      openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 \
+          ${3:+-extfile "$3"} 2>/dev/null )
+}
+
 certs() {
-    [[ -f "$PKI/admin.crt" ]] && return 0
-    mkdir -p "$PKI"; cd "$PKI"
-    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=kappa-test-ca" 2>/dev/null
-    cat > apiserver.ext <<EOF
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
-extendedKeyUsage=serverAuth
-EOF
-    sign() {  # sign <name> <subject> [extfile]
-        openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-        openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 \
-            ${3:+-extfile "$3"} 2>/dev/null
-    }
+    local san="IP:127.0.0.1,IP:10.96.0.1${NODE_IP:+,IP:$NODE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    if [[ -f "$PKI/admin.crt" ]]; then
+        [[ "$(cat "$PKI/apiserver.san" 2>/dev/null)" == "$san" ]] && return 0
+        # another node address (the same state folder on another VM): only the API server's certificate names it
+        log "API server certificate for $san"
+    else
+        mkdir -p "$PKI"
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -days 3650 \
+            -subj "/CN=kappa-test-ca" 2>/dev/null
+        printf 'extendedKeyUsage=clientAuth\n' > "$PKI/client.ext"
+        sign admin "/O=system:masters/CN=kappa-admin" client.ext
+        openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+        openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+    fi
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" > "$PKI/apiserver.ext"
     sign apiserver "/CN=kube-apiserver" apiserver.ext
-    printf 'extendedKeyUsage=clientAuth\n' > client.ext
-    sign admin "/O=system:masters/CN=kappa-admin" client.ext
-    openssl genrsa -out sa.key 2048 2>/dev/null
-    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-    cd - >/dev/null
+    echo "$san" > "$PKI/apiserver.san"
 }
 
 kubeconfig() {
@@ -98,9 +109,16 @@ up() {
         --initial-cluster "kappa=http://127.0.0.1:$((ETCD_PORT + 1))" --listen-metrics-urls "" \
         --quota-backend-bytes 1073741824
     wait_for etcd 60 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+    local network=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --endpoint-reconciler-type none)
+    if [[ -n "$NODE_IP" ]]; then
+        # pods reach the API at the `kubernetes` Service (its endpoint: this address); the API server reaches the
+        # kubelet (logs, exec, port-forward) as a system:masters client, at the node's InternalIP
+        network=(--bind-address 0.0.0.0 --advertise-address "$NODE_IP"
+                 --kubelet-client-certificate "$PKI/admin.crt" --kubelet-client-key "$PKI/admin.key"
+                 --kubelet-preferred-address-types InternalIP)
+    fi
     start kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$PORT" \
-        --endpoint-reconciler-type none --service-cluster-ip-range 10.96.0.0/16 \
+        "${network[@]}" --secure-port "$PORT" --service-cluster-ip-range 10.96.0.0/16 \
         --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
         --service-account-issuer https://kubernetes.default.svc.cluster.local \
         --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
@@ -116,12 +134,16 @@ up() {
     start kube-scheduler "$bin/kube-scheduler" --kubeconfig "$KUBECONFIG_FILE" \
         --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
         --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false
-    start kwok "$bin/kwok" --kubeconfig "$KUBECONFIG_FILE" --config "$bin/kwok-stages.yaml" \
-        --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-        --node-ip 127.0.0.1 --server-address "127.0.0.1:0"
+    local started=(kube-controller-manager kube-scheduler)
+    if (( NODES > 0 )); then
+        start kwok "$bin/kwok" --kubeconfig "$KUBECONFIG_FILE" --config "$bin/kwok-stages.yaml" \
+            --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+            --node-ip 127.0.0.1 --server-address "127.0.0.1:0"
+        started+=(kwok)
+    fi
     sleep 2
     local name
-    for name in kube-controller-manager kube-scheduler kwok; do
+    for name in "${started[@]}"; do
         alive "$name" || die "$name exited at start: $(tail -3 "$LOGS/$name.log")"
     done
     local i kubectl="$bin/kubectl --kubeconfig $KUBECONFIG_FILE"
@@ -138,7 +160,7 @@ status:
   capacity: {cpu: "32", memory: 256Gi, pods: "110"}
 ---
 EOF
-    done | $kubectl apply -f - >/dev/null
+    done | if (( NODES > 0 )); then $kubectl apply -f - >/dev/null; else cat >/dev/null; fi
     for ((i = 0; i < PVS; i++)); do
         cat <<EOF
 apiVersion: v1
@@ -151,10 +173,12 @@ spec:
   hostPath: {path: /tmp/kwok-pv-$i}
 ---
 EOF
-    done | $kubectl apply -f - >/dev/null
-    $kubectl wait --for=condition=Ready node --all --timeout=60s >/dev/null \
-        || die "the fake nodes did not become Ready (KWOK log: $LOGS/kwok.log)"
-    log "API server https://127.0.0.1:$PORT ready ($(api GET /version | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])')), $NODES fake nodes, $PVS PVs"
+    done | if (( PVS > 0 )); then $kubectl apply -f - >/dev/null; else cat >/dev/null; fi
+    if (( NODES > 0 )); then
+        $kubectl wait --for=condition=Ready node --all --timeout=60s >/dev/null \
+            || die "the fake nodes did not become Ready (KWOK log: $LOGS/kwok.log)"
+    fi
+    log "API server https://${NODE_IP:-127.0.0.1}:$PORT ready ($(api GET /version | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])')), $NODES fake nodes, $PVS PVs"
     echo "export KUBECONFIG=$KUBECONFIG_FILE"
 }
 

@@ -207,6 +207,8 @@ def produce(
                                              "(a producer retrying without idempotence; same event_id)."),
     no_campaigns: bool = typer.Option(False, "--no-campaigns", help="Do not (re)publish the ad->campaign map."),
     topic: str = typer.Option("ad-events"),
+    heartbeat: Optional[Path] = typer.Option(None, help="With --live: touch this file after every acknowledged chunk "
+                                             "(what a liveness probe checks)."),
 ) -> None:
     """Write Yahoo Streaming Benchmark ad events with the idempotent producer."""
     from kappa.log import generator
@@ -214,16 +216,23 @@ def produce(
     settings = _settings()
     u = generator.universe(seed=seed, campaigns=campaigns)
     topic = settings.topic(topic)  # a declared name; KAPPA_TOPIC_PREFIX makes it the physical one
+    if live and count == 0:  # a long-running producer (the chart's) may start before the topics exist
+        _wait_for_topics(settings, [topic] + ([] if no_campaigns else [settings.topic("campaigns")]), heartbeat)
     if not no_campaigns:
         generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
     if live and count == 0:
         if not rate:
             raise UserError("--live --count 0 needs --rate")
         chunk, i = max(1, int(rate * 5)), 0
+        producer = generator.make_producer(settings)
         while True:  # until SIGTERM (kappa down)
             generator.produce(settings, topic, generator.events(
                 chunk, seed=seed + i, universe=u, late_fraction=late_fraction, max_lateness_ms=max_lateness_ms,
-                malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction, live=True), rate=rate)
+                malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction, live=True), rate=rate,
+                producer=producer)
+            if heartbeat is not None:
+                heartbeat.parent.mkdir(parents=True, exist_ok=True)
+                heartbeat.touch()
             i += 1
     if count <= 0:
         raise UserError("--count must be positive (or 0 together with --live --rate)")
@@ -232,6 +241,31 @@ def produce(
         max_lateness_ms=max_lateness_ms, malformed_fraction=malformed_fraction, duplicate_fraction=duplicate_fraction,
         live=live), rate=rate)
     console.print_json(json.dumps(result.as_dict()))
+
+
+def _wait_for_topics(settings, names: list[str], heartbeat: Optional[Path]) -> None:
+    """Wait (alive: the heartbeat is touched) until every topic exists; auto-creation is off and the chart's
+    topics Job creates them only once the release's pods are up."""
+    from confluent_kafka import KafkaException
+
+    from kappa.log.topics import list_topics
+
+    said: set[str] = set()
+    while True:
+        try:
+            missing, why = sorted(set(names) - set(list_topics(settings, timeout=10.0))), ""
+        except (KappaError, KafkaException) as exc:  # the brokers may still be starting
+            missing, why = sorted(names), f": {one_line(exc)}"
+        if not missing:
+            return
+        line = f"waiting for topic(s) {', '.join(missing)} (created by `kappa topics ensure`){why}"
+        if line not in said:
+            console.print(line, highlight=False)
+            said.add(line)
+        if heartbeat is not None:
+            heartbeat.parent.mkdir(parents=True, exist_ok=True)
+            heartbeat.touch()
+        time.sleep(2.0)
 
 
 # -------------------------------------------------------------------------------------------- stack

@@ -1,10 +1,125 @@
-"""Tests of what runs in real containers: the images `make images` builds (marker ``cluster``, `make test-cluster`)."""
+"""What runs in real containers (marker ``cluster``, ``make test-cluster``): the images ``make images`` builds
+(test_images_run.py, with podman) and the platform on a real node (``make cluster-up``).
+
+``node`` (session) is the node ``infra/k8s/node.sh up`` started - the control plane plus a kubelet running real
+containers with containerd and runc - found through its state folder (``KAPPA_CLUSTER_HOME``, default
+``.kappa/cluster``). The tests never start it themselves: ``make cluster-up`` does, once, as root, and
+``make test-cluster`` builds the images and loads them into the node first. A node that is not running fails
+every test that needs it with that instruction; it is never skipped.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
+import deploy_helpers as h  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_NAME = "kappa-node"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # declared in pyproject.toml as well; registered here so this folder collects under --strict-markers on its own
     config.addinivalue_line("markers", "cluster: containers of the images built here (make images); make test-cluster")
+
+
+def image(name: str) -> str:
+    """A project image as make images tags it (``localhost/kappa/<name>:<KAPPA_VERSION>``)."""
+    return f"localhost/kappa/{name}:{h.versions()['KAPPA_VERSION']}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """The running real node: its kubeconfig and the tools that talk to it."""
+
+    home: Path
+    bin: Path
+    helm: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.home / "admin.kubeconfig"
+
+    def env(self) -> dict[str, str]:
+        helm_home = self.home / "helm"
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HELM_CACHE_HOME": str(helm_home / "cache"),
+                "HELM_CONFIG_HOME": str(helm_home / "config"), "HELM_DATA_HOME": str(helm_home / "data")}
+
+    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 600.0,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        exe = str(self.helm) if tool == "helm" else str(self.bin / tool)
+        res = subprocess.run([exe, *args], capture_output=True, text=True, env=self.env(), cwd=ROOT,
+                             timeout=timeout, input=input)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 600.0,
+                input: str | None = None) -> subprocess.CompletedProcess:
+        return self.run("kubectl", *args, check=check, timeout=timeout, input=input)
+
+    def get(self, *args: str) -> Any:
+        """``kubectl get ... -o json`` as a dict."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, manifest: str, *args: str) -> subprocess.CompletedProcess:
+        return self.kubectl("apply", "-f", "-", *args, input=manifest)
+
+    def restricted_namespace(self, name: str) -> str:
+        """A namespace that enforces Pod Security ``restricted`` (infra/cluster/namespace.yaml's labels)."""
+        manifest = (ROOT / "infra" / "cluster" / "namespace.yaml").read_text().replace("name: kappa", f"name: {name}")
+        self.apply(manifest)
+        return name
+
+    def wait_pod(self, namespace: str, name: str, phase: str = "Running", timeout: float = 180.0) -> dict:
+        """Wait until the pod reaches ``phase`` (``Running`` also waits for Ready); fails with its events."""
+        deadline = time.monotonic() + timeout
+        pod: dict = {}
+        while time.monotonic() < deadline:
+            pod = self.get("pod", name, "-n", namespace)
+            status = pod.get("status", {})
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+            if status.get("phase") == phase and (phase != "Running" or ready):
+                return pod
+            if status.get("phase") == "Failed" and phase != "Failed":
+                break
+            time.sleep(0.5)
+        events = self.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
+                              check=False).stdout
+        logs = self.kubectl("logs", "-n", namespace, name, "--all-containers", check=False)
+        raise AssertionError(f"pod {namespace}/{name} not {phase} after {timeout:.0f} s: "
+                             f"{json.dumps(pod.get('status', {}))[:2000]}\n{events}\n{logs.stdout[-2000:]}{logs.stderr[-500:]}")
+
+
+@pytest.fixture(scope="session")
+def node() -> Node:
+    home = Path(os.environ.get("KAPPA_CLUSTER_HOME", ROOT / ".kappa" / "cluster"))
+    cp_bin = Path(subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "build.sh")], capture_output=True, text=True,
+                                 check=True).stdout.strip())
+    found = Node(home=home, bin=cp_bin, helm=h.helm_binary())
+    if not found.kubeconfig.exists():
+        raise RuntimeError(f"no real node at {home}: run `make cluster-up` first (as root)")
+    res = found.kubectl("get", "node", NODE_NAME, "-o", "json", check=False, timeout=30)
+    if res.returncode != 0:
+        raise RuntimeError(f"the real node is not running ({res.stderr.strip()[:300]}): run `make cluster-up`")
+    return found
+
+
+@pytest.fixture()
+def namespace(node: Node) -> Iterator[str]:
+    """A fresh namespace enforcing Pod Security ``restricted``, deleted (with its pods) after the test."""
+    name = node.restricted_namespace(f"t-{uuid.uuid4().hex[:8]}")
+    yield name
+    node.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,480 @@
+#!/usr/bin/env bash
+# A real Kubernetes node on this machine: the control plane of infra/k8s/cluster.sh plus a kubelet running real
+# containers (containerd + runc), pod networking (CNI bridge + host-local + portmap), Service routing (kube-proxy,
+# iptables mode) and cluster DNS (CoreDNS), all pinned in infra/versions.env and built once (infra/k8s/build.sh node).
+# No registry is needed: the sandbox and CoreDNS images are built here (buildah, from scratch) and the project's
+# images (make images) are loaded into the node's runtime from podman's storage.
+#
+# Usage: infra/k8s/node.sh up|down|status|load|recycle
+#   up      build what is missing, install Debian's runc / CNI plugins / iptables / buildah when absent, start
+#           etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy and CoreDNS,
+#           create local PersistentVolumes, load the project's images when built; wait until the node is Ready
+#           and DNS answers; prints `export KUBECONFIG=...`. Idempotent.
+#   down    stop every pod's containers, the node and the control plane; undo the mounts and kube-proxy's rules.
+#           State (etcd, volumes, containerd's images) stays in the state folder; `up` starts from it again.
+#   status  what runs.
+#   recycle empty the local PersistentVolumes whose claims were deleted (their data is gone) so new claims bind.
+#   load    import the project's images (localhost/kappa/*, built by make images) into the node's runtime when
+#           the runtime lacks them or holds an older build.
+#
+# Needs root (a kubelet manages cgroups, mounts and iptables). Environment: KAPPA_CLUSTER_HOME (state folder,
+# default <repo>/.kappa/cluster), KAPPA_CLUSTER_PORT (API server, default 26443), KAPPA_CLUSTER_ETCD_PORT (default
+# 33790; peer = +1), KAPPA_CLUSTER_PVS (local PersistentVolumes, default 12), KAPPA_NODE_IP (default: the address of
+# the default route). Ports on the host: 10250 (kubelet), 10248 / 10249 / 10256 on loopback (health, metrics);
+# one node per machine.
+#
+# What this machine needs, found the hard way (details in docs/deploy.md, "Run it on one machine"): containerd's
+# restrict_oom_score_adj (the VM lacks CAP_SYS_RESOURCE, so runc cannot lower a sandbox's oom_score_adj), kubelet's
+# failCgroupV1: false + cgroupfs (cgroups v1 here), a CNI conf dir of our own (Debian's podman puts a bridge conflist
+# in /etc/cni/net.d), the API server advertising the node's address (pods reach the API through the `kubernetes`
+# Service).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+set -a; . "$ROOT/infra/versions.env"; set +a
+HOME_DIR="${KAPPA_CLUSTER_HOME:-$ROOT/.kappa/cluster}"
+PORT="${KAPPA_CLUSTER_PORT:-26443}"
+ETCD_PORT="${KAPPA_CLUSTER_ETCD_PORT:-33790}"
+PVS="${KAPPA_CLUSTER_PVS:-12}"
+NODE_NAME=kappa-node
+POD_CIDR=10.244.0.0/24
+CLUSTER_DNS=10.96.0.10
+PKI="$HOME_DIR/pki"; RUN="$HOME_DIR/run"; LOGS="$HOME_DIR/logs"; CONF="$HOME_DIR/node"
+KUBECONFIG_FILE="$HOME_DIR/admin.kubeconfig"
+# containerd's state (shim sockets) must stay short and on tmpfs: one node per machine
+CTR_STATE=/run/kappa-containerd
+CTR_SOCK="$CTR_STATE/containerd.sock"
+log() { echo "cluster: $*" >&2; }
+die() { echo "cluster: error: $*" >&2; exit 1; }
+
+alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+start() {  # start <name> <binary> [args...]: a background process with a pid file and a log
+    local name="$1"; shift
+    if alive "$name"; then return 0; fi
+    setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
+    echo $! > "$RUN/$name.pid"
+}
+
+stop() {  # stop <name>: TERM the process group, KILL after 10 s
+    local name="$1" pid
+    alive "$name" || { rm -f "$RUN/$name.pid"; return 0; }
+    pid="$(cat "$RUN/$name.pid")"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do alive "$name" || break; sleep 0.2; done
+    alive "$name" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
+    rm -f "$RUN/$name.pid"
+    log "stopped $name"
+}
+
+wait_for() {  # wait_for <what> <seconds> <command...>
+    local what="$1" limit="$2"; shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        (( SECONDS < deadline )) || die "$what not ready after ${limit} s (logs in $LOGS)"
+        sleep 1
+    done
+}
+
+node_ip() {
+    [[ -n "${KAPPA_NODE_IP:-}" ]] && { echo "$KAPPA_NODE_IP"; return; }
+    ip -4 route get 192.0.2.123 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}'
+}
+
+prerequisites() {
+    [[ "$(id -u)" == 0 ]] || die "a kubelet needs root (cgroups, mounts, iptables): run as root"
+    local pkgs=() p
+    for p in runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge iptables:/usr/sbin/iptables \
+             conntrack:/usr/sbin/conntrack buildah:/usr/bin/buildah podman:/usr/bin/podman; do
+        [[ -x "${p#*:}" ]] || pkgs+=("${p%%:*}")
+    done
+    if [[ ${#pkgs[@]} -gt 0 ]]; then
+        log "installing ${pkgs[*]} (Debian)"
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >&2
+    fi
+    # pods route through the host; bridged traffic must pass iptables for Service (kube-proxy) rules
+    modprobe br_netfilter 2>/dev/null || true
+    sysctl -qw net.ipv4.ip_forward=1
+    [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables=1
+    return 0
+}
+
+node_certs() {  # the kubelet's and kube-proxy's client certificates, signed by the cluster CA
+    [[ -f "$PKI/kubelet.crt" && -f "$PKI/kube-proxy.crt" ]] && return 0
+    printf 'extendedKeyUsage=clientAuth\n' > "$PKI/client.ext"
+    local name subject
+    for name in kubelet kube-proxy; do
+        subject="/O=system:nodes/CN=system:node:$NODE_NAME"
+        [[ "$name" == kube-proxy ]] && subject="/CN=system:kube-proxy"
+        ( cd "$PKI"
+          openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subject" 2>/dev/null
+          openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$name.crt" -days 3650 \
+              -extfile client.ext 2>/dev/null )
+    done
+}
+
+kubeconfig_for() {  # kubeconfig_for <name>: a kubeconfig with <name>'s client certificate
+    cat > "$CONF/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kappa
+  cluster: {server: "https://127.0.0.1:$PORT", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: $1
+  user: {client-certificate: "$PKI/$1.crt", client-key: "$PKI/$1.key"}
+contexts:
+- name: kappa
+  context: {cluster: kappa, user: $1}
+current-context: kappa
+EOF
+}
+
+configs() {
+    mkdir -p "$CONF/cni" "$HOME_DIR/kubelet" "$HOME_DIR/pod-logs" "$HOME_DIR/containerd" "$CTR_STATE"
+    # containerd v2 as the kubelet's CRI runtime: Debian's runc through the v2 shim, cgroupfs, our sandbox image
+    cat > "$CONF/containerd.toml" <<EOF
+version = 3
+root = "$HOME_DIR/containerd"
+state = "$CTR_STATE"
+[grpc]
+  address = "$CTR_SOCK"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = '$PAUSE_IMAGE'
+[plugins.'io.containerd.cri.v1.runtime']
+  # no CAP_SYS_RESOURCE in this VM: runc cannot set the sandbox's oom_score_adj -998; clamp to containerd's own
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = '/usr/sbin/runc'
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '$CONF/cni'
+EOF
+    cat > "$CONF/cni/10-kappa.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "kappa-pods",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "kappa0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
+               "dataDir": "$HOME_DIR/cni-ipam"}
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+    kubeconfig_for kubelet
+    kubeconfig_for kube-proxy
+    cat > "$CONF/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroups v1 (hybrid) here: 1.37's default failCgroupV1=true would refuse to start
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CTR_SOCK
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+address: 0.0.0.0
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+podLogsDir: "$HOME_DIR/pod-logs"
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+clusterDNS: [$CLUSTER_DNS]
+failSwapOn: false
+serializeImagePulls: false
+rotateCertificates: false
+serverTLSBootstrap: false
+# the images are imported, not pulled: image GC must never delete them
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# the disk is shared with the host's own work (builds, podman's storage): the default percentages (imagefs under
+# 15 % free) made the kubelet evict every pod and delete the imported images while ~40 GB were still free
+evictionHard:
+  memory.available: 256Mi
+  nodefs.available: 2Gi
+  imagefs.available: 2Gi
+  nodefs.inodesFree: 5%
+maxPods: 110
+EOF
+    cat > "$CONF/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: "$CONF/kube-proxy.kubeconfig"}
+mode: iptables
+clusterCIDR: $POD_CIDR
+hostnameOverride: $NODE_NAME
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+# leave the host's conntrack table size alone
+conntrack: {maxPerCore: 0}
+EOF
+}
+
+ctr_() {  # ctr against the node's containerd (without its per-call cgroup v1 deprecation notice)
+    "$NODE_BIN/ctr" --address "$CTR_SOCK" -n k8s.io "$@" 2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2)
+}
+
+podman_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null; }
+
+import_image() {  # import_image <podman image>: into containerd's k8s.io namespace unless it holds that build
+    local ref="$1" id have
+    id="$(podman_id "$ref")" || die "image $ref is not in podman's storage"
+    have="$(ctr_ images ls "name==$ref" 2>/dev/null | awk -v r="$ref" '$1 == r' | grep -o 'kappa.podman-id=[^,[:space:]]*' || true)"
+    [[ "$have" == "kappa.podman-id=$id" ]] && return 0
+    local t=$SECONDS
+    podman save --format docker-archive "$ref" | ctr_ images import - >/dev/null \
+        || die "importing $ref into the node's runtime failed"
+    ctr_ images label "$ref" "kappa.podman-id=$id" >/dev/null
+    log "loaded $ref into the node ($((SECONDS - t)) s)"
+}
+
+scratch_image() {  # scratch_image <ref> <binary> <uid> [entrypoint args...]: a one-binary image, built once
+    local ref="$1" bin="$2" uid="$3"; shift 3
+    podman_id "$ref" >/dev/null && return 0
+    local c args
+    c="$(buildah from scratch)"
+    buildah copy --chmod 0755 "$c" "$bin" "/$(basename "$ref" | cut -d: -f1)" >/dev/null
+    args="$(printf '"%s",' "/$(basename "$ref" | cut -d: -f1)" "$@")"
+    buildah config --entrypoint "[${args%,}]" --user "$uid:$uid" "$c" >/dev/null
+    buildah commit --quiet "$c" "$ref" >/dev/null
+    buildah rm "$c" >/dev/null
+    log "built image $ref"
+}
+
+load() {  # the project's images (make images): every localhost/kappa/* image except the node's own
+    local ref n=0
+    while read -r ref; do
+        case "$ref" in localhost/kappa/pause:*|localhost/kappa/coredns:*|*"<none>"*) continue ;; esac
+        import_image "$ref"; n=$((n + 1))
+    done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/kappa/' | sort -u)
+    (( n > 0 )) || log "no project images in podman's storage yet (make images builds them)"
+}
+
+ready_since() {  # ready_since <RFC 3339 time>: the node's Ready condition is True and was reported after it
+    $KUBECTL get node "$NODE_NAME" -o jsonpath='{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}' \
+        | { read -r status beat; [[ "$status" == True && ! "$beat" < "$1" ]]; }
+}
+
+persistent_volumes() {  # local PVs on this node (there is no provisioner); fsGroup applies to local volumes
+    local i
+    for ((i = 0; i < PVS; i++)); do
+        mkdir -p "$HOME_DIR/volumes/pv-$i"
+        cat <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: kappa-local-pv-$i, labels: {kappa.io/node-volume: "true"}}
+spec:
+  capacity: {storage: 100Gi}
+  accessModes: [ReadWriteOnce, ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  volumeMode: Filesystem
+  local: {path: "$HOME_DIR/volumes/pv-$i"}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$NODE_NAME]}]
+---
+EOF
+    done | $KUBECTL apply -f - >/dev/null
+}
+
+recycle() {  # empty the local PVs a deleted claim left Released (Retain, no provisioner) and offer them again
+    local pv path n=0
+    for pv in $($KUBECTL get pv -l kappa.io/node-volume=true -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name}{"\n"}{end}'); do
+        path="$($KUBECTL get pv "$pv" -o jsonpath='{.spec.local.path}')"
+        [[ "$path" == "$HOME_DIR/volumes/"* ]] || die "PV $pv is not one of this node's volumes ($path)"
+        rm -rf "$path" && mkdir -p "$path"
+        $KUBECTL patch pv "$pv" --type json -p '[{"op": "remove", "path": "/spec/claimRef"}]' >/dev/null
+        n=$((n + 1))
+    done
+    log "recycled $n released volume(s)"
+}
+
+coredns() {
+    $KUBECTL apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kappa:coredns"}
+rules:
+  - apiGroups: [""]
+    resources: [endpoints, services, pods, namespaces]
+    verbs: [list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kappa:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kappa:coredns"}
+subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:1053 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            ttl 30
+        }
+        forward . /etc/resolv.conf
+        cache 30
+        loop
+        reload
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      serviceAccountName: coredns
+      priorityClassName: system-cluster-critical
+      dnsPolicy: Default
+      securityContext: {runAsNonRoot: true, runAsUser: 10001, runAsGroup: 10001, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: coredns
+          image: $COREDNS_IMAGE
+          imagePullPolicy: Never
+          args: ["-conf", "/etc/coredns/Corefile"]
+          ports:
+            - {name: dns, containerPort: 1053, protocol: UDP}
+            - {name: dns-tcp, containerPort: 1053, protocol: TCP}
+          readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
+          livenessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 10}
+          resources:
+            requests: {cpu: 50m, memory: 64Mi}
+            limits: {memory: 128Mi}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+          volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
+      volumes: [{name: config, configMap: {name: coredns}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: $CLUSTER_DNS
+  selector: {k8s-app: kube-dns}
+  ports:
+    - {name: dns, port: 53, targetPort: 1053, protocol: UDP}
+    - {name: dns-tcp, port: 53, targetPort: 1053, protocol: TCP}
+EOF
+}
+
+up() {
+    local t0=$SECONDS ip cp_bin
+    prerequisites
+    ip="$(node_ip)"; [[ -n "$ip" ]] || die "no IPv4 address on the default route; set KAPPA_NODE_IP"
+    cp_bin="$(bash "$ROOT/infra/k8s/build.sh")"
+    NODE_BIN="$(bash "$ROOT/infra/k8s/build.sh" node)"
+    KUBECTL="$cp_bin/kubectl --kubeconfig $KUBECONFIG_FILE"
+    local pause; pause="$(cd "$NODE_BIN" && ls pause-* | head -1)"
+    PAUSE_IMAGE="localhost/kappa/pause:${pause#pause-}"
+    COREDNS_IMAGE="localhost/kappa/coredns:${COREDNS_VERSION}"
+    mkdir -p "$RUN" "$LOGS" "$CONF"
+    # 1. the control plane, advertising the node's address (no fake nodes, local PVs instead of hostPath ones)
+    KAPPA_K8S_HOME="$HOME_DIR" KAPPA_K8S_PORT="$PORT" KAPPA_K8S_ETCD_PORT="$ETCD_PORT" KAPPA_K8S_NODES=0 \
+        KAPPA_K8S_PVS=0 KAPPA_K8S_NODE_IP="$ip" bash "$ROOT/infra/k8s/cluster.sh" up >/dev/null
+    local t_cp=$SECONDS
+    node_certs
+    configs
+    # 2. the runtime and the node's own images
+    scratch_image "$PAUSE_IMAGE" "$NODE_BIN/$pause" 65535
+    scratch_image "$COREDNS_IMAGE" "$NODE_BIN/coredns" 10001
+    # containerd finds its shim (containerd-shim-runc-v2) on PATH
+    PATH="$NODE_BIN:$PATH" start containerd "$NODE_BIN/containerd" --config "$CONF/containerd.toml"
+    wait_for containerd 60 ctr_ version
+    import_image "$PAUSE_IMAGE"
+    import_image "$COREDNS_IMAGE"
+    # 3. the kubelet and kube-proxy
+    start kubelet "$NODE_BIN/kubelet" --config "$CONF/kubelet.yaml" \
+        --kubeconfig "$CONF/kubelet.kubeconfig" --root-dir "$HOME_DIR/kubelet" \
+        --hostname-override "$NODE_NAME" --node-ip "$ip" --v 1
+    start kube-proxy "$NODE_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
+    # Ready as reported by THIS kubelet (a Node object kept from the last run still says Ready for ~40 s)
+    local since; since="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    wait_for "node $NODE_NAME (kubelet log: $LOGS/kubelet.log)" 120 ready_since "$since"
+    local t_node=$SECONDS
+    persistent_volumes
+    coredns
+    load
+    $KUBECTL -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null \
+        || die "CoreDNS is not ready ($KUBECTL -n kube-system describe pod -l k8s-app=kube-dns)"
+    log "node $NODE_NAME Ready at $ip: control plane $((t_cp - t0)) s, node Ready $((t_node - t0)) s, DNS $((SECONDS - t0)) s; API https://$ip:$PORT, $PVS local PVs"
+    echo "export KUBECONFIG=$KUBECONFIG_FILE"
+}
+
+down() {
+    local bin; bin="$(bash "$ROOT/infra/k8s/build.sh" node 2>/dev/null)" || bin=""
+    stop kube-proxy
+    stop kubelet
+    if [[ -n "$bin" ]] && alive containerd; then
+        NODE_BIN="$bin"
+        # pods' containers outlive containerd (their shims): stop them while it still knows them
+        local task
+        for task in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s KILL "$task" >/dev/null 2>&1 || true; done
+        sleep 1
+    fi
+    stop containerd
+    pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io -address $CTR_SOCK" 2>/dev/null || true
+    # volumes and sandboxes the kubelet / containerd mounted (tokens, overlays, netns), innermost first
+    local m
+    for m in $(awk -v h="$HOME_DIR/" -v s="$CTR_STATE/" 'index($2, h) == 1 || index($2, s) == 1 {print $2}' /proc/mounts | sort -r); do
+        umount -l "$m" 2>/dev/null || true
+    done
+    if [[ -n "$bin" && -x "$bin/kube-proxy" ]]; then "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
+    KAPPA_K8S_HOME="$HOME_DIR" bash "$ROOT/infra/k8s/cluster.sh" down
+}
+
+status() {
+    KAPPA_K8S_HOME="$HOME_DIR" bash "$ROOT/infra/k8s/cluster.sh" status | grep -v kwok || true
+    local name
+    for name in containerd kubelet kube-proxy; do
+        if alive "$name"; then echo "$name running (pid $(cat "$RUN/$name.pid"))"; else echo "$name stopped"; fi
+    done
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) status ;;
+    recycle)
+        KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
+        recycle ;;
+    load)
+        NODE_BIN="$(bash "$ROOT/infra/k8s/build.sh" node)"
+        alive containerd || die "the node is not running (make cluster-up)"
+        load ;;
+    *) die "usage: infra/k8s/node.sh up|down|status|load|recycle" ;;
+esac

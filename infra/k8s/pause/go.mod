@@ -1,0 +1,3 @@
+module kappa.local/pause
+
+go 1.22

@@ -1,0 +1,99 @@
+"""The real node itself (infra/k8s/node.sh): real containers, pod networking, Services, DNS, the API from a pod.
+
+What KWOK cannot show: a container starts from our image as the chart's user under Pod Security ``restricted``,
+gets its cgroup limits, resolves cluster names, reaches another pod directly and through a Service (kube-proxy's
+rules), reaches the API server with its service-account token, and ``kubectl logs`` / ``exec`` reach the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from tests.cluster.conftest import NODE_NAME, Node, h, image
+
+pytestmark = pytest.mark.cluster
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+CLIENT = r"""
+import json, os, socket, ssl, urllib.request
+ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+token = open("/var/run/secrets/kubernetes.io/serviceaccount/token").read()
+ctx = ssl.create_default_context(cafile="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+api = urllib.request.Request("https://kubernetes.default.svc/version", headers={"Authorization": "Bearer " + token})
+cg = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+print(json.dumps({
+    "uid": os.getuid(),
+    "service_ip": socket.gethostbyname(f"web.{ns}.svc.cluster.local"),
+    "via_service": urllib.request.urlopen("http://web/token", timeout=10).read().decode().strip(),
+    "via_pod_ip": urllib.request.urlopen(f"http://{os.environ['SERVER_IP']}:8080/token", timeout=10).read().decode().strip(),
+    "api_version": json.load(urllib.request.urlopen(api, context=ctx, timeout=10))["gitVersion"],
+    "memory_limit": int(open(cg).read()) if os.path.exists(cg) else None,
+}))
+"""
+
+
+def pod(name: str, command: list[str], *, env: dict[str, str] | None = None, restart: str = "Always",
+        token: bool = False, labels: dict[str, str] | None = None, port: int | None = None) -> dict:
+    container: dict = {
+        "name": "main", "image": image("view-job"), "imagePullPolicy": "Never", "command": command,
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+        "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": True},
+        # Guaranteed QoS: requests == limits, enforced by the node's cgroups
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if port:
+        container["ports"] = [{"containerPort": port, "name": "http"}]
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 1}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
+            "spec": {"restartPolicy": restart, "automountServiceAccountToken": token, "enableServiceLinks": False,
+                     "securityContext": POD_SECURITY, "containers": [container],
+                     "volumes": [{"name": "tmp", "emptyDir": {}}]}}
+
+
+def test_the_node_runs_the_pinned_kubelet_and_containerd(node: Node) -> None:
+    found = node.get("node", NODE_NAME)
+    pins = h.versions()
+    info = found["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == pins["K8S_VERSION"]
+    assert info["containerRuntimeVersion"] == f"containerd://{pins['CONTAINERD_VERSION'].removeprefix('v')}"
+    assert "kwok.x-k8s.io/node" not in found["metadata"].get("annotations", {}), "a real node, not a KWOK one"
+    ready = {c["type"]: c["status"] for c in found["status"]["conditions"]}
+    assert ready["Ready"] == "True", found["status"]["conditions"]
+
+
+def test_pods_reach_pods_services_dns_and_the_api(node: Node, namespace: str) -> None:
+    token = uuid.uuid4().hex
+    server = pod("web", ["sh", "-c", f"echo {token} > /tmp/token && cd /tmp && exec python -m http.server 8080"],
+                 labels={"app": "web"}, port=8080)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+    node.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [server, service]}), "-n", namespace)
+    server_ip = node.wait_pod(namespace, "web")["status"]["podIP"]
+    node.apply(json.dumps(pod("client", ["python", "-c", CLIENT], env={"SERVER_IP": server_ip}, restart="Never",
+                              token=True)), "-n", namespace)
+    node.wait_pod(namespace, "client", phase="Succeeded")
+    out = json.loads(node.kubectl("logs", "-n", namespace, "client").stdout.strip().splitlines()[-1])
+
+    assert out["uid"] == 10001, "the view-job image runs as the chart's user"
+    assert out["service_ip"] == node.get("service", "web", "-n", namespace)["spec"]["clusterIP"]
+    assert out["via_service"] == token, "ClusterIP Service routing (kube-proxy)"
+    assert out["via_pod_ip"] == token, "pod to pod over the bridge"
+    assert out["api_version"] == h.versions()["K8S_VERSION"], "the API through the kubernetes Service"
+    assert out["memory_limit"] == 256 * 1024 * 1024, "the container's cgroup carries its memory limit"
+
+    # the API server reaches the kubelet: exec (logs already did)
+    assert node.kubectl("exec", "-n", namespace, "web", "--", "id", "-u").stdout.strip() == "10001"
+
+
+def test_restricted_pod_security_is_enforced(node: Node, namespace: str) -> None:
+    bad = pod("bad", ["sleep", "60"])
+    bad["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": True}
+    res = node.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
+    assert res.returncode != 0
+    assert 'violates PodSecurity "restricted' in res.stderr, res.stderr
