@@ -295,6 +295,31 @@ def test_chart_image_defaults_follow_versions_env() -> None:
     assert pins["KAPPA_VERSION"] == project, "the Airflow image copies the jars of the view-job image of this tag"
 
 
+def test_local_values_name_the_images_make_images_builds() -> None:
+    """infra/images/local-values.yaml points the chart at exactly the tags infra/images/build.sh builds, never pulled."""
+    listed = subprocess.run(["bash", str(h.ROOT / "infra" / "images" / "build.sh"), "list"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    overlay = yaml.safe_load((h.ROOT / "infra" / "images" / "local-values.yaml").read_text())
+    pins = h.versions()
+
+    def ref(image: dict, default_repo: str, default_tag: str) -> str:
+        return f"{image['registry']}/{image.get('repository', default_repo)}:{image.get('tag', default_tag)}"
+
+    used = {ref(overlay["image"], "kappa/view-job", pins["KAPPA_VERSION"]),
+            ref(overlay["airflow"]["image"], "kappa/airflow", pins["KAPPA_VERSION"]),
+            ref(overlay["kafka"]["image"], "", "")}
+    postgres = ref(overlay["airflow"]["postgresql"]["image"], "", "")
+    # build.sh tags PostgreSQL with the 17.x Debian ships and with the major alone; the values use the stable major
+    built_postgres = [r for r in listed if r.startswith("localhost/kappa/postgres:")]
+    assert used == set(listed) - set(built_postgres), (used, listed)
+    assert [r.rsplit(".", 1)[0] for r in built_postgres] == [postgres], (postgres, built_postgres)
+    for image in (overlay["image"], overlay["airflow"]["image"], overlay["kafka"]["image"],
+                  overlay["airflow"]["postgresql"]["image"]):
+        assert image["pullPolicy"] == "Never", "side-loaded images: a pull attempt can only fail"
+    assert overlay["kafka"]["image"]["tag"] == pins["KAFKA_IMAGE_TAG"]
+    assert overlay["airflow"]["postgresql"]["image"]["tag"] == pins["POSTGRES_MAJOR"]
+
+
 # ------------------------------------------------------------------------------------------ entrypoint
 def _fake_java(tmp_path: Path) -> Path:
     java_home = tmp_path / "jdk"
