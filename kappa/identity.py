@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RUN_ID_PROPERTY", "VIEW_NAME", "ViewPaths", "app_id", "check_version_key", "new_run_id", "view_ref"]
+__all__ = ["RUN_ID_PROPERTY", "VIEW_NAME", "ViewPaths", "app_id", "check_version_key", "in_lake", "new_run_id",
+           "view_ref"]
 
 #: What a view name may look like (lower_snake_case): it is a folder, a Spark/DuckDB view name and a label value.
 VIEW_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -79,6 +80,23 @@ class ViewPaths:
     @property
     def is_local(self) -> bool:
         return "://" not in self.lake or self.lake.startswith("file:")
+
+
+def in_lake(table_path: str, lake: str, name: str, version: int) -> str:
+    """A version's table as recorded (registry, serving alias) -> the same table under ``lake``.
+
+    A record holds the path its writer saw: ``/data/lake/views/<view>/v<N>/table`` in a pod, a folder on the node
+    for an analyst there. Every reader of the same local (mounted) lake mounts it its own way, so a recorded local
+    table in the platform's layout is read as that version's table under the reader's lake root. Any other path is
+    kept as recorded: a table registered outside the layout, or on another store (an ``s3a://`` record in a local
+    lake is not this lake's table).
+    """
+    def local(uri: str) -> bool:
+        return "://" not in uri or uri.startswith("file:")
+
+    if local(table_path) and local(lake) and table_path.rstrip("/").endswith(f"/views/{name}/v{version}/table"):
+        return ViewPaths(lake, name, version).table
+    return table_path
 
     def local(self, sub: str) -> Path:
         """Local filesystem path of a checkpoint file (the driver lock)."""

@@ -6,7 +6,13 @@ reason::
 
     <!-- docs-test: skip (needs a Kubernetes cluster) -->
 
-``tests/test_first_hour.py`` runs every other block, verbatim, against a stack started by ``make run``.
+``tests/test_first_hour.py`` runs every other block, verbatim, against a stack started by ``make run``. A block that
+needs the real Kubernetes node instead carries::
+
+    <!-- docs-test: cluster (what it does) -->
+
+the first-hour walk skips it (its ``skip`` says so) and ``tests/cluster`` runs it, verbatim, on the node
+(``make cluster-up``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ DOC_FILES = ("README.md", "docs/replay.md", "docs/deploy.md", "docs/performance.
 SHELL = ("bash", "sh", "shell", "console")
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 _SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<why>[^)]*)\)\s*-->")
+_CLUSTER = re.compile(r"<!--\s*docs-test:\s*cluster\s*\((?P<why>[^)]*)\)\s*-->")
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Block:
     lang: str
     text: str
     skip: str | None
+    cluster: bool = False
 
     @property
     def where(self) -> str:
@@ -55,9 +63,11 @@ def blocks(root: Path = ROOT) -> list[Block]:
             while i < len(lines) and lines[i].strip() != "```":
                 body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
                 i += 1
-            marker = _SKIP.search(lines[start - 1]) if start > 0 else None
-            out.append(Block(name, start + 1, lang, "\n".join(body) + "\n", marker.group("why").strip() if marker
-                             else None))
+            before = lines[start - 1] if start > 0 else ""
+            marker, cluster = _SKIP.search(before), _CLUSTER.search(before)
+            skip = (marker.group("why").strip() if marker
+                    else f"runs on the real node (tests/cluster): {cluster.group('why').strip()}" if cluster else None)
+            out.append(Block(name, start + 1, lang, "\n".join(body) + "\n", skip, cluster is not None))
             i += 1
     return out
 
@@ -65,3 +75,8 @@ def blocks(root: Path = ROOT) -> list[Block]:
 def shell_blocks(root: Path = ROOT) -> list[Block]:
     """The command blocks (:data:`SHELL` languages)."""
     return [b for b in blocks(root) if b.lang in SHELL]
+
+
+def cluster_blocks(root: Path = ROOT) -> list[Block]:
+    """The command blocks marked ``docs-test: cluster``, in order."""
+    return [b for b in shell_blocks(root) if b.cluster]

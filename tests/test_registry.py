@@ -311,6 +311,29 @@ def test_promote_switches_alias_and_registry(alias: ServingAlias, reg: Registry)
     assert (row.version, row.previous_version, row.switched_by) == (2, 1, "cli:alice")
 
 
+def test_a_lake_mounted_elsewhere_resolves_its_own_tables(alias: ServingAlias, reg: Registry, tmp_path: Path):
+    """The alias and the registry record the path their writer saw (a pod's /data/lake); a reader that mounts the same
+    lake at another path (an analyst on the node, another pod) must read the tables under ITS lake root."""
+    import shutil
+
+    ready(reg, 1), ready(reg, 2)
+    alias.promote(VIEW, 2, by="airflow:run")
+    elsewhere = tmp_path / "mounted-elsewhere"
+    shutil.copytree(reg.lake_uri, elsewhere)  # the same files under another root (the writer's is left as is)
+    mine = ServingAlias(str(elsewhere))
+    expected = ViewPaths(str(elsewhere), VIEW, 2).table
+    assert alias.resolve(VIEW) != expected, "the recorded path is the writer's"
+    assert mine.resolve(VIEW) == expected
+    assert mine.registry.get(VIEW, 2).table_path == expected
+    shutil.rmtree(reg.lake_uri)  # the writer's paths are gone: only the reader's own root can answer
+    assert DeltaTable(mine.resolve(VIEW)).version() >= 0
+    # a table registered outside the layout keeps its recorded path
+    outside = str(tmp_path / "elsewhere-table")
+    rec = Registry(str(elsewhere)).register(VIEW, 3, code_module=MODULE, table_path=outside,
+                                            app_id=f"kappa:{VIEW}@v3:r1", starting="earliest", triggered_by="t")
+    assert Registry(str(elsewhere)).get(VIEW, 3).table_path == rec.table_path == outside
+
+
 def test_promote_chain_switches_every_view_in_one_commit_or_none(alias: ServingAlias, reg: Registry):
     """A view and the view over it (a cascading replay) switch together: every Delta version of the alias table
     holds v1 of both or v2 of both; a chain with one version not ready switches nothing; again is a no-op."""

@@ -29,22 +29,8 @@ PKI="$HOME_DIR/pki"; RUN="$HOME_DIR/run"; LOGS="$HOME_DIR/logs"
 KUBECONFIG_FILE="$HOME_DIR/admin.kubeconfig"
 log() { echo "k8s: $*" >&2; }
 die() { echo "k8s: error: $*" >&2; exit 1; }
-
-alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
-
-start() {  # start <name> <binary> [args...]: a background process with a pid file and a log
-    local name="$1"; shift
-    if alive "$name"; then return 0; fi
-    setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
-    echo $! > "$RUN/$name.pid"
-}
-
-sign() {  # sign <name> <subject> [extfile]: a key and a certificate signed by the cluster CA, in $PKI
-    ( cd "$PKI"
-      openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 \
-          ${3:+-extfile "$3"} 2>/dev/null )
-}
+# shellcheck source=infra/k8s/lib.sh
+. "$ROOT/infra/k8s/lib.sh"
 
 certs() {
     local san="IP:127.0.0.1,IP:10.96.0.1${NODE_IP:+,IP:$NODE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
@@ -86,15 +72,6 @@ EOF
 api() {  # api <method> <path> [json body]: the API as the admin, via curl
     curl -sS --fail-with-body --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
         -X "$1" -H "Content-Type: application/json" ${3:+--data "$3"} "https://127.0.0.1:$PORT$2"
-}
-
-wait_for() {  # wait_for <what> <seconds> <command...>
-    local what="$1" limit="$2"; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        (( SECONDS < deadline )) || die "$what not ready after ${limit} s (logs in $LOGS)"
-        sleep 1
-    done
 }
 
 up() {
@@ -184,15 +161,7 @@ EOF
 
 down() {
     local name
-    for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
-        if alive "$name"; then
-            kill -TERM -- "-$(cat "$RUN/$name.pid")" 2>/dev/null || kill -TERM "$(cat "$RUN/$name.pid")" 2>/dev/null || true
-            for _ in $(seq 1 50); do alive "$name" || break; sleep 0.2; done
-            alive "$name" && kill -KILL -- "-$(cat "$RUN/$name.pid")" 2>/dev/null || true
-            log "stopped $name"
-        fi
-        rm -f "$RUN/$name.pid"
-    done
+    for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
 }
 
 status() {

@@ -45,35 +45,8 @@ CTR_STATE=/run/kappa-containerd
 CTR_SOCK="$CTR_STATE/containerd.sock"
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: error: $*" >&2; exit 1; }
-
-alive() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
-
-start() {  # start <name> <binary> [args...]: a background process with a pid file and a log
-    local name="$1"; shift
-    if alive "$name"; then return 0; fi
-    setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
-    echo $! > "$RUN/$name.pid"
-}
-
-stop() {  # stop <name>: TERM the process group, KILL after 10 s
-    local name="$1" pid
-    alive "$name" || { rm -f "$RUN/$name.pid"; return 0; }
-    pid="$(cat "$RUN/$name.pid")"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do alive "$name" || break; sleep 0.2; done
-    alive "$name" && { kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; }
-    rm -f "$RUN/$name.pid"
-    log "stopped $name"
-}
-
-wait_for() {  # wait_for <what> <seconds> <command...>
-    local what="$1" limit="$2"; shift 2
-    local deadline=$((SECONDS + limit))
-    until "$@" >/dev/null 2>&1; do
-        (( SECONDS < deadline )) || die "$what not ready after ${limit} s (logs in $LOGS)"
-        sleep 1
-    done
-}
+# shellcheck source=infra/k8s/lib.sh
+. "$ROOT/infra/k8s/lib.sh"
 
 node_ip() {
     [[ -n "${KAPPA_NODE_IP:-}" ]] && { echo "$KAPPA_NODE_IP"; return; }
@@ -101,15 +74,8 @@ prerequisites() {
 node_certs() {  # the kubelet's and kube-proxy's client certificates, signed by the cluster CA
     [[ -f "$PKI/kubelet.crt" && -f "$PKI/kube-proxy.crt" ]] && return 0
     printf 'extendedKeyUsage=clientAuth\n' > "$PKI/client.ext"
-    local name subject
-    for name in kubelet kube-proxy; do
-        subject="/O=system:nodes/CN=system:node:$NODE_NAME"
-        [[ "$name" == kube-proxy ]] && subject="/CN=system:kube-proxy"
-        ( cd "$PKI"
-          openssl req -newkey rsa:2048 -nodes -keyout "$name.key" -out "$name.csr" -subj "$subject" 2>/dev/null
-          openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$name.crt" -days 3650 \
-              -extfile client.ext 2>/dev/null )
-    done
+    sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client.ext
+    sign kube-proxy "/CN=system:kube-proxy" client.ext
 }
 
 kubeconfig_for() {  # kubeconfig_for <name>: a kubeconfig with <name>'s client certificate

@@ -49,7 +49,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop
 
 from kappa.runtime.deltars import I64, STR, TS, arrow_rows, arrow_schema, is_local_uri, local_path, read_rows
 from kappa.errors import KappaError, one_line
-from kappa.identity import check_version_key, view_ref
+from kappa.identity import check_version_key, in_lake, view_ref
 
 __all__ = [
     "STATES",
@@ -381,7 +381,8 @@ class Registry:
         if not DeltaTable.is_deltatable(self.versions_uri, self.storage_options):
             return []
         rows = read_rows(DeltaTable(self.versions_uri, storage_options=self.storage_options))
-        return [VersionRecord(**row) for row in rows]
+        return [VersionRecord(**{**row, "table_path": in_lake(row["table_path"], self.lake_uri, row["view"],
+                                                              row["version"])}) for row in rows]
 
     def get(self, view: str, version: int) -> VersionRecord | None:
         """The row of one view version, or None if it was never registered."""

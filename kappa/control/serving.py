@@ -37,7 +37,7 @@ from deltalake import DeltaTable
 
 from kappa.config import DEFAULT_KEEP_HOURS
 from kappa.runtime.deltars import I64, STR, TS, arrow_rows, is_local_uri, local_path, read_rows
-from kappa.identity import ViewPaths, view_ref
+from kappa.identity import ViewPaths, in_lake, view_ref
 from kappa.control.registry import (
     AsOfError,
     Registry,
@@ -193,7 +193,9 @@ class ServingAlias:
             table = open_delta(self.uri, as_of=as_of, storage_options=self.storage_options)
         except (TableMissing, AsOfError):
             return {}  # no switch had happened (yet / at that time): every view uses its default version
-        return {row["view"]: AliasRow(**row) for row in read_rows(table)}
+        return {row["view"]: AliasRow(**{**row, "table_path": in_lake(row["table_path"], self.lake_uri, row["view"],
+                                                                      row["version"])})
+                for row in read_rows(table)}
 
     def alias(self, view: str, *, as_of: datetime | None = None) -> AliasRow | None:
         """The alias row of one view (None if it was never switched)."""

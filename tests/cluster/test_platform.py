@@ -23,12 +23,12 @@ import pytest
 from kappa.catalog import load_catalog
 from kappa.config import Settings
 from tests.cluster.conftest import ROOT, Node
+from tests.docs_blocks import cluster_blocks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
 NS = "kappa"
 RELEASE = "kappa"
-CHART = str(ROOT / "helm" / "kappa")
 VALUES = [str(ROOT / "helm" / "kappa" / "examples" / "local.yaml"), str(ROOT / "infra" / "images" / "local-values.yaml")]
 REPORT = ROOT / "reports" / "cluster.json"
 
@@ -71,10 +71,12 @@ def release(node: Node) -> Release:
     subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
     node.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "namespace.yaml"))
     started = time.monotonic()
-    args = ["install", RELEASE, CHART, "-n", NS, "--wait", "--wait-for-jobs", "--timeout", "30m"]
-    for v in VALUES:
-        args += ["-f", v]
-    node.run("helm", *args, timeout=2400)
+    install = cluster_blocks()[0]  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install
+    assert "helm install" in install.text and all(v.replace(f"{ROOT}/", "") in install.text for v in VALUES), \
+        install.where
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", install.text], cwd=ROOT, capture_output=True, text=True,
+                         timeout=3000)
+    assert res.returncode == 0, f"{install.where} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     rel = Release(node=node, installed_at=started)
     rel.record("helm install -> every pod Ready, topics Job done", time.monotonic() - started)
     return rel
@@ -122,13 +124,14 @@ def test_every_view_gets_rows_written_by_the_pods(release: Release) -> None:
 
 
 def test_an_analyst_outside_the_cluster_queries_the_views(release: Release) -> None:
-    """`bin/kappa query` on the host, pointed at the lake volume: DuckDB over delta-rs, the serving versions."""
-    env = {**os.environ, "KAPPA_LAKE_URI": str(release.lake())}
-    res = subprocess.run([str(ROOT / "bin" / "kappa"), "query",
-                          "SELECT campaign_id, window_start, view_count FROM campaign_window_counts "
-                          "ORDER BY view_count DESC LIMIT 5"], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
+    """`bin/kappa query` on the host, pointed at the lake volume (DuckDB over delta-rs, the serving versions): the
+    docs' block, verbatim, in the shell the install block left (its KUBECONFIG and pinned kubectl)."""
+    query = cluster_blocks()[1]
+    assert "bin/kappa query" in query.text, query.where
+    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", query.text], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode == 0, f"{query.where}: {res.stderr}"
     print(res.stdout)
     assert "campaign_window_counts: serving v1" in res.stdout, res.stdout
     assert res.stdout.count("│") > 10, "rows printed"
