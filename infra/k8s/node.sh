@@ -383,13 +383,13 @@ up() {
     wait_for containerd 60 ctr_ version
     import_image "$PAUSE_IMAGE"
     import_image "$COREDNS_IMAGE"
-    # 3. the kubelet and kube-proxy
+    # 3. the kubelet and kube-proxy. Ready as reported by THIS kubelet when it starts now (a Node object kept from
+    # the last run still says Ready for ~40 s); a kubelet already running only re-reports every few minutes
+    local since="" ; alive kubelet || since="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     start kubelet "$NODE_BIN/kubelet" --config "$CONF/kubelet.yaml" \
         --kubeconfig "$CONF/kubelet.kubeconfig" --root-dir "$HOME_DIR/kubelet" \
         --hostname-override "$NODE_NAME" --node-ip "$ip" --v 1
     start kube-proxy "$NODE_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
-    # Ready as reported by THIS kubelet (a Node object kept from the last run still says Ready for ~40 s)
-    local since; since="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     wait_for "node $NODE_NAME (kubelet log: $LOGS/kubelet.log)" 120 ready_since "$since"
     local t_node=$SECONDS
     persistent_volumes
