@@ -78,8 +78,14 @@ node_certs() {  # the kubelet's and kube-proxy's client certificates, signed by 
     sign kube-proxy "/CN=system:kube-proxy" client.ext
 }
 
+put() {  # put <file>: stdin into the file, only when it differs (kube-proxy exits when its config file changes)
+    local tmp="$1.tmp.$$"
+    cat > "$tmp"
+    if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv "$tmp" "$1"; fi
+}
+
 kubeconfig_for() {  # kubeconfig_for <name>: a kubeconfig with <name>'s client certificate
-    cat > "$CONF/$1.kubeconfig" <<EOF
+    put "$CONF/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -98,7 +104,7 @@ EOF
 configs() {
     mkdir -p "$CONF/cni" "$HOME_DIR/kubelet" "$HOME_DIR/pod-logs" "$HOME_DIR/containerd" "$CTR_STATE"
     # containerd v2 as the kubelet's CRI runtime: Debian's runc through the v2 shim, cgroupfs, our sandbox image
-    cat > "$CONF/containerd.toml" <<EOF
+    put "$CONF/containerd.toml" <<EOF
 version = 3
 root = "$HOME_DIR/containerd"
 state = "$CTR_STATE"
@@ -122,7 +128,7 @@ state = "$CTR_STATE"
     bin_dirs = ['/usr/lib/cni']
     conf_dir = '$CONF/cni'
 EOF
-    cat > "$CONF/cni/10-kappa.conflist" <<EOF
+    put "$CONF/cni/10-kappa.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "kappa-pods",
@@ -138,7 +144,7 @@ EOF
 EOF
     kubeconfig_for kubelet
     kubeconfig_for kube-proxy
-    cat > "$CONF/kubelet.yaml" <<EOF
+    put "$CONF/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroups v1 (hybrid) here: 1.37's default failCgroupV1=true would refuse to start
@@ -175,7 +181,7 @@ evictionHard:
   nodefs.inodesFree: 5%
 maxPods: 110
 EOF
-    cat > "$CONF/kube-proxy.yaml" <<EOF
+    put "$CONF/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: "$CONF/kube-proxy.kubeconfig"}
