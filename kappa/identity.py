@@ -81,6 +81,10 @@ class ViewPaths:
     def is_local(self) -> bool:
         return "://" not in self.lake or self.lake.startswith("file:")
 
+    def local(self, sub: str) -> Path:
+        """Local filesystem path of a checkpoint file (the driver lock)."""
+        return Path(self.checkpoint.removeprefix("file:")) / sub
+
 
 def in_lake(table_path: str, lake: str, name: str, version: int) -> str:
     """A version's table as recorded (registry, serving alias) -> the same table under ``lake``.
@@ -97,7 +101,3 @@ def in_lake(table_path: str, lake: str, name: str, version: int) -> str:
     if local(table_path) and local(lake) and table_path.rstrip("/").endswith(f"/views/{name}/v{version}/table"):
         return ViewPaths(lake, name, version).table
     return table_path
-
-    def local(self, sub: str) -> Path:
-        """Local filesystem path of a checkpoint file (the driver lock)."""
-        return Path(self.checkpoint.removeprefix("file:")) / sub
