@@ -100,3 +100,28 @@ def test_host_runs_views_in_one_jvm_restarts_a_failing_query_alone_and_stops_one
         stop_host(lake)
     assert host_pid(lake) is None
     assert runner.status("events_raw", 1).state == "stopped"
+
+
+def test_static_versions_handed_over_to_the_kubernetes_runner_are_not_run(tmp_path):
+    """The grouped driver in a cluster: its --view versions are fixed by its arguments; a version the Kubernetes
+    runner recorded in the mounted view-state file (stopped by a promote, or started in a Deployment of its own by a
+    rollback) is no longer the host's to run. No Spark: the reconcile loop starts exactly what _desired() lists."""
+    import json
+
+    from kappa.config import Settings
+    from kappa.runtime.host import ViewHost
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    record = tmp_path / "view-state" / "views.json"
+    static = [JobSpec("campaign_window_counts", 1, starting="earliest"), JobSpec("user_sessions", 1)]
+    host = ViewHost(settings, static=static, handed_over=record)
+    assert set(host._desired()) == {"campaign_window_counts@v1", "user_sessions@v1"}, "no record mounted yet"
+    record.parent.mkdir()
+    record.write_text("{}")
+    assert set(host._desired()) == {"campaign_window_counts@v1", "user_sessions@v1"}
+    record.write_text(json.dumps({"campaign_window_counts": {"1": {"state": "stopped"}, "2": {"state": "running"}}}))
+    assert set(host._desired()) == {"user_sessions@v1"}
+    record.write_text(json.dumps({"user_sessions": {"1": {"state": "running"}}}))
+    assert set(host._desired()) == {"campaign_window_counts@v1"}, "running in a Deployment of its own"
+    record.write_text("{not json")
+    assert set(host._desired()) == {"campaign_window_counts@v1", "user_sessions@v1"}, "a bad file is ignored"

@@ -121,12 +121,16 @@ def host_run(
     driver_memory: str = typer.Option("2g", help="Heap of the host's Spark driver JVM."),
     metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535, help="Prometheus port of the first "
                                      "--view; the i-th --view (from 0) gets this + i. 0: any free port for each."),
+    handed_over: str = typer.Option("", "--handed-over", metavar="FILE", help="The Kubernetes runner's view-state "
+                                    "record (views.json, mounted from its ConfigMap): a --view version named there "
+                                    "was stopped or moved by a promote/rollback and is not run here."),
 ) -> None:
     """Run the view host in the foreground: the --view versions plus those asked for under
     $KAPPA_HOME/run/host/desired (by the local runner), each its own query in one Spark application."""
     from kappa.runtime.driver import host_specs, run_host
 
-    run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory)
+    run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory,
+             handed_over=handed_over or None)
 
 
 # -------------------------------------------------------------------------------------------- broker

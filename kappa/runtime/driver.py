@@ -140,12 +140,14 @@ def host_specs(views: Sequence[str], starting: Sequence[str], metrics_port: int 
     return specs
 
 
-def run_host(settings: "Settings", specs: Sequence[JobSpec] = (), *, driver_memory: str = "2g") -> None:
-    """Run the view host: ``specs`` always, plus the versions the local runner asks for, until SIGTERM."""
+def run_host(settings: "Settings", specs: Sequence[JobSpec] = (), *, driver_memory: str = "2g",
+             handed_over: str | None = None) -> None:
+    """Run the view host: ``specs`` (but those ``handed_over`` names), plus the versions the local runner asks for,
+    until SIGTERM."""
     from kappa.runtime.host import ViewHost
 
     _logging()
-    ViewHost(settings, driver_memory=driver_memory, static=list(specs)).run()
+    ViewHost(settings, driver_memory=driver_memory, static=list(specs), handed_over=handed_over).run()
 
 
 def _parser() -> argparse.ArgumentParser:

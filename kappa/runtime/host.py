@@ -21,6 +21,13 @@ and remove view versions while it runs:
                                           stopped
 
 Removing a desired file stops that view version (``LocalRunner.stop``).
+
+In a cluster the host is the grouped driver Deployment (``viewJobs.grouping=grouped``); its view versions are fixed
+by its arguments (``static``), and the Kubernetes runner takes them over: a version it stopped (a promote replaced
+it) or started in a Deployment of its own (a rollback) is recorded in the view-state ConfigMap, which the chart
+mounts into the host's pod. ``handed_over`` is that file (``views.json``: ``{view: {version: {"state": ...}}}``):
+a static version named there is no longer the host's to run, and the host stops it at its next poll after the
+kubelet refreshed the mounted file (about a minute).
 """
 
 from __future__ import annotations
@@ -67,9 +74,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 class ViewHost:
     """Runs the view versions listed in ``<home>/run/host/desired`` in one SparkSession until SIGTERM."""
 
-    def __init__(self, settings: "Settings", *, driver_memory: str = "2g", static: list[JobSpec] | None = None) -> None:
+    def __init__(self, settings: "Settings", *, driver_memory: str = "2g", static: list[JobSpec] | None = None,
+                 handed_over: str | Path | None = None) -> None:
         self.settings = settings
         self.static = {spec.ref: spec for spec in static or []}  # always desired (e.g. a grouped deployment)
+        self.handed_over = Path(handed_over) if handed_over else None
         self.dir = host_dir(settings)
         self.driver_memory = driver_memory
         self.jobs: dict[str, "ViewJob"] = {}
@@ -92,8 +101,31 @@ class ViewHost:
                 extra_conf={"spark.scheduler.mode": "FAIR"})
         return self._spark
 
+    def _handed_over(self) -> dict[str, str]:
+        """The static versions the Kubernetes runner took over: ref -> what it recorded (running | stopped)."""
+        if self.handed_over is None:
+            return {}
+        try:
+            recorded = json.loads(self.handed_over.read_text() or "{}")
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: %s", self.handed_over, exc)
+            return {}
+        out: dict[str, str] = {}
+        for view, versions in (recorded.items() if isinstance(recorded, dict) else ()):
+            for version, rec in (versions.items() if isinstance(versions, dict) else ()):
+                if str(version).isdigit():
+                    out[f"{view}@v{int(version)}"] = str((rec or {}).get("state", "")) if isinstance(rec, dict) else ""
+        return out
+
     def _desired(self) -> dict[str, JobSpec]:
-        out: dict[str, JobSpec] = dict(self.static)
+        taken = self._handed_over()
+        out: dict[str, JobSpec] = {ref: spec for ref, spec in self.static.items() if ref not in taken}
+        for ref in self.static.keys() & taken.keys():
+            if ref in self.jobs or ref in self._restart_at:
+                log.info("%s: handed over to the Kubernetes runner (recorded %s in %s); stopping it here", ref,
+                         taken[ref] or "?", self.handed_over)
         for path in sorted((self.dir / "desired").glob("*.json")):
             try:
                 out[path.stem] = JobSpec(**json.loads(path.read_text()))
@@ -140,6 +172,7 @@ class ViewHost:
         self.specs.pop(ref, None)
         if job is not None:
             job.stop()
+            log.info("%s %s in the host: %s", ref, state, detail)
         self._status(ref, state, detail)
 
     def reconcile(self) -> None:

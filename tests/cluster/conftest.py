@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import deploy_helpers as h  # noqa: E402
+from kappa.config import Settings  # noqa: E402
+from tests.docs_blocks import cluster_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_NAME = "kappa-node"
@@ -123,3 +125,59 @@ def namespace(node: Node) -> Iterator[str]:
     name = node.restricted_namespace(f"t-{uuid.uuid4().hex[:8]}")
     yield name
     node.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# ------------------------------------------------------------------------------------------ the platform release
+NS = "kappa"
+RELEASE = "kappa"
+VALUES = [str(ROOT / "helm" / "kappa" / "examples" / "local.yaml"), str(ROOT / "infra" / "images" / "local-values.yaml")]
+REPORT = ROOT / "reports" / "cluster.json"
+
+
+@dataclass
+class Release:
+    node: Node
+    installed_at: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def lake(self) -> Path:
+        """The lake PVC's volume on the node's disk (a local PersistentVolume): where an analyst outside reads."""
+        pvc = self.node.get("pvc", f"{RELEASE}-lake", "-n", NS)
+        pv = self.node.get("pv", pvc["spec"]["volumeName"])
+        return Path(pv["spec"]["local"]["path"])
+
+    def settings(self) -> Settings:
+        """Settings of an analyst on the host: the lake is the PV's folder; nothing else is needed to query."""
+        return Settings.from_env({**os.environ, "KAPPA_LAKE_URI": str(self.lake())})
+
+    def record(self, name: str, seconds: float) -> None:
+        self.timings[name] = round(seconds, 1)
+        print(f"{name}: {seconds:.1f} s")
+        REPORT.parent.mkdir(exist_ok=True)
+        old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+        REPORT.write_text(json.dumps({**old, **self.timings}, indent=2))
+
+
+@pytest.fixture(scope="session")
+def release(node: Node) -> Release:
+    """The local example installed on the node with the images built here (docs/deploy.md's install block,
+    verbatim), shared by test_platform.py and test_platform_faults.py, in that order."""
+    if os.environ.get("KAPPA_CLUSTER_REUSE") == "1" and node.run("helm", "status", RELEASE, "-n", NS,
+                                                                 check=False).returncode == 0:
+        # iterating on one test: keep the installed release (its install timings are not measured again)
+        return Release(node=node, installed_at=time.monotonic())
+    # a clean slate: no release, no namespace, every volume free
+    node.run("helm", "uninstall", RELEASE, "-n", NS, "--wait", check=False, timeout=600)
+    node.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=300s", check=False, timeout=400)
+    subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
+    node.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "namespace.yaml"))
+    started = time.monotonic()
+    install = cluster_blocks()[0]  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install
+    assert "helm install" in install.text and all(v.replace(f"{ROOT}/", "") in install.text for v in VALUES), \
+        install.where
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", install.text], cwd=ROOT, capture_output=True, text=True,
+                         timeout=3000)
+    assert res.returncode == 0, f"{install.where} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    rel = Release(node=node, installed_at=started)
+    rel.record("helm install -> every pod Ready, topics Job done", time.monotonic() - started)
+    return rel

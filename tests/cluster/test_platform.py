@@ -1,8 +1,10 @@
 """The whole platform in real containers on the real node: ``helm install`` of the local example with the images
 built here, then the pods' own work - rows in every view's Delta table - read from outside the cluster.
 
-The tests of this module run in order and share one release (module fixture ``release``): install, rows, analyst
-query. Timings are printed (``-rP``) and saved to ``reports/cluster.json``; nothing here asserts a duration.
+The tests of this module run in order and share one release (the session fixture ``release`` of conftest.py,
+which test_platform_faults.py goes on with): install, rows, analyst
+query, a replay through the in-cluster Airflow, ``helm upgrade`` after its promote, a rollback and an upgrade after
+it. Timings are printed (``-rP``) and saved to ``reports/cluster.json``; nothing here asserts a duration.
 """
 
 from __future__ import annotations
@@ -15,72 +17,14 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from kappa.catalog import load_catalog
-from kappa.config import Settings
-from tests.cluster.conftest import ROOT, Node
+from tests.cluster.conftest import NS, RELEASE, ROOT, Node, Release
 from tests.docs_blocks import cluster_blocks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
-
-NS = "kappa"
-RELEASE = "kappa"
-VALUES = [str(ROOT / "helm" / "kappa" / "examples" / "local.yaml"), str(ROOT / "infra" / "images" / "local-values.yaml")]
-REPORT = ROOT / "reports" / "cluster.json"
-
-
-@dataclass
-class Release:
-    node: Node
-    installed_at: float
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def lake(self) -> Path:
-        """The lake PVC's volume on the node's disk (a local PersistentVolume): where an analyst outside reads."""
-        pvc = self.node.get("pvc", f"{RELEASE}-lake", "-n", NS)
-        pv = self.node.get("pv", pvc["spec"]["volumeName"])
-        return Path(pv["spec"]["local"]["path"])
-
-    def settings(self) -> Settings:
-        """Settings of an analyst on the host: the lake is the PV's folder; nothing else is needed to query."""
-        import os
-
-        return Settings.from_env({**os.environ, "KAPPA_LAKE_URI": str(self.lake())})
-
-    def record(self, name: str, seconds: float) -> None:
-        self.timings[name] = round(seconds, 1)
-        print(f"{name}: {seconds:.1f} s")
-        REPORT.parent.mkdir(exist_ok=True)
-        old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-        REPORT.write_text(json.dumps({**old, **self.timings}, indent=2))
-
-
-@pytest.fixture(scope="module")
-def release(node: Node) -> Release:
-    if os.environ.get("KAPPA_CLUSTER_REUSE") == "1" and node.run("helm", "status", RELEASE, "-n", NS,
-                                                                 check=False).returncode == 0:
-        # iterating on one test: keep the installed release (its install timings are not measured again)
-        return Release(node=node, installed_at=time.monotonic())
-    # a clean slate: no release, no namespace, every volume free
-    node.run("helm", "uninstall", RELEASE, "-n", NS, "--wait", check=False, timeout=600)
-    node.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=300s", check=False, timeout=400)
-    subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
-    node.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "namespace.yaml"))
-    started = time.monotonic()
-    install = cluster_blocks()[0]  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install
-    assert "helm install" in install.text and all(v.replace(f"{ROOT}/", "") in install.text for v in VALUES), \
-        install.where
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", install.text], cwd=ROOT, capture_output=True, text=True,
-                         timeout=3000)
-    assert res.returncode == 0, f"{install.where} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    rel = Release(node=node, installed_at=started)
-    rel.record("helm install -> every pod Ready, topics Job done", time.monotonic() - started)
-    return rel
-
 
 def test_every_pod_is_ready_and_runs_as_its_chart_user(release: Release) -> None:
     pods = release.node.get("pods", "-n", NS)["items"]
@@ -203,3 +147,83 @@ def test_a_replay_through_the_in_cluster_airflow_runs_verifies_and_promotes(rele
     driver = release.node.get("deployment", deployment, "-n", NS)
     assert driver["status"].get("readyReplicas") == 1, driver["status"]
     assert _serving(release, view) == version
+
+
+def _upgrade(release: Release) -> str:
+    """docs/deploy.md's upgrade block, verbatim: helm upgrade with the install's values, then the runner's record."""
+    block = cluster_blocks()[2]
+    assert "helm upgrade" in block.text and "kappa-view-state" in block.text, block.where
+    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=1800)
+    assert res.returncode == 0, f"{block.where}: {res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    print(f"helm upgrade: {time.monotonic() - started:.0f} s; record: {res.stdout.strip().splitlines()[-1]}")
+    return res.stdout
+
+
+def _hosted(release: Release) -> list[str]:
+    d = release.node.get("deployment", f"{RELEASE}-views", "-n", NS)
+    return d["metadata"]["annotations"]["kappa.io/views"].split(",")
+
+
+def _wait_ready(release: Release, deployment: str, timeout: float = 900) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        d = release.node.get("deployment", deployment, "-n", NS)
+        if d["status"].get("readyReplicas") == 1 and d["status"].get("updatedReplicas") == 1:
+            return d
+        assert time.monotonic() < deadline, f"{deployment} not Ready: {d['status']}"
+        time.sleep(5)
+
+
+def test_helm_upgrade_after_the_promote_keeps_serving_the_promoted_version(release: Release) -> None:
+    """The runner stopped v1 inside the grouped driver and started v2 in a Deployment of its own; the record in
+    kappa-view-state makes the next upgrade render exactly that: v1 not hosted again, v2 adopted unchanged."""
+    view, old, new = "campaign_window_counts", "campaign_window_counts@v1", f"{RELEASE}-view-campaign-window-counts-v2"
+    record = json.loads(release.node.get("configmap", f"{RELEASE}-view-state", "-n", NS)["data"]["views.json"])
+    assert {v: e["state"] for v, e in record[view].items()} == {"1": "stopped", "2": "running"}, record
+    # the grouped driver stops v1 once the kubelet refreshed the mounted record (about a minute)
+    deadline = time.monotonic() + 300
+    while f"{old} stopped in the host" not in release.node.kubectl("logs", "-n", NS, f"deploy/{RELEASE}-views",
+                                                                     "--tail=-1").stdout:
+        assert time.monotonic() < deadline, "the grouped driver did not hand v1 over"
+        time.sleep(10)
+    before = release.node.get("deployment", new, "-n", NS)["metadata"]
+    assert old in _hosted(release)
+    started = time.monotonic()
+    _upgrade(release)
+    release.record("helm upgrade after the promote", time.monotonic() - started)
+    after = release.node.get("deployment", new, "-n", NS)["metadata"]
+    assert (after["uid"], after["generation"]) == (before["uid"], before["generation"]), "v2 adopted unchanged"
+    assert old not in _hosted(release) and len(_hosted(release)) == len(load_catalog().views) - 1
+    manifest = release.node.run("helm", "get", "manifest", RELEASE, "-n", NS).stdout
+    assert f"name: {new}" in manifest, "v2's driver is part of the release now"
+    _wait_ready(release, f"{RELEASE}-views")
+    assert _serving(release, view) == 2
+
+
+def test_a_rollback_through_airflow_and_the_upgrade_after_it(release: Release) -> None:
+    """kappa_rollback: v1 serves again in a Deployment of its own (the grouped driver no longer hosts it), v2's
+    driver is deleted; the next upgrade keeps exactly that."""
+    view = "campaign_window_counts"
+    v1, v2 = (f"{RELEASE}-view-campaign-window-counts-v{n}" for n in (1, 2))
+    with _port_forward(release.node, f"svc/{RELEASE}-airflow-api-server", 8080) as url:
+        api = _airflow(release, url)
+        started = time.monotonic()
+        run_id = api.trigger("kappa_rollback", {"view": view, "to_version": 1})
+        state = api.wait("kappa_rollback", run_id, timeout=900, poll=5)
+    assert state.state == "success", state
+    release.record("kappa_rollback trigger -> done", time.monotonic() - started)
+    assert _serving(release, view) == 1
+    uid = _wait_ready(release, v1)["metadata"]["uid"]
+    release.node.kubectl("wait", "--for=delete", f"deployment/{v2}", "-n", NS, "--timeout=300s")
+    _upgrade(release)
+    assert release.node.get("deployment", v1, "-n", NS)["metadata"]["uid"] == uid
+    assert "NotFound" in release.node.kubectl("get", "deployment", v2, "-n", NS, check=False).stderr
+    assert f"{view}@v1" not in _hosted(release), "one driver per view version"
+    before = _counts(release)[view]
+    deadline = time.monotonic() + 600
+    while _counts(release)[view] <= before:  # v1's own driver writes (the producer runs again)
+        assert time.monotonic() < deadline, f"{view} v1 writes nothing after the rollback"
+        time.sleep(10)

@@ -71,11 +71,17 @@ def test_grouped_and_per_view_drivers_share_the_pod_spec(helm: Path, tmp_path: P
     grouped = _grouped(h.render(GROUPED, tmp_dir=tmp_path))
     a, b = h.pod_spec(per_view), h.pod_spec(grouped)
     for key in ("serviceAccountName", "automountServiceAccountToken", "enableServiceLinks", "securityContext",
-                "affinity", "volumes", "terminationGracePeriodSeconds"):
+                "affinity", "terminationGracePeriodSeconds"):
         assert a.get(key) == b.get(key), key
+    # the grouped driver mounts, in addition, the runner's view-state record (views it must hand over)
+    state = {"name": "view-state", "configMap": {"name": "kappa-view-state", "optional": True}}
+    assert b["volumes"] == a["volumes"] + [state] and state not in a["volumes"]
     ca, cb = a["containers"][0], b["containers"][0]
-    for key in ("name", "image", "imagePullPolicy", "env", "envFrom", "securityContext", "volumeMounts"):
+    for key in ("name", "image", "imagePullPolicy", "env", "envFrom", "securityContext"):
         assert ca[key] == cb[key], key
+    mount = {"name": "view-state", "mountPath": "/etc/kappa/view-state", "readOnly": True}
+    assert cb["volumeMounts"] == ca["volumeMounts"] + [mount]
+    assert cb["args"][cb["args"].index("--handed-over") + 1] == "/etc/kappa/view-state/views.json"
     assert per_view["spec"]["template"]["metadata"]["annotations"] == grouped["spec"]["template"]["metadata"]["annotations"]
     for label in ("app.kubernetes.io/component", "app.kubernetes.io/part-of", "kappa.io/lake-claim"):
         assert h.pod_labels(per_view)[label] == h.pod_labels(grouped)[label], label
@@ -110,8 +116,8 @@ def test_the_host_cli_maps_each_view_to_its_container_port(helm: Path, tmp_path:
     hosted: dict = {}
 
     class FakeHost:  # records what the CLI asks for; no Spark
-        def __init__(self, settings, *, driver_memory, static):
-            hosted.update(driver_memory=driver_memory, static=static)
+        def __init__(self, settings, *, driver_memory, static, handed_over):
+            hosted.update(driver_memory=driver_memory, static=static, handed_over=handed_over)
 
         def run(self) -> None:
             pass
@@ -127,6 +133,7 @@ def test_the_host_cli_maps_each_view_to_its_container_port(helm: Path, tmp_path:
         (f"{v}@v{n}", "ts:1700000000000" if v == "user_sessions" else "earliest", 9400 + i)
         for i, (v, n) in enumerate(_running())]
     assert {s.metrics_port for s in hosted["static"]} == ports
+    assert hosted["handed_over"] == "/etc/kappa/view-state/views.json"
     assert hosted["driver_memory"] == _defaults()["groupedDriverMemory"]
     # without --metrics-port every view keeps a random port, as before
     CliRunner().invoke(app, ["host", "run", "--view", "events_raw"])
@@ -196,9 +203,13 @@ def test_replays_keep_their_own_driver_in_grouped_mode(helm: Path, tmp_path: Pat
     """The runner's template is the per-view Deployment in both modes and never names or selects the grouped one."""
     per_view, grouped = h.render(), h.render(GROUPED, tmp_dir=tmp_path)
     template = h.configmap_data(grouped, "kappa-view-template")
-    assert {k: yaml.safe_load(v) for k, v in template.items() if k != "placeholders.json"} == \
-        {k: yaml.safe_load(v) for k, v in h.configmap_data(per_view, "kappa-view-template").items() if k != "placeholders.json"}
+    same = lambda data: {k: yaml.safe_load(v) for k, v in data.items() if k not in ("placeholders.json", "runner.json")}  # noqa: E731
+    assert same(template) == same(h.configmap_data(per_view, "kappa-view-template"))
+    # only the grouped release names a driver the runner may take versions over from
+    assert json.loads(template["runner.json"]) == {"stateConfigMap": "kappa-view-state", "groupedDeployment": "kappa-views"}
+    assert json.loads(h.configmap_data(per_view, "kappa-view-template")["runner.json"])["groupedDeployment"] == ""
     runner = KubernetesRunner.from_configmap(template)
+    assert (runner.state_configmap, runner.grouped_deployment) == ("kappa-view-state", "kappa-views")
     host = _grouped(grouped)
     for view, version in [*_running(), ("campaign_window_counts", "2")]:
         built = runner.manifest(view, int(version), "earliest")

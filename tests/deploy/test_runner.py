@@ -208,9 +208,29 @@ class FakeBatch:
 
 
 class FakeCore:
-    def __init__(self) -> None:
+    def __init__(self, configmaps: dict[str, dict] | None = None) -> None:
         self.services: dict[tuple[str, str], dict] = {}
         self.pods: list[dict] = []
+        # the view-state ConfigMap as the chart renders it (runner records land here), with a resourceVersion
+        self.configmaps = {name: {**cm, "metadata": {**cm["metadata"], "resourceVersion": "1"}}
+                           for name, cm in (configmaps or {}).items()}
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> dict:
+        if name not in self.configmaps:
+            raise ApiError(404, "Not Found")
+        return self.configmaps[name]
+
+    def patch_namespaced_config_map(self, name: str, namespace: str, body: dict) -> dict:
+        current = self.read_namespaced_config_map(name, namespace)
+        if body["metadata"].get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
+            raise ApiError(409, "Conflict")
+        rv = str(int(current["metadata"]["resourceVersion"]) + 1)
+        self.configmaps[name] = {"metadata": {**current["metadata"], "resourceVersion": rv},
+                                 "data": {**current.get("data", {}), **body.get("data", {})}}
+        return self.configmaps[name]
+
+    def record(self) -> dict:
+        return json.loads(self.configmaps["kappa-view-state"]["data"]["views.json"])
 
     def create_namespaced_service(self, namespace: str, body: dict) -> dict:
         self.services[(namespace, body["metadata"]["name"])] = body
@@ -225,11 +245,17 @@ class FakeCore:
         return SimpleNamespace(to_dict=lambda: {"items": self.pods})
 
 
+def fake_core(objs: list[dict]) -> FakeCore:
+    """A fake core API holding the release's view-state ConfigMap as rendered."""
+    return FakeCore({"kappa-view-state": h.named(objs, "ConfigMap", "kappa-view-state")})
+
+
 def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
     objs = h.render(sets=["viewJobs.spark.mode=kubernetes"])
-    apps, core = FakeApps(), FakeCore()
+    apps, core = FakeApps(), fake_core(objs)
     runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=FakeBatch())
     assert runner.namespace == "kappa"
+    assert core.record() == {}, "nothing recorded at install"
     assert runner.status("user_sessions", 2).state == "stopped"
 
     st = runner.start("user_sessions", 2, "earliest")
@@ -238,6 +264,10 @@ def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
     created = apps.deployments[("kappa", "kappa-view-user-sessions-v2")]
     assert {k: v for k, v in created.items() if k != "status"} == runner.manifest("user_sessions", 2, "earliest")
     assert ("kappa", "kappa-view-user-sessions-v2-driver") in core.services
+    # recorded for the next helm upgrade: the chart renders exactly this start (kappa.runningViews)
+    entry = core.record()["user_sessions"]["2"]
+    assert {k: entry[k] for k in ("state", "starting", "args", "env")} == \
+        {"state": "running", "starting": "earliest", "args": [], "env": {}}
 
     # start is idempotent: a driver that exists is never created twice
     runner.start("user_sessions", 2, "latest")
@@ -253,6 +283,7 @@ def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
 
     st = runner.stop("user_sessions", 2)
     assert st.state == "stopped"
+    assert core.record()["user_sessions"]["2"]["state"] == "stopped"
     assert ("delete", "kappa-view-user-sessions-v2", "kappa", "Foreground") in apps.calls
     assert not core.services
     assert runner.stop("user_sessions", 2).state == "stopped", "stopping a stopped driver is fine"
@@ -263,15 +294,18 @@ def test_start_accepts_a_job_spec(helm: Path) -> None:
     from kappa.runtime.driver import JobSpec
 
     objs = h.render()
-    apps, core, batch = FakeApps(), FakeCore(), FakeBatch()
+    apps, core, batch = FakeApps(), fake_core(objs), FakeBatch()
     runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=batch)
-    status = runner.start(JobSpec("events_raw", 4, starting="earliest", max_offsets_per_trigger=5000, env={"X": "1"}))
+    status = runner.start(JobSpec("events_raw", 4, starting="earliest", max_offsets_per_trigger=5000,
+                                  env={"X": "1", "A": "2"}))
     assert isinstance(status, JobStatus)
     body = apps.deployments[("kappa", "kappa-view-events-raw-v4")]
     c = h.pod_spec(body)["containers"][0]
     assert c["args"][-2:] == ["--max-offsets-per-trigger", "5000"]
     assert c["args"][c["args"].index("--starting") + 1] == "earliest"
-    assert {"name": "X", "value": "1"} in c["env"]
+    assert c["env"][-2:] == [{"name": "A", "value": "2"}, {"name": "X", "value": "1"}], "sorted, as the chart renders"
+    entry = core.record()["events_raw"]["4"]
+    assert (entry["args"], entry["env"]) == (["--max-offsets-per-trigger", "5000"], {"A": "2", "X": "1"})
     assert not batch.jobs, "a live run is a Deployment"
     assert not core.services, "Spark local mode: no driver Service"
 
@@ -281,11 +315,12 @@ def test_bounded_replay_is_a_job_with_the_chart_pod_template(helm: Path) -> None
     from kappa.runtime.driver import JobSpec
 
     objs = h.render(sets=["viewJobs.spark.mode=kubernetes"])
-    apps, core, batch = FakeApps(), FakeCore(), FakeBatch()
+    apps, core, batch = FakeApps(), fake_core(objs), FakeBatch()
     runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=batch)
     spec = JobSpec("campaign_window_counts", 2, starting="earliest", end_timestamp_ms=1700000000000)
     assert runner.start(spec).state == "running"
     assert not apps.deployments, "no Deployment for a bounded run"
+    assert core.record() == {}, "a Job ends by itself: nothing for an upgrade to keep"
     job = batch.jobs[("kappa", "kappa-view-campaign-window-counts-v2")]
     deployment = runner.manifest("campaign_window_counts", 2, "earliest")
 
@@ -332,6 +367,10 @@ def test_the_runner_role_allows_exactly_what_the_runner_calls(default_objs: list
     for group, resource in (("apps", "deployments"), ("batch", "jobs"), ("", "services")):
         assert {"get", "create", "delete"} <= rules[(group, resource)], (group, resource)
     assert ("", "secrets") not in rules and ("", "pods/exec") not in rules
+    # ConfigMaps: read the view template, read and patch the view-state record; by name only
+    cms = {name: set(rule["verbs"]) for rule in role["rules"] if rule["resources"] == ["configmaps"]
+           for name in rule["resourceNames"]}
+    assert cms == {"kappa-view-template": {"get", "watch"}, "kappa-view-state": {"get", "update", "patch"}}
 
 
 def test_api_errors_become_one_line_runner_errors(default_objs: list[dict]) -> None:
@@ -339,7 +378,7 @@ def test_api_errors_become_one_line_runner_errors(default_objs: list[dict]) -> N
         def read_namespaced_deployment(self, name: str, namespace: str) -> dict:
             raise ApiError(403, "Forbidden")
 
-    runner = runner_from(default_objs, apps_api=Forbidden(), core_api=FakeCore(), batch_api=FakeBatch())
+    runner = runner_from(default_objs, apps_api=Forbidden(), core_api=fake_core(default_objs), batch_api=FakeBatch())
     with pytest.raises(KubernetesRunnerError, match="read deployment/kappa-view-events-raw-v1 failed: 403 Forbidden"):
         runner.status("events_raw", 1)
 
@@ -349,3 +388,60 @@ def test_template_must_be_a_view_deployment() -> None:
         KubernetesRunner(yaml.safe_dump({"kind": "Service"}))
     with pytest.raises(KubernetesRunnerError, match="placeholder"):
         KubernetesRunner(yaml.safe_dump({"kind": "Deployment", "metadata": {"name": "x"}}))
+
+
+def test_grouped_versions_are_taken_over_by_record(helm: Path, tmp_path: Path) -> None:
+    """grouping=grouped: the chart's versions run in deployment/kappa-views; the runner reports them running there,
+    and stopping one (a promote replaced it) records it stopped (the host and the next upgrade drop it) without
+    touching the grouped Deployment."""
+    objs = h.render(h.CHART / "examples" / "local.yaml", tmp_dir=tmp_path)
+    apps, core = FakeApps(), fake_core(objs)
+    host = h.named(objs, "Deployment", "kappa-views")
+    apps.deployments[("kappa", "kappa-views")] = {**host, "status": {"ready_replicas": 1}}
+    runner = runner_from(objs, apps_api=apps, core_api=core, batch_api=FakeBatch())
+    hosted = host["metadata"]["annotations"]["kappa.io/views"].split(",")
+    assert "campaign_window_counts@v1" in hosted
+    st = runner.status("campaign_window_counts", 1)
+    assert (st.state, st.detail) == ("running", "hosted by deployment/kappa-views ready")
+    assert runner.status("campaign_window_counts", 2).state == "stopped", "not hosted, no deployment"
+
+    st = runner.stop("campaign_window_counts", 1)
+    assert st.state == "stopped" and "deployment/kappa-views stops it" in st.detail, st.detail
+    assert core.record() == {"campaign_window_counts": {"1": core.record()["campaign_window_counts"]["1"]}}
+    assert core.record()["campaign_window_counts"]["1"]["state"] == "stopped"
+    assert ("kappa", "kappa-views") in apps.deployments, "the other hosted views go on"
+    assert runner.wait("campaign_window_counts", 1, ready=False, timeout=1, poll=0.01).state == "stopped"
+
+    # a rollback starts it again, in a Deployment of its own (the record says so; the host does not take it back)
+    runner.start("campaign_window_counts", 1, "earliest")
+    assert ("kappa", "kappa-view-campaign-window-counts-v1") in apps.deployments
+    assert core.record()["campaign_window_counts"]["1"]["state"] == "running"
+
+
+def test_records_survive_a_concurrent_writer(helm: Path) -> None:
+    """Two runners (two Airflow tasks) record at once: the loser of the resourceVersion race re-reads and
+    re-applies, so neither entry is lost."""
+    objs = h.render()
+    core = fake_core(objs)
+    a = runner_from(objs, apps_api=FakeApps(), core_api=core, batch_api=FakeBatch())
+    real_patch = core.patch_namespaced_config_map
+    raced = []
+
+    def racing_patch(name: str, namespace: str, body: dict) -> dict:
+        if not raced:  # another writer commits between our read and our patch
+            raced.append(True)
+            real_patch(name, namespace, {"metadata": {}, "data": {"views.json": json.dumps(
+                {"user_sessions": {"3": {"state": "running"}}})}})
+        return real_patch(name, namespace, body)
+
+    core.patch_namespaced_config_map = racing_patch
+    a._record("events_raw", 2, {"state": "stopped"})
+    assert raced and core.record()["user_sessions"] == {"3": {"state": "running"}}
+    assert core.record()["events_raw"]["2"]["state"] == "stopped"
+
+
+def test_a_release_without_the_record_is_refused_in_one_line(helm: Path) -> None:
+    objs = h.render()
+    runner = runner_from(objs, apps_api=FakeApps(), core_api=FakeCore(), batch_api=FakeBatch())
+    with pytest.raises(KubernetesRunnerError, match="configmap/kappa-view-state not found: the chart creates it"):
+        runner.start("user_sessions", 2, "earliest")

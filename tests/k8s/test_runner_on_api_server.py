@@ -49,6 +49,15 @@ def as_runner(cluster: Cluster, release: str, tmp_path_factory: pytest.TempPathF
     return path
 
 
+def _upgrade(cluster: Cluster, ns: str, *values: str) -> None:
+    cluster.run("helm", "upgrade", "kappa", str(ROOT / "helm" / "kappa"), "-n", ns, "--reuse-values", *values,
+                "--wait", "--timeout", "3m")
+
+
+def _manifest(cluster: Cluster, ns: str) -> str:
+    return cluster.run("helm", "get", "manifest", "kappa", "-n", ns).stdout
+
+
 def _can(cluster: Cluster, kubeconfig: Path, *args: str) -> bool:
     res = subprocess.run([str(cluster.bin / "kubectl"), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
                          capture_output=True, text=True)
@@ -59,8 +68,10 @@ def test_the_runner_account_may_do_what_replays_need_and_nothing_else(cluster: C
                                                                        as_runner: Path):
     allowed = [("create", "deployments.apps"), ("delete", "deployments.apps"), ("get", "deployments.apps"),
                ("create", "jobs.batch"), ("delete", "jobs.batch"), ("create", "services"), ("get", "pods"),
-               ("get", "pods", "--subresource=log"), ("get", "configmap/kappa-view-template")]
+               ("get", "pods", "--subresource=log"), ("get", "configmap/kappa-view-template"),
+               ("patch", "configmap/kappa-view-state")]
     denied = [("get", "secrets"), ("list", "secrets"), ("get", "configmap/kappa-airflow-config"),
+              ("patch", "configmap/kappa-view-template"), ("create", "configmaps"),
               ("create", "pods"), ("create", "pods", "--subresource=exec"), ("patch", "deployments.apps"),
               ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io")]
     for verb, *what in allowed:
@@ -179,10 +190,73 @@ def test_promote_rollback_and_retire_act_on_the_right_drivers(cluster: Cluster, 
     cluster.kubectl("wait", "--for=delete", f"deployment/{names[1]}", "-n", release, "--timeout=120s")
     assert drivers() == {names[2]}
 
+    # helm upgrade after the promote: v1 (the chart's default version) is not started again, v2 is adopted as the
+    # runner created it - same object, same pod template (generation), now part of the release
+    before = cluster.get("deployment", names[2], "-n", release)["metadata"]
+    _upgrade(cluster, release)
+    after = cluster.get("deployment", names[2], "-n", release)["metadata"]
+    assert drivers() == {names[2]}, "the upgrade must keep serving the promoted version"
+    assert (after["uid"], after["generation"]) == (before["uid"], before["generation"])
+    assert f"name: {names[2]}" in _manifest(cluster, release) and f"name: {names[1]}" not in _manifest(cluster, release)
+
     replay.rollback(view, 1, settings, runner, by="test", keep_hours=1)
     cluster.kubectl("wait", "--for=delete", f"deployment/{names[2]}", "-n", release, "--timeout=120s")
     assert drivers() == {names[1]} and runner.status(view, 1).state == "running"
+    _upgrade(cluster, release)
+    assert drivers() == {names[1]}, "the upgrade after a rollback keeps the rolled-back version, and only it"
+    recorded = json.loads(cluster.get("configmap", "kappa-view-state", "-n", release)["data"]["views.json"])
+    assert {v: e["state"] for v, e in recorded[view].items()} == {"1": "running", "2": "stopped"}
 
     deleted = replay.retire_expired(settings, runner, by="test", now=utcnow() + timedelta(hours=2))
     assert [(r.version, r.deleted) for r in deleted] == [(2, True)]
     assert drivers() == {names[1]}, "retiring v2 leaves the serving v1's driver alone"
+
+
+def test_grouped_release_hands_versions_over_and_upgrades_keep_them(cluster: Cluster, as_runner: Path,
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """viewJobs.grouping=grouped (the local example): the chart's versions run in deployment/kappa-views. A promote
+    stops one of them through the record (the grouped Deployment is not touched: the other views go on), the next
+    upgrade renders the grouped driver without it; a rollback starts it in a Deployment of its own, which the
+    following upgrade adopts while the grouped driver still leaves it alone."""
+    from kappa.control.runners.kubernetes import KubernetesRunner
+
+    ns = cluster.restricted_namespace("kappa-grouped")
+    cluster.run("helm", "install", "kappa", str(ROOT / "helm" / "kappa"), "-n", ns, "--set", "viewJobs.grouping=grouped",
+                "--wait", "--wait-for-jobs", "--timeout", "3m")
+    try:
+        token = cluster.kubectl("create", "token", SA, "-n", ns, "--duration=1h").stdout.strip()
+        config = yaml.safe_load(as_runner.read_text())
+        config["users"][0]["user"]["token"] = token
+        config["contexts"][0]["context"]["namespace"] = ns
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+        for name, text in cluster.get("configmap", "kappa-view-template", "-n", ns)["data"].items():
+            (tmp_path / name).write_text(text)
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+        monkeypatch.setenv("KAPPA_K8S_NAMESPACE", ns)
+        runner = KubernetesRunner.from_env(tmp_path)
+
+        def hosted() -> list[str]:
+            return cluster.get("deployment", "kappa-views", "-n", ns)["metadata"]["annotations"]["kappa.io/views"].split(",")
+
+        def args() -> list[str]:
+            return cluster.get("deployment", "kappa-views", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+        ref, own = "campaign_window_counts@v1", "kappa-view-campaign-window-counts-v1"
+        assert ref in hosted() and runner.status("campaign_window_counts", 1).state == "running"
+        generation = cluster.get("deployment", "kappa-views", "-n", ns)["metadata"]["generation"]
+        runner.stop("campaign_window_counts", 1)
+        assert cluster.get("deployment", "kappa-views", "-n", ns)["metadata"]["generation"] == generation
+        assert runner.status("campaign_window_counts", 1).state == "stopped"
+
+        _upgrade(cluster, ns)
+        assert ref not in hosted() and ref not in args() and len(hosted()) >= 1
+        assert "NotFound" in cluster.kubectl("get", "deployment", own, "-n", ns, check=False).stderr
+
+        runner.start("campaign_window_counts", 1, "earliest")  # what a rollback does
+        uid = cluster.get("deployment", own, "-n", ns)["metadata"]["uid"]
+        _upgrade(cluster, ns)
+        assert cluster.get("deployment", own, "-n", ns)["metadata"]["uid"] == uid
+        assert ref not in hosted(), "one driver per view version: the grouped driver does not take it back"
+        assert f"name: {own}" in _manifest(cluster, ns)
+    finally:
+        cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m", check=False)

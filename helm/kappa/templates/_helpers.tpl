@@ -206,18 +206,44 @@ Usage: $platform := include "kappa.platform" . | fromJson
 {{- end -}}
 
 {{/*
-The running view versions: a JSON list of {view, slug, version, starting}, sorted by view then version.
-Per view: .Values.views.<view>.versions, else [default_version]; starting from
-.Values.views.<view>.starting, else .Values.viewJobs.starting.
+What the Kubernetes runner did since the last install/upgrade: the JSON object in the views.json key of the
+ConfigMap <fullname>-view-state (views/configmap-view-state.yaml), read back from the cluster with `lookup`.
+  {"<view>": {"<version>": {"state": "running", "starting": "earliest", "args": [...], "env": {...}, ...}
+              "<version>": {"state": "stopped", ...}}}
+A replay's driver is recorded "running" when the runner creates it and "stopped" when a promote, rollback or
+`kappa view stop` stops it, so that `helm upgrade` renders what runs instead of what values said at install.
+Empty ({}) where nothing was recorded, and under `helm template` (no cluster to read).
+*/}}
+{{- define "kappa.viewState" -}}
+{{- $name := include "kappa.workloadName" (list . "view-state") -}}
+{{- $cm := lookup "v1" "ConfigMap" .Release.Namespace $name -}}
+{{- $raw := dig "data" "views.json" "" ($cm | default dict) | default "{}" -}}
+{{- $state := fromJson $raw -}}
+{{- if hasKey $state "Error" -}}
+{{- fail (printf "configmap %s: views.json is not a JSON object (%s); fix or delete it: it records which view versions the Kubernetes runner started and stopped" $name (get $state "Error")) -}}
+{{- end -}}
+{{- toJson $state -}}
+{{- end -}}
+
+{{/*
+The running view versions: a JSON list of {view, slug, version, starting, owner, args, env}, sorted by view, the
+chart's versions first. Per view, the chart runs .Values.views.<view>.versions, else [default_version], starting
+from .Values.views.<view>.starting, else .Values.viewJobs.starting (owner "chart"); then the view-state record
+("kappa.viewState") wins: a version the runner stopped is not run, a version the runner started runs as the runner
+started it (owner "runner": its own Deployment in both groupings, with the runner's extra args and env, so that
+the upgrade adopts the runner's object unchanged).
 */}}
 {{- define "kappa.runningViews" -}}
 {{- $platform := include "kappa.platform" . | fromJson -}}
+{{- $state := include "kappa.viewState" . | fromJson -}}
+{{- $stateName := include "kappa.workloadName" (list . "view-state") -}}
 {{- $out := list -}}
 {{- range $view := keys $platform.views | sortAlpha -}}
 {{- $decl := get $platform.views $view -}}
 {{- $declared := list -}}
 {{- range $k, $_ := $decl.versions }}{{- $declared = append $declared (toString $k) -}}{{- end -}}
 {{- $override := get $.Values.views $view | default dict -}}
+{{- $recorded := get $state $view | default dict -}}
 {{- $versions := list (toString $decl.default_version) -}}
 {{- if hasKey $override "versions" -}}
 {{- $versions = list -}}
@@ -230,8 +256,31 @@ Per view: .Values.views.<view>.versions, else [default_version]; starting from
 {{- if not (has $v $declared) -}}
 {{- fail (printf "views.%s.versions: version %s is not declared in kappa/platform.yaml (declared: %s)" $view $v (join ", " $declared)) -}}
 {{- end -}}
-{{- $out = append $out (dict "view" $view "slug" (include "kappa.viewSlug" $view) "version" $v "starting" (default $.Values.viewJobs.starting $override.starting)) -}}
+{{- if not (hasKey $recorded $v) -}}
+{{- $out = append $out (dict "view" $view "slug" (include "kappa.viewSlug" $view) "version" $v "starting" (default $.Values.viewJobs.starting $override.starting) "owner" "chart" "args" (list) "env" (dict)) -}}
 {{- end -}}
+{{- end -}}
+{{- range $v := keys $recorded | sortAlpha -}}
+{{- $rec := get $recorded $v -}}
+{{- if eq (toString $rec.state) "running" -}}
+{{- if not (has $v $declared) -}}
+{{- fail (printf "%s@v%s runs (started by a replay, recorded in configmap %s) but is not declared in kappa/platform.yaml (declared: %s): stop it first (kappa view stop %s --version %s)" $view $v $stateName (join ", " $declared) $view $v) -}}
+{{- end -}}
+{{- $out = append $out (dict "view" $view "slug" (include "kappa.viewSlug" $view) "version" $v "starting" (toString $rec.starting | default "latest") "owner" "runner" "args" (default (list) $rec.args) "env" (default (dict) $rec.env)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+The view versions the grouped driver hosts (viewJobs.grouping=grouped): the chart's running versions. A version the
+runner started runs in a Deployment of its own, in both groupings. JSON list, as "kappa.runningViews".
+*/}}
+{{- define "kappa.hostedViews" -}}
+{{- $out := list -}}
+{{- range include "kappa.runningViews" . | fromJsonArray -}}
+{{- if eq .owner "chart" }}{{ $out = append $out . }}{{ end -}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}

@@ -44,7 +44,8 @@ runner starts, in both modes). Arguments (dict): root ($), view, slug, version (
       "workload" $workload
       "labels" (dict "kappa.io/view" .view "kappa.io/view-version" .version)
       "annotations" (dict "kappa.io/starting" .starting)
-      "args" (list "kappa" "view" "run" .view "--version" .version "--starting" .starting "--metrics-port" (toString $v.metricsPort))
+      "args" (concat (list "kappa" "view" "run" .view "--version" .version "--starting" .starting "--metrics-port" (toString $v.metricsPort)) (.extraArgs | default (list)))
+      "extraEnv" (.extraEnv | default (dict))
       "ports" (list (dict "name" "metrics" "containerPort" $v.metricsPort "protocol" "TCP"))
       "probes" (dict "startup" $probe "readiness" $probe "liveness" $probe)
       "resources" $v.resources
@@ -52,8 +53,8 @@ runner starts, in both modes). Arguments (dict): root ($), view, slug, version (
 {{- end -}}
 
 {{/*
-viewJobs.grouping=grouped: ONE Deployment (<fullname>-views) running every running view version of
-"kappa.runningViews" in one Spark application (kappa/runtime/host.py, `kappa host run`): each view version keeps its
+viewJobs.grouping=grouped: ONE Deployment (<fullname>-views) running the chart's view versions
+("kappa.hostedViews") in one Spark application (kappa/runtime/host.py, `kappa host run`): each view version keeps its
 own streaming query, checkpoint, driver lock and FAIR pool, and the i-th one serves /metrics on
 viewJobs.metricsPort + i (container port m-<i>). Rendered only when at least one view version runs.
 Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).
@@ -64,7 +65,7 @@ Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).
 
 {{- define "kappa.view.groupedDeployment" -}}
 {{- $v := .Values.viewJobs -}}
-{{- $running := include "kappa.runningViews" . | fromJsonArray -}}
+{{- $running := include "kappa.hostedViews" . | fromJsonArray -}}
 {{- $args := list "kappa" "host" "run" -}}
 {{- $ports := list -}}
 {{- $numbers := list -}}
@@ -76,7 +77,7 @@ Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).
 {{- $numbers = append $numbers (toString (add $v.metricsPort $i)) -}}
 {{- $refs = append $refs $ref -}}
 {{- end -}}
-{{- $args = concat $args (list "--metrics-port" (toString $v.metricsPort) "--driver-memory" $v.groupedDriverMemory) -}}
+{{- $args = concat $args (list "--metrics-port" (toString $v.metricsPort) "--driver-memory" $v.groupedDriverMemory "--handed-over" "/etc/kappa/view-state/views.json") -}}
 {{- /*
 Probes. A per-view driver is probed with GET /metrics on its one metrics port. The host has one such
 endpoint per view version, and a view whose query fails is stopped ALONE (its endpoint closes, the other
@@ -99,7 +100,9 @@ check; the image has no curl):
       "ports" $ports
       "probes" (dict "startup" $any "readiness" $all "liveness" $any)
       "resources" $v.groupedResources
-      "sparkConf" (list)) -}}
+      "sparkConf" (list)
+      "volumes" (list (dict "name" "view-state" "configMap" (dict "name" (include "kappa.workloadName" (list . "view-state")) "optional" true)))
+      "volumeMounts" (list (dict "name" "view-state" "mountPath" "/etc/kappa/view-state" "readOnly" true))) -}}
 {{- end -}}
 
 {{/* `python -c` body of the grouped driver's probes: argv = all|any, then the metrics ports. */}}
@@ -126,7 +129,7 @@ used by the PodMonitor and the drivers' NetworkPolicy.
 {{- define "kappa.view.metricsPortNames" -}}
 {{- $names := list "metrics" -}}
 {{- if eq .Values.viewJobs.grouping "grouped" -}}
-{{- range $i, $_ := include "kappa.runningViews" . | fromJsonArray -}}
+{{- range $i, $_ := include "kappa.hostedViews" . | fromJsonArray -}}
 {{- $names = append $names (include "kappa.view.hostedPortName" $i) -}}
 {{- end -}}
 {{- end -}}
@@ -137,7 +140,8 @@ used by the PodMonitor and the drivers' NetworkPolicy.
 The driver Deployment both modes share: pod spec, image, env, volumes, security context, lake affinity.
 Arguments (dict): root ($), workload (object-name suffix), labels / annotations (extra metadata, dicts),
 args (list), ports (metrics container ports), probes (dict startup/readiness/liveness -> probe action),
-resources, sparkConf (per-driver Spark settings for PYSPARK_SUBMIT_ARGS; Spark-on-Kubernetes mode).
+resources, sparkConf (per-driver Spark settings for PYSPARK_SUBMIT_ARGS; Spark-on-Kubernetes mode); optional:
+extraEnv (dict name -> value, appended last), volumes / volumeMounts (lists, appended).
 */}}
 {{- define "kappa.view.driverDeployment" -}}
 {{- $root := .root -}}
@@ -240,6 +244,11 @@ spec:
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+            {{- /* what the Kubernetes runner added when it started this version (kappa.runningViews) */ -}}
+            {{- range $k, $val := .extraEnv }}
+            - name: {{ $k }}
+              value: {{ $val | toString | quote }}
+            {{- end }}
           envFrom:
             {{- include "kappa.platformEnvFrom" $root | nindent 12 }}
           ports:
@@ -274,6 +283,9 @@ spec:
             {{- if $k8s }}
             {{- include "kappa.apiAccessVolumeMount" $root | nindent 12 }}
             {{- end }}
+            {{- with .volumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         {{- include "kappa.platformVolumes" (list $root $v.tmpSizeLimit) | nindent 8 }}
         - name: spark-conf
@@ -281,6 +293,9 @@ spec:
             name: {{ include "kappa.workloadName" (list $root "spark-conf") }}
         {{- if $k8s }}
         {{- include "kappa.apiAccessVolume" $root | nindent 8 }}
+        {{- end }}
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
 {{- end -}}
 

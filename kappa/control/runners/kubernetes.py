@@ -18,6 +18,14 @@ kubelet would restart the finished driver forever, so :meth:`KubernetesRunner.jo
 pod template in a ``batch/v1`` Job (``restartPolicy: OnFailure``, ``backoffLimit``): a crash restarts the driver
 from its checkpoint, a clean exit completes the Job, and :meth:`KubernetesRunner.status` reports ``finished``.
 
+What the runner did outlives it: the chart renders its drivers from values, and a promote deletes the replaced
+version's Deployment (or, with ``viewJobs.grouping=grouped``, the version runs inside the chart's grouped driver). So
+every start and stop is recorded in the ConfigMap ``<release>-view-state`` (``views.json``:
+``{view: {version: {"state": "running"|"stopped", "starting", "args", "env", "by", "at"}}}``, the names come from
+the template's ``runner.json``). The chart reads it back on ``helm upgrade`` (``kappa.runningViews``): a version the
+runner stopped stays stopped, a version it started is rendered exactly as started (so Helm adopts the object
+instead of recreating it), and the grouped driver, which mounts the file, stops a version the runner took over.
+
 The official ``kubernetes`` client is imported only when the API is called (``start``/``stop``/``status``);
 ``manifest`` is pure and needs nothing but PyYAML.
 
@@ -31,9 +39,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +154,9 @@ class KubernetesRunner:
         apps_api / core_api / batch_api: ``kubernetes.client.AppsV1Api`` / ``CoreV1Api`` / ``BatchV1Api``
             instances (tests inject fakes);
             created lazily from the in-cluster (else kubeconfig) configuration otherwise.
+        state_configmap: the view-state ConfigMap starts and stops are recorded in (None: not recorded).
+        grouped_deployment: the chart's grouped driver (``viewJobs.grouping=grouped``) hosting the chart's
+            versions, or None.
     """
 
     name = "kubernetes"
@@ -157,6 +170,8 @@ class KubernetesRunner:
         apps_api: Any = None,
         core_api: Any = None,
         batch_api: Any = None,
+        state_configmap: str | None = None,
+        grouped_deployment: str | None = None,
     ) -> None:
         self._deployment_template = self._parse_template(deployment_template, "deployment.yaml", "Deployment")
         self._service_template = (
@@ -170,6 +185,8 @@ class KubernetesRunner:
         self._apps = apps_api
         self._core = core_api
         self._batch = batch_api
+        self.state_configmap = state_configmap or None
+        self.grouped_deployment = grouped_deployment or None
 
     # ------------------------------------------------------------------------------------------ building
     @classmethod
@@ -189,11 +206,27 @@ class KubernetesRunner:
             )
         service = directory / "service.yaml"
         kwargs.setdefault("namespace", settings.k8s_namespace)
+        runner = directory / "runner.json"
         return cls(
             deployment.read_text(encoding="utf-8"),
             service.read_text(encoding="utf-8") if service.is_file() else None,
+            **cls._runner_options(runner.read_text(encoding="utf-8") if runner.is_file() else None),
             **kwargs,
         )
+
+    @staticmethod
+    def _runner_options(text: str | None) -> dict[str, Any]:
+        """``runner.json`` of the view template: where starts/stops are recorded, which driver is grouped."""
+        if not text:
+            return {}
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise KubernetesRunnerError(f"view template runner.json is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise KubernetesRunnerError("view template runner.json is not a JSON object")
+        return {"state_configmap": doc.get("stateConfigMap") or None,
+                "grouped_deployment": doc.get("groupedDeployment") or None}
 
     from_env = from_dir
 
@@ -207,7 +240,8 @@ class KubernetesRunner:
         """Build from the ``data`` of the view-template ConfigMap (e.g. read through the API)."""
         if "deployment.yaml" not in data:
             raise KubernetesRunnerError("view-template ConfigMap has no deployment.yaml key")
-        return cls(data["deployment.yaml"], data.get("service.yaml"), **kwargs)
+        return cls(data["deployment.yaml"], data.get("service.yaml"),
+                   **{**cls._runner_options(data.get("runner.json")), **kwargs})
 
     @staticmethod
     def _parse_template(text: str, what: str, kind: str) -> dict[str, Any]:
@@ -289,8 +323,8 @@ class KubernetesRunner:
             try:
                 config.load_incluster_config()
             except config.ConfigException:
-                try:
-                    config.load_kube_config()
+                try:  # KUBECONFIG as it is now (the client reads it once, at its import)
+                    config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
                 except Exception as exc:
                     raise KubernetesRunnerError(f"no in-cluster or kubeconfig configuration: {exc}") from None
             api = client.ApiClient()
@@ -347,8 +381,9 @@ class KubernetesRunner:
         body = self.job_manifest(view, version, starting) if bounded else self.manifest(view, version, starting)
         container = body["spec"]["template"]["spec"]["containers"][0]
         container["args"] = list(container["args"]) + extra_args
-        if extra_env:
-            container["env"] = list(container.get("env", [])) + [{"name": k, "value": v} for k, v in extra_env.items()]
+        if extra_env:  # sorted, as the chart renders the recorded env (kappa.runningViews)
+            container["env"] = list(container.get("env", [])) + [
+                {"name": k, "value": v} for k, v in sorted(extra_env.items())]
         apps, core = self._clients()
         name = body["metadata"]["name"]
         if self._read_deployment(name) is None and self._read_job(name) is None:
@@ -362,6 +397,9 @@ class KubernetesRunner:
             else:
                 self._call(f"create deployment/{name}", apps.create_namespaced_deployment, self.namespace, body,
                            ignore=(409,))
+        if not bounded:  # a Job ends by itself: nothing for a later upgrade to keep
+            self._record(view, version, {"state": "running", "starting": starting, "args": extra_args,
+                                         "env": dict(sorted(extra_env.items()))})
         if wait:
             return self.wait(view, version, ready=True, timeout=timeout)
         return self.status(view, version)
@@ -376,9 +414,14 @@ class KubernetesRunner:
         return self._call(f"read job/{name}", self._batch.read_namespaced_job, name, self.namespace, ignore=(404,))
 
     def stop(self, view: str, version: int, *, wait: bool = False, timeout: float = 300.0) -> Any:
-        """Delete the driver's Deployment or Job (foreground: its pod goes first) and its Service."""
+        """Delete the driver's Deployment or Job (foreground: its pod goes first) and its Service.
+
+        Recorded first in the view-state ConfigMap: the next ``helm upgrade`` does not start the version again, and
+        a version hosted by the grouped driver is stopped there (at its next refresh of the mounted record).
+        """
         name = self.deployment_name(view, version)
         apps, core = self._clients()
+        self._record(view, version, {"state": "stopped"})
         self._call(f"delete deployment/{name}", apps.delete_namespaced_deployment, name, self.namespace,
                    propagation_policy="Foreground", ignore=(404,))
         self._call(f"delete job/{name}", self._batch.delete_namespaced_job, name, self.namespace,
@@ -405,7 +448,7 @@ class KubernetesRunner:
             dep = self._read_job(name)
             kind = "job"
             if dep is None:
-                return _status(ref, "stopped", "no deployment")
+                return self._hosted_status(view, version)
         dep = dep.to_dict() if hasattr(dep, "to_dict") else dep
         meta, st = dep.get("metadata") or {}, dep.get("status") or {}
         if meta.get("deletion_timestamp") or meta.get("deletionTimestamp"):
@@ -432,6 +475,81 @@ class KubernetesRunner:
         ready = (st.get("ready_replicas", st.get("readyReplicas")) if kind == "deployment" else st.get("ready")) or 0
         return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}")
 
+    # ------------------------------------------------------------------------------------------ recorded state
+    def recorded(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The view-state record (``{view: {version: entry}}``); empty when none is configured or it is empty."""
+        if not self.state_configmap:
+            return {}
+        _apps, core = self._clients()
+        cm = self._call(f"read configmap/{self.state_configmap}", core.read_namespaced_config_map,
+                        self.state_configmap, self.namespace, ignore=(404,))
+        return self._parse_record(cm)[0]
+
+    def _parse_record(self, cm: Any) -> tuple[dict[str, Any], str | None]:
+        if cm is None:
+            return {}, None
+        data = (cm.data if hasattr(cm, "data") else (cm or {}).get("data")) or {}
+        meta = cm.metadata if hasattr(cm, "metadata") else (cm or {}).get("metadata") or {}
+        rv = getattr(meta, "resource_version", None) if not isinstance(meta, dict) else meta.get("resourceVersion")
+        try:
+            doc = json.loads(data.get("views.json") or "{}")
+        except ValueError as exc:
+            raise KubernetesRunnerError(f"configmap/{self.state_configmap}: views.json is not JSON ({exc}); fix or "
+                                        "empty it ({}) before starting or stopping drivers") from None
+        return (doc if isinstance(doc, dict) else {}), rv
+
+    def _record(self, view: str, version: int, entry: dict[str, Any], *, attempts: int = 8) -> None:
+        """Set ``views.json[view][version]`` (read, modify, replace with the read ``resourceVersion``: a concurrent
+        writer makes the replace fail with 409 and it is redone on the new content)."""
+        if not self.state_configmap:
+            return
+        _apps, core = self._clients()
+        entry = {**entry, "by": "kubernetes-runner", "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        for attempt in range(attempts):
+            cm = self._call(f"read configmap/{self.state_configmap}", core.read_namespaced_config_map,
+                            self.state_configmap, self.namespace, ignore=(404,))
+            if cm is None:
+                raise KubernetesRunnerError(
+                    f"configmap/{self.state_configmap} not found: the chart creates it (helm upgrade the release); "
+                    f"without it the next upgrade would undo what this runner starts and stops")
+            doc, rv = self._parse_record(cm)
+            doc.setdefault(view, {})[str(version)] = entry
+            body = {"metadata": {"name": self.state_configmap, "resourceVersion": rv},
+                    "data": {"views.json": json.dumps(doc, indent=1, sort_keys=True)}}
+            try:
+                core.patch_namespaced_config_map(self.state_configmap, self.namespace, body)
+                return
+            except Exception as exc:  # noqa: BLE001 - a conflict is retried, anything else reported
+                if self._http_status(exc) != 409 or attempt == attempts - 1:
+                    reason = getattr(exc, "reason", None) or exc.__class__.__name__
+                    raise KubernetesRunnerError(f"record {view_ref(view, version)} in configmap/"
+                                                f"{self.state_configmap} failed: {self._http_status(exc) or ''} "
+                                                f"{reason}".replace("  ", " ")) from exc
+                time.sleep(0.2 * (attempt + 1))
+
+    def _hosted_status(self, view: str, version: int) -> Any:
+        """Status of a version with no Deployment or Job of its own: hosted by the grouped driver, or stopped."""
+        ref = view_ref(view, version)
+        if not self.grouped_deployment:
+            return _status(ref, "stopped", "no deployment")
+        entry = (self.recorded().get(view) or {}).get(str(version))
+        host = self._read_deployment(self.grouped_deployment)
+        host = host.to_dict() if hasattr(host, "to_dict") else host
+        hosted = ref in ((((host or {}).get("metadata") or {}).get("annotations") or {}).get("kappa.io/views") or ""
+                         ).split(",")
+        if entry is not None and entry.get("state") == "stopped":
+            detail = f"stopped by the runner at {entry.get('at', '?')}"
+            if hosted:
+                detail += f" (deployment/{self.grouped_deployment} stops it at its next refresh of the record)"
+            return _status(ref, "stopped", detail)
+        if entry is not None:  # started by the runner, its Deployment gone since
+            return _status(ref, "stopped", f"no deployment (recorded {entry.get('state')} at {entry.get('at', '?')})")
+        if not hosted:
+            return _status(ref, "stopped", "no deployment")
+        ready = ((host or {}).get("status") or {}).get("ready_replicas") or 0
+        return _status(ref, "running", f"hosted by deployment/{self.grouped_deployment} "
+                                       f"{'ready' if ready else 'starting (0/1 ready)'}")
+
     def wait(self, view: str, version: int, *, ready: bool = True, timeout: float = 600.0, poll: float = 5.0) -> Any:
         """Poll until the driver is Ready (``ready=True``) or gone (``ready=False``); raise on timeout/failure."""
         deadline = time.monotonic() + timeout
@@ -441,7 +559,7 @@ class KubernetesRunner:
                 return current
             if ready and current.state == "finished":
                 return current
-            if not ready and current.state == "stopped" and current.detail == "no deployment":
+            if not ready and current.state == "stopped" and "being deleted" not in current.detail:
                 return current
             if ready and current.state == "failed":
                 raise KubernetesRunnerError(f"{view_ref(view, version)} failed: {current.detail}")
