@@ -208,3 +208,29 @@ def test_watch_misuse_gets_one_line(settings, tmp_path):
     line = json.loads(proc.stdout)
     assert (line["kind"], line["version"], line["commit"], line["row"]["campaign_id"]) == ("add", 1, 0, "c1")
     assert datetime.fromisoformat(line["committed_at"]).tzinfo == timezone.utc
+
+
+def test_a_watch_that_matched_nothing_says_so_in_one_line(settings):
+    """The docs' ``watch ... --where ... --for S`` when no row qualifies: not silence, one line on stderr (stdout
+    stays JSON lines) naming the condition, the time and the commits it read."""
+    path = ViewPaths(settings.lake_uri, CWC, 1).table
+    _windows(path, {"c1": 2})
+    _windows(path, {"c2": 3})
+    env = {"KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri, "PATH": "/usr/bin:/bin"}
+
+    def watch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kappa.front.cli", "watch", CWC, *args], cwd=ROOT, env=env,
+                              text=True, capture_output=True, timeout=120)
+
+    proc = watch("--where", "view_count >= 20", "--from", "0", "--for", "1")
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"no change of {CWC} matched `view_count >= 20` in "), proc.stderr
+    assert proc.stderr.rstrip().endswith(f"(read {CWC}@v1's Delta versions 0..1)"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = watch("--for", "1")  # from now on: nothing committed while it watched
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"no change of {CWC} in ") and \
+        proc.stderr.rstrip().endswith(f"({CWC}@v1 committed nothing after Delta version 1)"), proc.stderr
+    proc = watch("--where", "view_count >= 3", "--from", "0", "--for", "1")  # it matches: JSON only, no summary
+    assert [json.loads(line)["row"]["campaign_id"] for line in proc.stdout.splitlines()] == ["c2"]
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

@@ -190,3 +190,34 @@ def test_queries_cannot_read_files(settings: Settings, tmp_path: Path):
     secret.write_text("a\n1\n")
     with pytest.raises(QueryError, match="disabled"):
         run_query(f"SELECT * FROM read_csv('{secret}')")
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kappa.front import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def test_the_query_command_says_when_it_shows_fewer_rows_than_the_answer_has(settings: Settings, capsys):
+    write_windows(table(settings, CWC), {f"c{i:02d}": i for i in range(60)})
+    sql = f"SELECT campaign_id, view_count FROM {CWC} ORDER BY campaign_id"
+
+    def shown(out: str) -> list[str]:
+        return [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+
+    code, out, _ = _cli(["query", sql], capsys)  # the default limit stays 50
+    assert code == 0 and shown(out) == [f"c{i:02d}" for i in range(50)], out
+    assert "50 of 60 rows shown (--limit N / --all)" in out.splitlines()
+    code, out, _ = _cli(["query", sql, "--limit", "7"], capsys)
+    assert code == 0 and len(shown(out)) == 7 and "7 of 60 rows shown (--limit N / --all)" in out, out
+    code, out, _ = _cli(["query", sql, "--all"], capsys)
+    assert code == 0 and shown(out) == [f"c{i:02d}" for i in range(60)] and "rows shown" not in out, out
+    code, out, _ = _cli(["query", f"{sql} LIMIT 50"], capsys)  # the whole answer fits: nothing to say
+    assert code == 0 and len(shown(out)) == 50 and "rows shown" not in out, out
+    code, out, err = _cli(["query", sql, "--limit", "0"], capsys)  # misuse: one line, no traceback
+    assert code == 2 and out == "" and err.startswith("error: ") and "--limit" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -445,16 +445,21 @@ def views_cmd() -> None:
 def query(
     sql: str = typer.Argument(..., help="SQL over the serving views (campaign_window_counts, ...)."),
     as_of: Optional[str] = typer.Option(None, "--as-of", help="Delta version (int) or ISO timestamp."),
-    limit: int = typer.Option(50, help="Rows to print."),
+    limit: int = typer.Option(50, min=1, help="Rows to print (the line under the table says how many the answer "
+                              "has when it has more)."),
+    all_rows: bool = typer.Option(False, "--all", help="Print every row of the answer."),
 ) -> None:
     """Answer SQL over the serving views without Spark (DuckDB over delta-rs), with freshness."""
     from kappa.front.query import run_query
 
     result = run_query(sql, as_of=as_of, settings=_settings())
+    shown = result.rows if all_rows else result.rows[:limit]
     table = Table(*result.columns)
-    for row in result.rows[:limit]:
+    for row in shown:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
+    if len(shown) < len(result.rows):
+        console.print(_truncation_note(len(shown), len(result.rows)), highlight=False)
     for name, f in result.freshness.items():
         console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
                       f"{f.last_commit}, watermark {f.watermark}", highlight=False)
@@ -474,14 +479,54 @@ def watch_cmd(
     switch when a promotion or rollback moves the alias (Delta change data feed)."""
     from kappa.control.changefeed import follow_changes
 
-    deadline = None if seconds is None else time.monotonic() + seconds
+    settings = _settings()
+    began = time.monotonic()
+    deadline = None if seconds is None else began + seconds
     seen = 0
-    for change in follow_changes(_settings(), view, where=where, start=start, poll=poll,
+    before = _serving_table_version(settings, view)
+    for change in follow_changes(settings, view, where=where, start=start, poll=poll,
                                  until=lambda: deadline is not None and time.monotonic() >= deadline):
         print(change.to_json(), flush=True)
         seen += 1
         if max_events is not None and seen >= max_events:
             return
+    if not seen:  # said on stderr: stdout stays JSON lines
+        err.print(_watch_nothing(view, where, start, time.monotonic() - began, before,
+                                 _serving_table_version(settings, view)), highlight=False, markup=False)
+
+
+def _serving_table_version(settings, view: str) -> tuple[int, int | None]:
+    """(serving version, its table's Delta version; None before its first commit)."""
+    from kappa.control.registry import TableMissing, open_delta
+    from kappa.control.serving import ServingAlias
+
+    target = ServingAlias(settings.lake_uri).target(view)
+    try:
+        return target.version, open_delta(target.table_path).version()
+    except TableMissing:
+        return target.version, None
+
+
+def _watch_nothing(view: str, where: str | None, start: int | None, elapsed: float,
+                   before: tuple[int, int | None], after: tuple[int, int | None]) -> str:
+    """The one line of a watch that reported nothing: what it looked for, how long, and what committed."""
+    what = f"no change of {view}" + (f" matched `{where}`" if where else "")
+    (version, was), (_same, now) = before, after  # a switch is a notification: the version did not move
+    first = start if start is not None else (was + 1 if was is not None else 0)
+    if now is None:
+        read = f"{view}@v{version} has no table yet"
+    elif now < first:
+        read = f"{view}@v{version} committed nothing after Delta version {now}"
+    else:
+        read = f"read {view}@v{version}'s Delta version{'s' if now > first else ''} " + (
+            f"{first}..{now}" if now > first else str(now))
+    took = f"{elapsed:.0f} s" if elapsed >= 10 else f"{elapsed:.1f} s"
+    return f"{what} in {took} ({read})"
+
+
+def _truncation_note(shown: int, total: int) -> str:
+    """The line under a table that shows fewer rows than the answer has."""
+    return f"{shown:,} of {total:,} rows shown (--limit N / --all)"
 
 
 # -------------------------------------------------------------------------------------------- replays
@@ -812,9 +857,12 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - one line for user errors, full trace otherwise
         import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            code = exc.exit_code
+        usage = (click.ClickException, getattr(typer, "TyperException", click.ClickException))  # typer's own click
+        if isinstance(exc, usage) and hasattr(exc, "format_message"):
+            # a usage error (an unknown option, a value out of range): one line, like every other refusal
+            message = " ".join(exc.format_message().split())
+            err.print(f"error: {message} (--help lists the options)", highlight=False, markup=False)
+            code = getattr(exc, "exit_code", 2)
         elif isinstance(exc, _user_errors()):
             msg = one_line(exc)
             err.print(f"error: {msg}", highlight=False, markup=False)
