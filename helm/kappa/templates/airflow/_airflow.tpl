@@ -207,15 +207,13 @@ checksum/platform-env: {{ include (print .Template.BasePath "/views/configmap-pl
 {{- end }}
 {{- end -}}
 
-{{/* exec probe for the components without an HTTP endpoint (the official chart's approach) */}}
+{{/*
+exec probe for the components without an HTTP endpoint (the official chart's approach). Liveness only: no Service
+sends them traffic, so readiness would gate nothing but `helm upgrade --wait`, and `airflow jobs check` is a whole
+Airflow start in Python - on a busy 2-core node it took longer than any sane probe timeout and held upgrades for
+minutes while both components were working.
+*/}}
 {{- define "kappa.airflow.jobCheckProbes" -}}
-readinessProbe:
-  exec:
-    command: ["airflow", "jobs", "check", "--job-type", {{ .jobType | quote }}, "--local"]
-  initialDelaySeconds: 30
-  periodSeconds: 60
-  timeoutSeconds: 45
-  failureThreshold: 3
 livenessProbe:
   exec:
     command: ["airflow", "jobs", "check", "--job-type", {{ .jobType | quote }}, "--local"]
