@@ -4,8 +4,10 @@ into the serving table in one Delta commit (kappa.control.replay.repair), with a
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +44,7 @@ def _windows(table: str, version: int | None = None) -> dict[tuple, tuple]:
     return {(r["campaign_id"], oracle.epoch_ms(r["window_start"])): (r["view_count"], r["is_final"]) for r in rows}
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # five recomputes of the log; 815 s on 2 shared, loaded cores
 def test_a_repaired_range_is_swapped_in_one_commit_and_nothing_else_changes(spark, kafka, declared_topics, lake,
                                                                             monkeypatch, capsys):
     from deltalake import DeltaTable
@@ -76,6 +78,17 @@ def test_a_repaired_range_is_swapped_in_one_commit_and_nothing_else_changes(spar
     with pytest.raises(SystemExit) as exited:
         cli.main(["repair", VIEW, "--from", "yesterday", "--to", str(end)])
     assert exited.value.code != 0 and "--from 'yesterday': expected epoch milliseconds" in capsys.readouterr().err
+    # a range without data (an hour before the first event: no record, no window) is refused in one line and
+    # commits nothing (the command docs/replay.md shows; its ReplayError is repair_range's)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["repair", VIEW, "--from", str(T0 - 3_600_000), "--to", str(T0)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert re.fullmatch(rf"error: {VIEW}@v1: nothing to repair in \S+ \S+\.\.\S+ \S+ UTC - the log has no record of "
+                        r"a window starting there and the table no window there \(its windows start between .+ UTC\); "
+                        r"nothing was written", err.strip()), err
+    assert DeltaTable(table).version() == before_version  # no commit
+    assert not Path(ViewPaths(lake.lake_uri, VIEW, 1).root, "repairs").exists()  # and nothing staged either
     with pytest.raises(SystemExit) as exited:
         cli.main(["repair", VIEW, "--from", str(start), "--to", str(end), "--dry-run"])
     out = capsys.readouterr().out

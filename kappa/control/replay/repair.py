@@ -12,9 +12,10 @@ only the windows that start in ``[start, end)`` are rebuilt::
       every record counts) ─> ONE MERGE into the serving table: update matched windows, insert new ones, delete
       the range's windows the recompute no longer has (NOT MATCHED BY SOURCE inside the range only)
 
-Readers see the old range or the new one, never a mix: the swap is one Delta commit. Refused in one line: a view
-without event-time windows (``finality`` and a ``window_start`` key), an empty or reversed range, and a range
-whose windows are not all final yet (the live job could still change them - wait until the watermark passed).
+Readers see the old range or the new one, never a mix: the swap is one Delta commit. Refused in one line, before
+anything is written: a view without event-time windows (``finality`` and a ``window_start`` key), a reversed or
+zero-length range, a range without data (no window of the table and no record of the log starts in it: nothing
+to swap, so no empty commit), and a range whose windows are not all final yet (the live job could still change them - wait until the watermark passed).
 What it changes is recorded in the commit (``userMetadata``: ``{"kappa": {"repair": ...}}``) and reported
 (windows added, changed, removed), and ``kappa watch`` shows it as the changes of one commit.
 
@@ -117,7 +118,14 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
         staged = _recompute_range(session, settings, vv, start_ms, in_range)
         event_max = serving.agg(F.max(fin.event_max_column)).collect()[0][0]
         open_now = serving.where(in_range & ~F.col(fin.flag_column)).count()
-        latest_end = staged.agg(F.max(fin.window_end_column)).collect()[0][0]
+        latest_end, recomputed = staged.agg(F.max(fin.window_end_column), F.count(F.lit(1))).collect()[0]
+        if not recomputed and not serving.where(in_range).count():
+            first, last = serving.agg(F.min(WINDOW_START), F.max(WINDOW_START)).collect()[0]
+            held = (f"its windows start between {_iso(epoch_ms(first))} and {_iso(epoch_ms(last))} UTC"
+                    if first is not None else "its table has no windows yet")
+            raise ReplayError(f"{vv.ref}: nothing to repair in {_iso(start_ms)}..{_iso(end_ms)} UTC - the log has "
+                              f"no record of a window starting there and the table no window there ({held}); "
+                              "nothing was written")
         watermark = None if event_max is None else epoch_ms(event_max) - fin.delay_seconds * 1000
         last_end = epoch_ms(latest_end)
         if open_now or (last_end is not None and (watermark is None or last_end > watermark)):
