@@ -6,8 +6,9 @@
 #                            stage files): what the chart's tests run against (make test, make k8s-up).
 #   node                     a real node for make cluster-up (infra/k8s/node.sh): kubelet and kube-proxy at
 #                            K8S_VERSION, containerd CONTAINERD_VERSION (+ ctr, containerd-shim-runc-v2), CoreDNS
-#                            COREDNS_VERSION and the pods' sandbox program (infra/k8s/pause). runc and the CNI plugins
-#                            come from Debian (infra/k8s/node.sh installs them).
+#                            COREDNS_VERSION, kube-router KUBE_ROUTER_VERSION (NetworkPolicy enforcement) and the
+#                            pods' sandbox program (infra/k8s/pause). runc, ipset and the CNI plugins come from Debian
+#                            (infra/k8s/node.sh installs them).
 #
 # Cache: ${KAPPA_TOOLS_CACHE:-$HOME/.cache/kappa}/k8s/<versions>/bin, so another clone on the same machine finds it
 # again. A cold control-plane build takes ~10-20 minutes on 2 cores (kube-apiserver alone ~9); the node's binaries
@@ -30,12 +31,13 @@ case "$TARGET" in
     node)
         BIN="$TOOLS/node-${K8S_VERSION}-containerd${CONTAINERD_VERSION}-coredns${COREDNS_VERSION}/bin"
         PAUSE="pause-$(cat "$ROOT/infra/k8s/pause/go.mod" "$ROOT/infra/k8s/pause/main.go" | sha256sum | cut -c1-12)"
-        need=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns "$PAUSE") ;;
+        need=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns "kube-router-${KUBE_ROUTER_VERSION}" "$PAUSE") ;;
     *) echo "k8s-build: error: usage: infra/k8s/build.sh [control-plane|node]" >&2; exit 1 ;;
 esac
 missing=()
 for b in "${need[@]}"; do [[ -e "$BIN/$b" ]] || missing+=("$b"); done
-if [[ ${#missing[@]} -eq 0 ]]; then echo "$BIN"; exit 0; fi
+# KAPPA_K8S_NO_BUILD=1: only the folder, whatever it holds (stopping a node must never start a build)
+if [[ ${#missing[@]} -eq 0 || "${KAPPA_K8S_NO_BUILD:-}" == 1 ]]; then echo "$BIN"; exit 0; fi
 command -v go >/dev/null || { echo "k8s-build: error: go not found on PATH" >&2; exit 1; }
 mkdir -p "$BIN"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
@@ -189,6 +191,18 @@ if wanted coredns; then
     log "building coredns ${COREDNS_VERSION} (minutes)"
     GOBIN="$work/gobin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
     mv "$work/gobin/coredns" "$BIN/coredns"
+fi
+if [[ -n "${KUBE_ROUTER_VERSION:-}" ]] && wanted "kube-router-${KUBE_ROUTER_VERSION}"; then
+    # a throw-away module (kube-router's own go.mod would pin the older dependencies KUBE_ROUTER_DEPS raises)
+    log "building kube-router ${KUBE_ROUTER_VERSION} (minutes)"
+    mod="$work/kube-router"; mkdir -p "$mod"
+    pkg=github.com/cloudnativelabs/kube-router/v2
+    # shellcheck disable=SC2086 # KUBE_ROUTER_DEPS is a list of module@version
+    ( cd "$mod" && go mod init kappa.local/kube-router >&2 && go get "$pkg@${KUBE_ROUTER_VERSION}" >&2 \
+        && go get $KUBE_ROUTER_DEPS >&2 \
+        && go build -trimpath -ldflags "-s -w -X $pkg/pkg/version.Version=${KUBE_ROUTER_VERSION}" \
+            -o "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$pkg/cmd/kube-router" \
+        && mv "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$BIN/kube-router-${KUBE_ROUTER_VERSION}" )
 fi
 if [[ -n "${PAUSE:-}" ]] && wanted "$PAUSE"; then
     ( cd "$ROOT/infra/k8s/pause" && go build -trimpath -ldflags "-s -w" -o "$BIN/$PAUSE.tmp" . && mv "$BIN/$PAUSE.tmp" "$BIN/$PAUSE" )

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # A real Kubernetes node on this machine: the control plane of infra/k8s/cluster.sh plus a kubelet running real
 # containers (containerd + runc), pod networking (CNI bridge + host-local + portmap), Service routing (kube-proxy,
-# iptables mode) and cluster DNS (CoreDNS), all pinned in infra/versions.env and built once (infra/k8s/build.sh node).
+# iptables mode), NetworkPolicy enforcement (kube-router's firewall controller: iptables + ipset) and cluster DNS
+# (CoreDNS), all pinned in infra/versions.env and built once (infra/k8s/build.sh node).
 # No registry is needed: the sandbox and CoreDNS images are built here (buildah, from scratch) and the project's
 # images (make images) are loaded into the node's runtime from podman's storage.
 #
 # Usage: infra/k8s/node.sh up|down|status|load|recycle
-#   up      build what is missing, install Debian's runc / CNI plugins / iptables / buildah when absent, start
-#           etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy and CoreDNS,
+#   up      build what is missing, install Debian's runc / CNI plugins / iptables / ipset / buildah when absent,
+#           start etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy,
+#           kube-router (NetworkPolicies; KAPPA_CLUSTER_NETPOL=none leaves them unenforced) and CoreDNS,
 #           create local PersistentVolumes, load the project's images when built; wait until the node is Ready
 #           and DNS answers; prints `export KUBECONFIG=...`. Idempotent.
-#   down    stop every pod's containers, the node and the control plane; undo the mounts and kube-proxy's rules.
+#   down    stop every pod's containers, the node and the control plane; undo the mounts, kube-proxy's and
+#           kube-router's rules.
 #           State (etcd, volumes, containerd's images) stays in the state folder; `up` starts from it again.
 #   status  what runs.
 #   recycle empty the local PersistentVolumes whose claims were deleted (their data is gone) so new claims bind.
@@ -35,6 +38,7 @@ HOME_DIR="${KAPPA_CLUSTER_HOME:-$ROOT/.kappa/cluster}"
 PORT="${KAPPA_CLUSTER_PORT:-26443}"
 ETCD_PORT="${KAPPA_CLUSTER_ETCD_PORT:-33790}"
 PVS="${KAPPA_CLUSTER_PVS:-12}"
+NETPOL="${KAPPA_CLUSTER_NETPOL:-kube-router}"
 NODE_NAME=kappa-node
 POD_CIDR=10.244.0.0/24
 CLUSTER_DNS=10.96.0.10
@@ -57,7 +61,7 @@ prerequisites() {
     [[ "$(id -u)" == 0 ]] || die "a kubelet needs root (cgroups, mounts, iptables): run as root"
     local pkgs=() p
     for p in runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge iptables:/usr/sbin/iptables \
-             conntrack:/usr/sbin/conntrack buildah:/usr/bin/buildah podman:/usr/bin/podman; do
+             conntrack:/usr/sbin/conntrack ipset:/usr/sbin/ipset buildah:/usr/bin/buildah podman:/usr/bin/podman; do
         [[ -x "${p#*:}" ]] || pkgs+=("${p%%:*}")
     done
     if [[ ${#pkgs[@]} -gt 0 ]]; then
@@ -71,11 +75,11 @@ prerequisites() {
     return 0
 }
 
-node_certs() {  # the kubelet's and kube-proxy's client certificates, signed by the cluster CA
-    [[ -f "$PKI/kubelet.crt" && -f "$PKI/kube-proxy.crt" ]] && return 0
+node_certs() {  # the kubelet's, kube-proxy's and kube-router's client certificates, signed by the cluster CA
     printf 'extendedKeyUsage=clientAuth\n' > "$PKI/client.ext"
-    sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client.ext
-    sign kube-proxy "/CN=system:kube-proxy" client.ext
+    [[ -f "$PKI/kubelet.crt" ]] || sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" client.ext
+    [[ -f "$PKI/kube-proxy.crt" ]] || sign kube-proxy "/CN=system:kube-proxy" client.ext
+    [[ -f "$PKI/kube-router.crt" ]] || sign kube-router "/CN=kappa:kube-router" client.ext
 }
 
 put() {  # put <file>: stdin into the file, only when it differs (kube-proxy exits when its config file changes)
@@ -144,6 +148,7 @@ EOF
 EOF
     kubeconfig_for kubelet
     kubeconfig_for kube-proxy
+    kubeconfig_for kube-router
     put "$CONF/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -275,6 +280,55 @@ recycle() {  # empty the local PVs a deleted claim left Released (Retain, no pro
     log "recycled $n released volume(s)"
 }
 
+netpol() {  # NetworkPolicy enforcement: kube-router's firewall controller alone, reading the API with its own identity
+    [[ "$NETPOL" == none ]] && { netpol_cleanup; return 0; }
+    [[ "$NETPOL" == kube-router ]] || die "KAPPA_CLUSTER_NETPOL=$NETPOL: use kube-router or none"
+    $KUBECTL apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kappa:kube-router"}
+rules:
+  - apiGroups: [""]
+    resources: [pods, namespaces, nodes, services, endpoints]
+    verbs: [get, list, watch]
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [get, list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kappa:kube-router"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kappa:kube-router"}
+subjects: [{kind: User, name: "kappa:kube-router", apiGroup: rbac.authorization.k8s.io}]
+EOF
+    # the pod's node is found by name (NODE_NAME, else the host name): give it the node's
+    NODE_NAME="$NODE_NAME" start kube-router "$NODE_BIN/kube-router-$KUBE_ROUTER_VERSION" \
+        --kubeconfig="$CONF/kube-router.kubeconfig" --hostname-override="$NODE_NAME" \
+        --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
+        --service-cluster-ip-range=10.96.0.0/16 --service-node-port-range=30000-32767 \
+        --health-port=20244 --metrics-port=0 --v=1
+    wait_for "kube-router (log: $LOGS/kube-router.log)" 120 curl -fsS http://127.0.0.1:20244/healthz
+}
+
+netpol_cleanup() {  # what kube-router put in the filter table and ipset (a stopped kube-router leaves it enforcing)
+    local c rule ch chains s
+    for c in INPUT FORWARD OUTPUT; do
+        iptables -w 5 -t filter -S "$c" | grep -E -- "-j KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)( |\$)" | while read -r rule; do
+            eval "iptables -w 5 -t filter -D ${rule#-A }"
+        done
+    done
+    chains=$(iptables -w 5 -t filter -S | awk '$1=="-N" && $2 ~ /^(KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)|KUBE-POD-FW-|KUBE-NWPLCY-)/ {print $2}')
+    for ch in $chains; do iptables -w 5 -t filter -F "$ch"; done
+    for ch in $chains; do iptables -w 5 -t filter -X "$ch"; done
+    if command -v ipset >/dev/null; then
+        for s in $(ipset list -n | grep -E '^(KUBE-SRC-|KUBE-DST-|TMP-)'); do ipset destroy "$s"; done
+    fi
+    return 0
+}
+
 coredns() {
     $KUBECTL apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -398,17 +452,20 @@ up() {
     start kube-proxy "$NODE_BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
     wait_for "node $NODE_NAME (kubelet log: $LOGS/kubelet.log)" 120 ready_since "$since"
     local t_node=$SECONDS
+    netpol
     persistent_volumes
     coredns
     load
     $KUBECTL -n kube-system rollout status deploy/coredns --timeout=180s >/dev/null \
         || die "CoreDNS is not ready ($KUBECTL -n kube-system describe pod -l k8s-app=kube-dns)"
-    log "node $NODE_NAME Ready at $ip: control plane $((t_cp - t0)) s, node Ready $((t_node - t0)) s, DNS $((SECONDS - t0)) s; API https://$ip:$PORT, $PVS local PVs"
+    log "node $NODE_NAME Ready at $ip: control plane $((t_cp - t0)) s, node Ready $((t_node - t0)) s, DNS $((SECONDS - t0)) s; API https://$ip:$PORT, $PVS local PVs, NetworkPolicies: $NETPOL"
     echo "export KUBECONFIG=$KUBECONFIG_FILE"
 }
 
 down() {
-    local bin; bin="$(bash "$ROOT/infra/k8s/build.sh" node 2>/dev/null)" || bin=""
+    local bin; bin="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node 2>/dev/null)" || bin=""
+    stop kube-router
+    netpol_cleanup
     stop kube-proxy
     stop kubelet
     if [[ -n "$bin" ]] && alive containerd; then
@@ -432,7 +489,7 @@ down() {
 status() {
     KAPPA_K8S_HOME="$HOME_DIR" bash "$ROOT/infra/k8s/cluster.sh" status | grep -v kwok || true
     local name
-    for name in containerd kubelet kube-proxy; do
+    for name in containerd kubelet kube-proxy kube-router; do
         if alive "$name"; then echo "$name running (pid $(cat "$RUN/$name.pid"))"; else echo "$name stopped"; fi
     done
 }
@@ -445,7 +502,7 @@ case "${1:-}" in
         KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
         recycle ;;
     load)
-        NODE_BIN="$(bash "$ROOT/infra/k8s/build.sh" node)"
+        NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
         alive containerd || die "the node is not running (make cluster-up)"
         load ;;
     *) die "usage: infra/k8s/node.sh up|down|status|load|recycle" ;;

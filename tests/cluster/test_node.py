@@ -97,3 +97,57 @@ def test_restricted_pod_security_is_enforced(node: Node, namespace: str) -> None
     res = node.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
     assert res.returncode != 0
     assert 'violates PodSecurity "restricted' in res.stderr, res.stderr
+
+
+PROBE = r"""
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=4).close()
+        out[target] = "open"
+    except OSError as exc:
+        out[target] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def probe_pod(node: Node, namespace: str, name: str, labels: dict[str, str], targets: list[str]) -> dict[str, str]:
+    """A pod with ``labels`` that tries a TCP connection to each ``host:port``; what each attempt gave."""
+    node.apply(json.dumps(pod(name, ["python", "-c", PROBE, *targets], restart="Never", labels=labels)),
+               "-n", namespace)
+    node.wait_pod(namespace, name, phase="Succeeded", timeout=300)
+    return json.loads(node.kubectl("logs", "-n", namespace, name).stdout.strip().splitlines()[-1])
+
+
+def test_network_policies_are_enforced(node: Node, namespace: str) -> None:
+    """kube-router's firewall controller (node.sh, KAPPA_CLUSTER_NETPOL): a policy admitting only role=client
+    lets that pod in and keeps another one out, by pod IP and through the Service; without a policy both get in."""
+    import time
+
+    server = pod("web", ["sh", "-c", "cd /tmp && exec python -m http.server 8080"], labels={"app": "web"}, port=8080)
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+    node.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [server, service]}), "-n", namespace)
+    ip = node.wait_pod(namespace, "web")["status"]["podIP"]
+    targets = [f"{ip}:8080", "web:80"]
+    assert set(probe_pod(node, namespace, "before", {"role": "other"}, targets).values()) == {"open"}
+
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "web"},
+              "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                                    "ports": [{"port": 8080, "protocol": "TCP"}]}]}}
+    applied = time.monotonic()
+    node.apply(json.dumps(policy), "-n", namespace)
+    # the controller syncs on the policy's and the new pods' events: retry until it has (or give up)
+    for attempt in range(20):
+        denied = probe_pod(node, namespace, f"other-{attempt}", {"role": "other"}, targets)
+        allowed = probe_pod(node, namespace, f"client-{attempt}", {"role": "client"}, targets)
+        if "open" not in denied.values() and set(allowed.values()) == {"open"}:
+            break
+        assert time.monotonic() - applied < 180, f"not enforced after 180 s: allowed {allowed}, denied {denied}"
+    print(f"policy applied -> enforced on attempt {attempt + 1}, {time.monotonic() - applied:.1f} s: "
+          f"allowed {allowed}, denied {denied}")
+    assert set(allowed.values()) == {"open"}, allowed
+    assert "open" not in denied.values(), f"a pod outside the policy got in: {denied}"

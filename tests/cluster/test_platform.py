@@ -227,3 +227,24 @@ def test_a_rollback_through_airflow_and_the_upgrade_after_it(release: Release) -
     while _counts(release)[view] <= before:  # v1's own driver writes (the producer runs again)
         assert time.monotonic() < deadline, f"{view} v1 writes nothing after the rollback"
         time.sleep(10)
+
+
+def test_pods_outside_the_release_reach_neither_the_broker_nor_airflow_nor_a_driver(release: Release) -> None:
+    """The chart's NetworkPolicies, enforced on the node (kube-router): a pod in the release's namespace without the
+    release's labels is refused by the broker, the Airflow API server, PostgreSQL and a view driver's metrics port;
+    a pod carrying the platform's peer labels reaches the broker (and the platform itself works throughout)."""
+    from tests.cluster.test_node import probe_pod
+
+    driver_ip = release.node.get("pods", "-n", NS, "-l", f"app.kubernetes.io/name={RELEASE}-views")["items"][0][
+        "status"]["podIP"]
+    targets = [f"{RELEASE}-kafka:9092", f"{RELEASE}-airflow-api-server:8080", f"{RELEASE}-postgresql:5432",
+               f"{driver_ip}:9400"]
+    try:
+        outsider = probe_pod(release.node, NS, "np-outsider", {"app": "outsider"}, targets)
+        peer = probe_pod(release.node, NS, "np-peer", {"app.kubernetes.io/part-of": "kappa",
+                                                       "app.kubernetes.io/instance": RELEASE}, targets[:1])
+    finally:
+        release.node.kubectl("delete", "pod", "-n", NS, "np-outsider", "np-peer", "--wait=false", check=False)
+    print(f"outsider: {outsider}; platform peer: {peer}")
+    assert "open" not in outsider.values(), f"a pod outside the release got in: {outsider}"
+    assert peer == {targets[0]: "open"}, peer

@@ -165,7 +165,8 @@ def test_after_every_fault_each_record_is_in_the_archive_exactly_once(release: R
             "every offset of the log exactly once, none missing, none twice"
 
         res = release.node.kubectl("exec", "-n", NS, f"deploy/{RELEASE}-airflow-scheduler", "-c", "scheduler", "--",
-                                   "kappa", "verify", VIEW, "--version", "1", timeout=1800, check=False)
+                                   "env", "COLUMNS=400", "kappa", "verify", VIEW, "--version", "1", timeout=1800,
+                                   check=False)
         print(res.stdout[-2000:])
         found = re.search(r"events_raw@v1: ([\d,]+) rows equal the recompute and the oracle", res.stdout)
         assert res.returncode == 0 and found, f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}"

@@ -104,11 +104,11 @@ def _job_from_driver(node: Node, name: str, args: list[str], env: dict[str, str]
         labels.pop(key, None)
     spec = pod["spec"]
     spec["restartPolicy"] = "Never"
-    spec.pop("automountServiceAccountToken", None)
+    spec["automountServiceAccountToken"] = False
     c = spec["containers"][0]
     c["args"] = args
-    c["env"] = [e for e in c.get("env", []) if e["name"] not in {"PYSPARK_SUBMIT_ARGS", *env}]
-    c["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    c["env"] = [e for e in c.get("env", []) if e["name"] not in {"PYSPARK_SUBMIT_ARGS", "COLUMNS", *env}]
+    c["env"] += [{"name": k, "value": v} for k, v in {"COLUMNS": "400", **env}.items()]  # unwrapped output
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         c.pop(probe, None)
     c["ports"] = []
