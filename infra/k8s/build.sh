@@ -193,13 +193,15 @@ if wanted coredns; then
     mv "$work/gobin/coredns" "$BIN/coredns"
 fi
 if [[ -n "${KUBE_ROUTER_VERSION:-}" ]] && wanted "kube-router-${KUBE_ROUTER_VERSION}"; then
-    # a throw-away module (kube-router's own go.mod would pin the older dependencies KUBE_ROUTER_DEPS raises)
+    # a throw-away module (kube-router's own go.mod would pin the older dependencies KUBE_ROUTER_* raise)
     log "building kube-router ${KUBE_ROUTER_VERSION} (minutes)"
     mod="$work/kube-router"; mkdir -p "$mod"
     pkg=github.com/cloudnativelabs/kube-router/v2
-    # shellcheck disable=SC2086 # KUBE_ROUTER_DEPS is a list of module@version
     ( cd "$mod" && go mod init kappa.local/kube-router >&2 && go get "$pkg@${KUBE_ROUTER_VERSION}" >&2 \
-        && go get $KUBE_ROUTER_DEPS >&2 \
+        && go get "golang.org/x/net@${KUBE_ROUTER_X_NET}" "golang.org/x/crypto@${KUBE_ROUTER_X_CRYPTO}" \
+            "google.golang.org/protobuf@${KUBE_ROUTER_PROTOBUF}" "github.com/docker/docker@${KUBE_ROUTER_DOCKER}" \
+            "k8s.io/client-go@${KUBE_ROUTER_CLIENT_GO}" "k8s.io/api@${KUBE_ROUTER_CLIENT_GO}" \
+            "k8s.io/apimachinery@${KUBE_ROUTER_CLIENT_GO}" >&2 \
         && go build -trimpath -ldflags "-s -w -X $pkg/pkg/version.Version=${KUBE_ROUTER_VERSION}" \
             -o "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$pkg/cmd/kube-router" \
         && mv "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$BIN/kube-router-${KUBE_ROUTER_VERSION}" )
