@@ -85,9 +85,11 @@ def terminate_group(pid: int, timeout: float, *, grace: float = 10.0) -> None:
 
 
 def child_env(settings: "Settings") -> dict[str, str]:
-    """Environment that makes a child process (driver, host, producer) see the same home, lake, topics, Kafka."""
+    """Environment that makes a child process (driver, host, producer, Airflow) see the same home, lake, topics,
+    Kafka, and name the command line in its messages as this process does (``KAPPA_CLI``)."""
     env = {"KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri, "PYTHONUNBUFFERED": "1",
-           "KAPPA_TOPIC_PREFIX": settings.topic_prefix}
+           "KAPPA_TOPIC_PREFIX": settings.topic_prefix,
+           "KAPPA_CLI": settings.cli}  # its messages (a DAG's hints) spell the command line as this one does
     if not settings.local_broker:
         env["KAPPA_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     return env

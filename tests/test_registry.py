@@ -136,7 +136,8 @@ def test_register_same_version_with_other_code_is_refused(reg: Registry, tmp_pat
     with pytest.raises(RegistryError) as info:
         register(reg, 1, module="pkg_conflict.v1")
 
-    assert str(info.value) == f"version 1 of {VIEW} already exists with other code; create version 2"
+    assert str(info.value) == (f"version 1 of {VIEW} already exists with other code; a version's table belongs to "
+                               "its code: declare a new version of it (a number not declared yet)")
     assert len(reg.list(VIEW)) == 1
 
 

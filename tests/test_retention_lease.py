@@ -6,6 +6,7 @@ The topic is declared with an 8 s retention through a copy of the platform file 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -152,3 +153,43 @@ def test_a_lease_whose_replay_shows_no_life_expires_and_a_failed_one_ends(kafka,
     notes = {lease.view: lease.note for lease in leases(settings)}
     assert notes["user_sessions"] == "its version is failed"
     assert notes["events_raw"].startswith("expired: its run committed nothing for"), notes
+
+
+def test_view_stop_ends_the_lease_of_the_replay_it_stops_and_status_says_the_job_stopped(kafka, lake, tmp_path,
+                                                                                          monkeypatch):
+    """A replay stopped by hand holds nothing: `view stop` ends its lease (the declared retention is back at
+    once, not after KAPPA_LEASE_TTL_SECONDS) and `status` shows the version as building with its job stopped;
+    `topics leases` prints the whole view version and topic, however narrow the terminal."""
+    import subprocess
+    import sys
+
+    settings = _short_retention(tmp_path, lake.replace(home=tmp_path / "home"), monkeypatch)
+    view, topic = "campaign_window_counts", settings.topic("ad-events")
+    vv = replay.ViewVersion.resolve(view, 2, settings)
+    Registry(settings.lake_uri).register(view, 2, code_module=vv.module, table_path=vv.paths.table,
+                                         app_id=f"kappa:{view}@v2:t", starting="earliest", triggered_by="test")
+    take(settings, topic, view, 2, by="test")  # as its launch did
+    assert _retention(settings, topic)[:2] == HELD
+    env = {**subprocess_env(settings), "KAPPA_CLI": "bin/kappa"}
+
+    def kappa(*args: str, columns: int = 60) -> str:
+        proc = subprocess.run([sys.executable, "-m", "kappa.front.cli", *args], cwd=REPO, text=True,
+                              env={**env, "COLUMNS": str(columns)}, capture_output=True, timeout=180)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stdout
+
+    out = kappa("topics", "leases")  # the whole view version and topic, however narrow the terminal
+    assert out.startswith(f"{view}@v2 on {topic}: holds retention (taken ") and "…" not in out, out
+    out = kappa("view", "stop", view, "--version", "2")
+    assert f"{view}@v2 on {topic}: retention lease released" in out, out
+    assert f"resume it with `bin/kappa replay {view} --version 2`" in out, out
+    assert active_leases(settings) == [] and _retention(settings, topic) == (RETENTION_MS, "-1", None)
+    (ended,) = leases(settings)
+    assert ended.note == "its job was stopped (view stop)"
+    out = kappa("status", columns=120)
+    assert re.search(rf"{view}@v2\s+building, job stopped\s", out), out
+    out = kappa("status")  # narrow: the other columns wrap, the version stays whole
+    assert re.search(rf"\s{view}@v2\s+building, job", out) and "…" not in out, out
+    out = kappa("topics", "leases")
+    assert re.match(rf"{view}@v2 on {re.escape(topic)}: ended \S+ \S+: its job was stopped \(view stop\) \(taken ",
+                    out) and "holds retention" not in out, out

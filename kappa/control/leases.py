@@ -12,7 +12,7 @@ values back once no lease holds the topic.
 A lease ends
 
 - when its replay caught up (:func:`release`, called by the step that records ``caught_up``), or its version
-  left ``building`` any other way (failed, retired...);
+  left ``building`` any other way (failed, retired...), or its job was stopped by hand (``view stop``);
 - when it **expires**: its run showed no life for ``KAPPA_LEASE_TTL_SECONDS`` (no micro-batch committed, and no
   ``run.json`` written, for that long - the replay's driver crashed or was stopped and nothing restarted it).
 

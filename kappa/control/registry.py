@@ -448,7 +448,8 @@ class Registry:
             if current is not None:
                 if current.code_hash != digest:
                     raise RegistryError(
-                        f"version {version} of {view} already exists with other code; create version {version + 1}"
+                        f"version {version} of {view} already exists with other code; a version's table belongs "
+                        "to its code: declare a new version of it (a number not declared yet)"
                     )
                 return current, False
             now = utcnow()

@@ -62,7 +62,7 @@ class AirflowAPI:
         password = airflow_password(settings)
         if password is None:
             raise AirflowError(f"no Airflow password under {settings.home}/airflow yet: is Airflow running "
-                               "(`make run`, `bin/kappa status`)?")
+                               f"(`make run`, `{settings.cli} status`)?")
         return cls(airflow_url(settings), "admin", password)
 
     # ------------------------------------------------------------------------------------------- HTTP

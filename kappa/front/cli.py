@@ -93,24 +93,35 @@ def view_start(
     starting: str = typer.Option("latest"),
     metrics_port: Optional[int] = typer.Option(None, help="Prometheus port (default: the version's stable port)."),
 ) -> None:
-    """Start a view-version driver in the background (local runner)."""
-    from kappa.control.runners.local import LocalRunner
+    """Start a view-version driver in the background (the runner KAPPA_RUNNER names: local by default)."""
+    from kappa.control.runners import runner_for
     from kappa.runtime.driver import JobSpec
 
     definition = _load_view(view, version)
-    status = LocalRunner(_settings()).start(JobSpec(view, definition.version, starting=starting,
-                                                    metrics_port=metrics_port))
+    status = runner_for(_settings()).start(JobSpec(view, definition.version, starting=starting,
+                                                   metrics_port=metrics_port))
     console.print(f"{status.ref}: {status.state} ({status.detail}) {status.metrics_url or ''}", highlight=False)
 
 
 @view_app.command("stop")
 def view_stop(view: str, version: Optional[int] = typer.Option(None)) -> None:
-    """Stop a background view-version driver (local runner)."""
-    from kappa.control.runners.local import LocalRunner
+    """Stop a background view-version driver (the runner KAPPA_RUNNER names: local by default). A replay under
+    way stops with it: its retention lease ends here (the same command without --start resumes it)."""
+    from kappa.control.leases import release
+    from kappa.control.registry import Registry
+    from kappa.control.runners import runner_for
 
+    settings = _settings()
     definition = _load_view(view, version)
-    status = LocalRunner(_settings()).stop(view, definition.version)
+    status = runner_for(settings).stop(view, definition.version)
     console.print(f"{status.ref}: {status.state} ({status.detail})", highlight=False)
+    rec = Registry(settings.lake_uri).get(view, definition.version)
+    if rec is not None and rec.state == "building":  # asked to stop: its lease goes now, not when it expires
+        for lease in release(settings, view, definition.version, by=_by(), note="its job was stopped (view stop)"):
+            console.print(f"{lease.ref}: retention lease released (the topic's declared retention is back)",
+                          highlight=False)
+        console.print(f"{status.ref} stays registered as building, its job stopped: resume it with `{settings.cli} "
+                      f"replay {view} --version {definition.version}`", highlight=False)
 
 
 @host_app.command("run")
@@ -186,13 +197,17 @@ def topics_leases() -> None:
 
     settings = _settings()
     holding = {(lease.topic, lease.view, lease.version) for lease in active_leases(settings)}
-    table = Table("topic", "view version", "taken", "by", "state")
-    for lease in leases(settings):
+    everything = leases(settings)
+    # one line per lease, nothing cut: a table narrower than its names hid the version ("campaign_win…") or
+    # dropped whole columns
+    for lease in everything:
         held = (lease.topic, lease.view, lease.version) in holding
-        table.add_row(lease.topic, f"{lease.view}@v{lease.version}", f"{lease.taken_at:%Y-%m-%d %H:%M:%S}", lease.by,
-                      "holds retention" if held else f"ended {lease.released_at:%H:%M:%S}: {lease.note}"
-                      if lease.released_at else "ended")
-    console.print(table)
+        state = ("holds retention" if held else f"ended {lease.released_at:%Y-%m-%d %H:%M:%S}: {lease.note}"
+                 if lease.released_at else "ended")
+        console.print(f"{lease.ref}: {state} (taken {lease.taken_at:%Y-%m-%d %H:%M:%S} by {lease.by})",
+                      highlight=False, markup=False)
+    if not everything:
+        console.print("no retention leases: no replay has taken one", highlight=False)
 
 
 # -------------------------------------------------------------------------------------------- data
@@ -262,7 +277,7 @@ def _wait_for_topics(settings, names: list[str], heartbeat: Optional[Path]) -> N
             missing, why = sorted(names), f": {one_line(exc)}"
         if not missing:
             return
-        line = f"waiting for topic(s) {', '.join(missing)} (created by `kappa topics ensure`){why}"
+        line = f"waiting for topic(s) {', '.join(missing)} (created by `{settings.cli} topics ensure`){why}"
         if line not in said:
             console.print(line, highlight=False)
             said.add(line)
@@ -306,9 +321,41 @@ def up(
         "\n[bold]Next[/bold] (from this folder)\n"
         f"  {cli} status\n"
         f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
-        f"  {cli} replay campaign_window_counts --version 2 --start earliest\n"
-        f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
+        + "".join(f"  {step}\n" for step in _version_step(settings))
+        + f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
         f"  {'make down':<26} stop everything (data stays in .kappa/)", highlight=False)
+
+
+#: What `replay <view> --version N` (no --start) does for a version in these registry states.
+_ATTACH = {"building": "under way: follow it", "caught_up": "caught up: verify it", "failed": "failed: run it again"}
+
+
+def _version_step(settings) -> list[str]:
+    """The version command the Next hint of `up` suggests, for what the registry holds now: follow a replay under
+    way, else replay a declared version never built (the first view that has one), else roll back to a kept one
+    - never a version that is retired, deleted or serving (that command would be refused)."""
+    from kappa.catalog import load_catalog
+    from kappa.control.registry import Registry
+    from kappa.control.serving import ServingAlias
+
+    registry, alias, cli = Registry(settings.lake_uri), ServingAlias(settings.lake_uri), settings.cli
+    records = {(r.view, r.version): r for r in registry.list()}
+    building, fresh, kept = [], [], []
+    for view, spec in load_catalog().views.items():
+        serving = alias.target(view).version
+        for version in sorted(spec.versions):
+            rec = records.get((view, version))
+            if version == serving:
+                continue
+            if rec is None:
+                fresh.append(f"{cli} replay {view} --version {version} --start earliest")
+            elif rec.state == "verified":
+                building.append(f"{cli} promote {view} --version {version}       # verified: serve it")
+            elif rec.state in _ATTACH:
+                building.append(f"{cli} replay {view} --version {version}       # {_ATTACH[rec.state]}")
+            elif rec.state == "retired" and rec.deleted_at is None:
+                kept.append(f"{cli} rollback {view} --to {version}       # serve the kept v{version} again")
+    return (building or fresh or kept)[:1]
 
 
 def _wait_views(settings, *, timeout: float) -> None:
@@ -402,12 +449,26 @@ def status() -> None:
         console.print("registry: no replays yet (each view serves its default version)")
         return
     console.print()
-    reg = Table("version", "state", "since (UTC)", box=None)
+    reg = Table(box=None)  # the version in full on any terminal (a cut "campaign_window_c…" hides which one)
+    reg.add_column("version", no_wrap=True, min_width=max(len(r.ref) for r in records))
+    reg.add_column("state", overflow="fold")
+    reg.add_column("since (UTC)", overflow="fold")
     for r in records:
-        reg.add_row(r.ref, r.state, str(r.updated_at)[:19])
+        reg.add_row(r.ref, _registry_state(settings, r), str(r.updated_at)[:19])
     console.print(reg)
     for r in records:  # the notes in full, wrapped: a replay's progress, why it caught up, a failure
         console.print(f"{r.ref} ({r.state_changed_by}): {r.note or '-'}", highlight=False, soft_wrap=False)
+
+
+def _registry_state(settings, rec) -> str:
+    """A version's registry state as `status` shows it: a replay whose job no longer runs (stopped with `view
+    stop`, or its driver gone) says so instead of looking under way."""
+    if rec.state != "building":
+        return rec.state
+    from kappa.control.runners import runner_for
+
+    job = runner_for(settings).status(rec.view, rec.version)
+    return rec.state if job.state == "running" else f"building, job {job.state}"
 
 
 @app.command("views")
@@ -588,7 +649,7 @@ def replay_cmd(
     console.print(pre.summary(), highlight=False)
     if dry_run:
         console.print("dry run - nothing registered, started or written; a replay would:", highlight=False)
-        for i, step in enumerate([*pre.plan(), *_cascade_steps(req, chain)], 1):
+        for i, step in enumerate([*pre.plan(), *_cascade_steps(req, chain, settings)], 1):
             console.print(f"  {i}. {step}", highlight=False)
         return
     rec = replay.launch(req, settings, runner, pre)
@@ -628,7 +689,7 @@ def replay_cmd(
                       + (f" --cascade (switches {pairs} together)" if cascade else ""), highlight=False)
 
 
-def _cascade_steps(req, chain: list[tuple[str, int]]) -> list[str]:
+def _cascade_steps(req, chain: list[tuple[str, int]], settings) -> list[str]:
     """The dry run's steps of a cascade (kappa.control.replay.cascade)."""
     from kappa.runtime.view import declared_view
 
@@ -637,7 +698,8 @@ def _cascade_steps(req, chain: list[tuple[str, int]]) -> list[str]:
     if chain:
         what = ", ".join([req.ref, *(f"{v}@v{n}" for v, n in chain)])
         steps.append(f"switch readers to {what} in one alias commit"
-                     + ("" if req.auto_promote else " (with --promote, or `kappa promote ... --cascade` later)"))
+                     + ("" if req.auto_promote else f" (with --promote, or `{settings.cli} promote {req.view} "
+                                                     f"--version {req.version} --cascade` later)"))
     return steps
 
 

@@ -151,7 +151,10 @@ def chain(view: str, version: int) -> list[tuple[str, int]]:
 
     out = _walk(view, version, edges, highest)
     if not out:
-        raise ReplayError(f"cascade: no view reads what {view} publishes (kappa views shows the graph)")
+        from kappa.config import Settings
+
+        raise ReplayError(f"cascade: no view reads what {view} publishes (`{Settings.from_env().cli} views` shows "
+                          "the graph)")
     return out
 
 
@@ -193,7 +196,8 @@ def chain_caught_up(req: ReplayRequest, settings: Settings, runner: Runner, *, p
     for view, version in chain(req.view, req.version):
         edge = upstream_of(view, version)
         if edge is None:  # chain() lists only versions over a publisher: the declarations changed meanwhile
-            raise ReplayError(f"{view_ref(view, version)} no longer reads what a view publishes (kappa views)")
+            raise ReplayError(f"{view_ref(view, version)} no longer reads what a view publishes "
+                              f"(`{settings.cli} views`)")
         up = ViewVersion.resolve(edge.upstream, edge.upstream_version, settings)
         goal = target.get((up.name, up.version))
         if goal is None:
@@ -254,7 +258,8 @@ def rollback_targets(view: str, to_version: int, settings: Settings) -> list[tup
                 if r.version in over and r.deleted_at is None and r.state in {"retired", "serving"}}
         if not kept:
             raise ReplayError(f"{dependant} has no kept version over {view_ref(up, up_version)}: rebuild one with "
-                              f"`kappa replay {up} --version {up_version} --cascade`, or roll back without cascade")
+                              f"`{settings.cli} replay {up} --version {up_version} --cascade`, or roll back without "
+                              "cascade")
         row = alias.alias(dependant)
         previous = row.previous_version if row is not None else None
         return previous if previous in kept else max(kept)

@@ -285,7 +285,8 @@ def follow(req: Any, settings: Settings, runner: Runner, *, timeout: float = 0.0
             return caught
         if deadline is not None and time.monotonic() > deadline:
             raise ReplayError(f"{req.ref} not caught up after {timeout:.0f}s ({sample.summary()}); the job keeps "
-                              f"running - run `{settings.cli} verify` / `{settings.cli} promote` once it has")
+                              f"running - follow it again with `{settings.cli} replay {req.view} --version "
+                              f"{req.version}` (it verifies it once caught up)")
         time.sleep(poll)
 
 

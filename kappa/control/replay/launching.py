@@ -91,7 +91,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
             app_id=app_id(req.view, req.version, run_id), starting=pre.starting, triggered_by=req.triggered_by,
             start_offsets=pre.starting)
         if rec.state == "retired":
-            raise ReplayError(f"{req.ref} is retired; use `kappa rollback {req.view} --to {req.version}`")
+            raise ReplayError(f"{req.ref} is retired; use `{settings.cli} rollback {req.view} --to {req.version}`")
         if rec.state == "failed":
             rec = registry.set_state(req.view, req.version, "building", by=req.triggered_by, expected={"failed"},
                                      note=f"relaunched after failure: {rec.note or '?'}")

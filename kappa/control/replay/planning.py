@@ -20,7 +20,7 @@ from kappa.control.registry import Registry, code_hash
 from kappa.control.replay.request import (ReplayError, ReplayRequest, VersionBusy, offsets_from_json, parse_offsets,
                                   spark_offsets)
 from kappa.control.replay.upgrade import continue_point, upgrade_mode
-from kappa.control.replay.version import ViewVersion, registry_of
+from kappa.control.replay.version import ViewVersion, new_version, registry_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
@@ -125,9 +125,12 @@ class Preflight:
         base = " on top of the seeded rows" if self.seed is not None else ""
         steps.append(f"verify: strict - the table must equal the plain-Python oracle over the offsets it holds{base}"
                      if req.verify == "strict" else "verify: none - accept the table as it is")
+        from kappa.config import Settings
+
+        cli = Settings.from_env().cli
         steps.append(f"promote: switch readers to {req.ref} in one Delta commit, keep the replaced version "
                      f"{req.keep_hours:g} h" if req.auto_promote else
-                     f"do not promote (later: kappa promote {req.view} --version {req.version})")
+                     f"do not promote (later: `{cli} promote {req.view} --version {req.version}`)")
         return steps
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,22 +211,25 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         current_hash = code_hash(module)
         if existing.code_hash != current_hash:
             raise ReplayError(f"{req.ref} was registered with other code (sha256 {existing.code_hash[:12]}, now "
-                              f"{current_hash[:12]}); a version's table belongs to its code: create version "
-                              f"{req.version + 1}")
+                              f"{current_hash[:12]}); a version's table belongs to its code: replay the new code "
+                              f"as {new_version(req.view)}")
+        if existing.state == "retired" and existing.deleted_at is not None:
+            raise ReplayError(f"{req.ref} was retired and its table deleted at {existing.deleted_at:%Y-%m-%d %H:%M} "
+                              f"UTC; it can never serve again: replay its logic as {new_version(req.view)}")
         if existing.state == "retired":
-            raise ReplayError(f"{req.ref} is retired; serve it again with `kappa rollback {req.view} --to "
+            raise ReplayError(f"{req.ref} is retired; serve it again with `{settings.cli} rollback {req.view} --to "
                               f"{req.version}` instead of replaying it")
         if existing.state == "serving":
             raise VersionBusy(f"{req.ref} already serves; nothing to replay", existing)
     if existing is None and job.state == "running":
         raise VersionBusy(f"{req.ref} already runs ({job.detail}) but is not registered (started by hand?); its "
-                          "start is unknown, so it cannot be verified - stop it with `kappa view stop "
+                          f"start is unknown, so it cannot be verified - stop it with `{settings.cli} view stop "
                           f"{req.view} --version {req.version}` and replay again")
     busy = job.state == "running" or (existing is not None and existing.state in _BUSY_STATES)
     if busy and not resume:
         state = existing.state if existing is not None else "unregistered"
         raise VersionBusy(f"{req.ref} is already {state} (job {job.state}: {job.detail}); refusing to start it "
-                          "again - see `kappa status`, or stop it with `kappa view stop "
+                          f"again - see `{settings.cli} status`, or stop it with `{settings.cli} view stop "
                           f"{req.view} --version {req.version}`", existing)
 
     try:
@@ -269,7 +275,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
                 raise ReplayError(
                     f"{req.ref} is already {existing.state} from {_short_offsets(resumed)}; the requested start "
                     f"({_describe_start(req)}) is {_short_offsets(asked)} - one version has one start: follow it "
-                    f"without --start, or replay the new start into version {req.version + 1}")
+                    f"without --start, or replay the new start into {new_version(req.view)}")
         # what must still be readable is what the job has not processed yet
         processed, _batch = vv.committed_offsets()
         needed = {p: max(o, processed.get(p, o)) for p, o in start.items()}

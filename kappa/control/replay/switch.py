@@ -99,7 +99,7 @@ def spark_catalog(spark: Any, settings: Settings | None = None, *, refresh: bool
     return created
 
 
-def _stop(runner: Runner, view: str, version: int) -> None:
+def _stop(runner: Runner, settings: Settings, view: str, version: int) -> None:
     try:
         status = runner.status(view, version)
         if status.state == "running":
@@ -107,7 +107,8 @@ def _stop(runner: Runner, view: str, version: int) -> None:
             log.info("%s@v%s: job stopped", view, version)
     except Exception as exc:  # noqa: BLE001 - the switch already happened; report, do not undo it
         raise ReplayError(f"{view_ref(view, version)}: the alias switched, but stopping the old job failed "
-                          f"({one_line(exc)}); stop it with `kappa view stop {view} --version {version}`") from None
+                          f"({one_line(exc)}); stop it with `{settings.cli} view stop {view} --version {version}`"
+                          ) from None
 
 
 def promote(view: str, version: int, settings: Settings, runner: Runner, *, by: str,
@@ -150,7 +151,7 @@ def promote_chain(versions: list[tuple[str, int]], settings: Settings, runner: R
         raise ReplayError(one_line(exc)) from None
     for result in results:
         if result.previous_version is not None and result.previous_version != result.version:
-            _stop(runner, result.view, result.previous_version)
+            _stop(runner, settings, result.view, result.previous_version)
     write_catalog_sql(settings)
     return results
 
@@ -207,10 +208,10 @@ def _restart(runner: Runner, settings: Settings, result: SwitchResult) -> None:
             runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest"))
         except Exception as exc:  # noqa: BLE001
             raise ReplayError(f"{view_ref(view, result.version)} serves again, but starting its job failed "
-                              f"({one_line(exc)}); start it with `kappa view start {view} --version "
+                              f"({one_line(exc)}); start it with `{settings.cli} view start {view} --version "
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:
-        _stop(runner, view, result.previous_version)
+        _stop(runner, settings, view, result.previous_version)
 
 
 def retire_expired(settings: Settings, runner: Runner, *, by: str,
@@ -218,7 +219,7 @@ def retire_expired(settings: Settings, runner: Runner, *, by: str,
     """Stop the jobs of retired versions past their keep period and delete their tables and checkpoints."""
     alias = alias_of(settings)
     for rec in alias.expired(now):
-        _stop(runner, rec.view, rec.version)
+        _stop(runner, settings, rec.view, rec.version)
     try:
         return alias.delete_expired(now, by=by)
     except RegistryError as exc:

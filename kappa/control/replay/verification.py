@@ -248,7 +248,8 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     registry = registry_of(settings)
     rec = registry.get(view, version)
     if rec is None:
-        raise ReplayError(f"{ref} is not registered; replay it first (`kappa replay {view} --version {version}`)")
+        raise ReplayError(f"{ref} is not registered; replay it first (`{settings.cli} replay {view} --version "
+                          f"{version}`)")
     if rec.state in {"building", "retired"}:
         raise ReplayError(f"{ref} is {rec.state}; only a caught-up version can be verified")
     record_state = rec.state in {"caught_up", "verified"}

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.control.serving import ServingAlias
     from kappa.runtime.view import ViewDefinition
 
-__all__ = ["ViewVersion", "alias_of", "committed_offsets", "module_of", "registry_of", "run_app_id",
+__all__ = ["ViewVersion", "alias_of", "committed_offsets", "module_of", "new_version", "registry_of", "run_app_id",
            "stream_topic"]
 
 
@@ -36,6 +36,24 @@ def module_of(view: str, version: int) -> str:
         return load_catalog().module_of(view, version)
     except UnknownView as exc:
         raise ReplayError(str(exc)) from None
+
+
+def new_version(view: str) -> str:
+    """What a hint says when a change needs a version of its own: the next number the declarations do not use
+    (``version + 1`` may already be declared, with other code)."""
+    from kappa.catalog import UnknownView, load_catalog
+
+    try:
+        catalog = load_catalog()
+        spec = catalog.view(view)
+    except UnknownView as exc:
+        raise ReplayError(str(exc)) from None
+    n = max(spec.versions) + 1
+    from kappa.config import PLATFORM_FILE
+
+    where = ("kappa/platform.yaml" if catalog.source is None or Path(catalog.source) == PLATFORM_FILE
+             else str(catalog.source))
+    return f"a new version: declare {view} v{n} in {where} (its module, e.g. jobs/{view}/v{n}.py)"
 
 
 def stream_topic(view: str, version: int) -> str:
