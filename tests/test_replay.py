@@ -144,6 +144,14 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         _wait_for(lambda: DeltaTable.is_deltatable(paths[1]), 240, "v1's table")
         reader.start()
 
+        # the version serving by default is verifiable while it runs: adopted (tracked, serving), checked read-only
+        assert registry.get(VIEW, 1) is None
+        _wait_for(lambda: DeltaTable(paths[1]).version() > 0, 240, "v1's first micro-batch")
+        served = replay.verify(VIEW, 1, settings, "strict", by="test")
+        assert served.passed and "equal the recompute and the oracle" in served.message, served.message
+        assert registry.get(VIEW, 1).state == "serving" and alias.resolve(VIEW) == paths[1]
+        assert any("adopted" in (e.note or "") for e in registry.events(VIEW, 1))
+
         # three micro-batches: the last one filters late rows with a watermark past the burst's window
         conf = {"view": VIEW, "version": 2, "start": "earliest", "verify": "strict", "auto_promote": True,
                 "watch_minutes": 0, "keep_hours": 1, "max_offsets_per_trigger": 1800, "max_lag": 0}

@@ -12,6 +12,11 @@ if [[ "${1:-}" != "executor" ]]; then
 fi
 shift
 
+# the executor fetches the driver's added jars and files into its working directory: the root filesystem is
+# read-only, /tmp is the pod's emptyDir
+mkdir -p /tmp/spark-work
+cd /tmp/spark-work
+
 # SPARK_JAVA_OPT_0, SPARK_JAVA_OPT_1, ... in numeric order
 java_opts=()
 while IFS= read -r name; do

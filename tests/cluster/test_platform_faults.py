@@ -1,6 +1,6 @@
 """Faults in the cluster, on the release test_platform.py installed (the session fixture ``release``): the view
-driver pod force-deleted mid-batch several times, the broker pod killed, the node's containerd and kubelet killed
-and started again. After all of them, with the producer paused and the views caught up, the events_raw archive (run
+driver pod force-deleted mid-batch several times (grace 0), the broker pod killed, the node's containerd and kubelet
+killed and started again. After all of them, with the producer paused and the views caught up, the events_raw archive (run
 by the grouped driver) holds every record of the log exactly once - counted independently (DuckDB over the Delta
 tables on the node's disk against the broker's own end offsets) and by the project's verification (``kappa verify``
 in the Airflow scheduler pod: recompute + plain-Python oracle).
@@ -85,8 +85,17 @@ def test_force_deleted_driver_pods_restart_from_their_checkpoints(release: Relea
 
 def test_killing_the_broker_pauses_the_views_and_they_resume(release: Release) -> None:
     before = _delta_version(release)
+    old = release.node.get("pod", KAFKA_POD, "-n", NS)["metadata"]["uid"]
     killed = time.monotonic()
-    release.node.kubectl("delete", "pod", KAFKA_POD, "-n", NS, "--grace-period=0", "--force")
+    # killed (SIGTERM, SIGKILL a second later), not force-deleted: a StatefulSet's pod is recreated under the same
+    # name only once the old one is gone, so two brokers never share the volume (a forced delete could)
+    release.node.kubectl("delete", "pod", KAFKA_POD, "-n", NS, "--grace-period=1", "--wait=false")
+    while True:  # the StatefulSet creates the pod again under the same name
+        res = release.node.kubectl("get", "pod", KAFKA_POD, "-n", NS, "-o", "json", check=False)
+        if res.returncode == 0 and json.loads(res.stdout)["metadata"]["uid"] != old:
+            break
+        assert time.monotonic() - killed < 300, "the StatefulSet did not recreate the broker's pod"
+        time.sleep(2)
     release.node.wait_pod(NS, KAFKA_POD, timeout=600)
     back = time.monotonic() - killed
     resumed = _wait_commits(release, _delta_version(release), "the broker's restart") + back
@@ -145,10 +154,10 @@ def test_after_every_fault_each_record_is_in_the_archive_exactly_once(release: R
         expected = sum(ends.values())
         deadline = time.monotonic() + 900
         while True:  # caught up: every offset below the end is in the archive or the quarantine
-            duckdb.sql("SET threads TO 2")
-            events = DeltaTable(_table(release)).to_pyarrow_dataset()
-            quarantine = DeltaTable(str(release.lake() / "quarantine")).to_pyarrow_dataset()
-            counts = duckdb.sql("""
+            con = duckdb.connect()
+            con.register("events", DeltaTable(_table(release)).scan().read_all())
+            con.register("quarantine", DeltaTable(str(release.lake() / "quarantine")).scan().read_all())
+            counts = con.sql("""
                 WITH seen AS (
                     SELECT "partition" AS p, "offset" AS o FROM events WHERE topic = 'ad-events'
                     UNION ALL

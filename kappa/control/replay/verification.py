@@ -228,7 +228,9 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
 
     ``none``: no check, the registry note says so. The serving alias is never touched; a failure marks the
     version ``failed`` with the reason (the first differing key). A serving or failed version is re-checked
-    read-only (its state stays). Also reports how the table differs from the
+    read-only (its state stays); so is the catalog's default version serving without a registry row (as ``kappa up``
+    and the chart run it): it is adopted first (:func:`kappa.control.replay.launching.adopt_serving`). Also reports
+    how the table differs from the
     version currently serving (keys only in the new one, only in the old one, changed values).
 
     Raises:
@@ -247,6 +249,12 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     ref = vv.ref
     registry = registry_of(settings)
     rec = registry.get(view, version)
+    if rec is None:  # the version serving by default (`kappa up`, the chart) is tracked once it is checked
+        from kappa.control.replay.launching import adopt_serving
+
+        from kappa.catalog import load_catalog
+
+        rec = adopt_serving(view, settings, by=by) if version == load_catalog().views[view].default_version else None
     if rec is None:
         raise ReplayError(f"{ref} is not registered; replay it first (`{settings.cli} replay {view} --version "
                           f"{version}`)")
