@@ -105,6 +105,53 @@ class Node:
                              f"{json.dumps(pod.get('status', {}))[:2000]}\n{events}\n{logs.stdout[-2000:]}{logs.stderr[-500:]}")
 
 
+def job_like(node: Node, namespace: str, deployment: str, name: str, args: list[str], env: dict[str, str],
+             memory: str | None = None) -> dict:
+    """A Job running ``args`` in the pod of ``deployment`` (image, env, lake volume, security context) with Spark in
+    the ``env`` given (e.g. ``KAPPA_SPARK_MASTER=local[2]``): no Service selects it, no probe restarts it, no API
+    token is mounted; ``memory`` replaces its memory request and limit."""
+    pod = json.loads(json.dumps(node.get("deployment", deployment, "-n", namespace)["spec"]["template"]))
+    labels = pod["metadata"]["labels"]
+    labels["app.kubernetes.io/name"] = name
+    for key in ("kappa.io/view", "kappa.io/view-version"):
+        labels.pop(key, None)
+    spec = pod["spec"]
+    spec["restartPolicy"] = "Never"
+    spec["automountServiceAccountToken"] = False
+    c = spec["containers"][0]
+    c["args"] = args
+    c["env"] = [e for e in c.get("env", []) if e["name"] not in {"PYSPARK_SUBMIT_ARGS", "COLUMNS", *env}]
+    c["env"] += [{"name": k, "value": v} for k, v in {"COLUMNS": "400", **env}.items()]  # unwrapped output
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        c.pop(probe, None)
+    c["ports"] = []
+    if memory:
+        c["resources"] = {"requests": {**c["resources"]["requests"], "memory": memory},
+                          "limits": {**c["resources"]["limits"], "memory": memory}}
+    spec["volumes"] = [v for v in spec["volumes"] if "projected" not in v or v["name"] != "kube-api-access"]
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] in {v["name"] for v in spec["volumes"]}]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"backoffLimit": 0, "template": pod}}
+
+
+def run_job(node: Node, job: dict, timeout: float = 1200) -> str:
+    """Create the Job (replacing one of the same name), wait until it completes; its logs. Fails with them."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    node.kubectl("delete", "job", name, "-n", namespace, "--wait=true", check=False)
+    node.apply(json.dumps(job))
+    deadline = time.monotonic() + timeout
+    while True:
+        status = node.get("job", name, "-n", namespace).get("status", {})
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
+            break
+        assert time.monotonic() < deadline, f"job/{name} still running after {timeout:.0f} s: {status}"
+        time.sleep(5)
+    logs = node.kubectl("logs", "-n", namespace, f"job/{name}", "--tail=-1", check=False).stdout
+    assert conditions.get("Complete") == "True", f"job/{name} failed:\n{logs[-4000:]}"
+    return logs
+
+
 @pytest.fixture(scope="session")
 def node() -> Node:
     home = Path(os.environ.get("KAPPA_CLUSTER_HOME", ROOT / ".kappa" / "cluster"))

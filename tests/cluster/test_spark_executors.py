@@ -10,8 +10,6 @@ test_platform.py is scaled to zero meanwhile (two cores) and scaled back afterwa
 
 from __future__ import annotations
 
-import copy
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.conftest import ROOT, Node
+from tests.cluster.conftest import ROOT, Node, job_like, run_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -93,48 +91,6 @@ def _resume(node: Node, ns: str, replicas: dict[str, int]) -> None:
         node.kubectl("scale", "-n", ns, f"--replicas={n}", obj, check=False)
 
 
-def _job_from_driver(node: Node, name: str, args: list[str], env: dict[str, str]) -> dict:
-    """A Job running ``args`` in the driver's own pod (image, env, lake volume, security context), in Spark local
-    mode: no driver Service selects it, it creates no executors."""
-    deployment = node.get("deployment", DRIVER, "-n", NS)
-    pod = copy.deepcopy(deployment["spec"]["template"])
-    labels = pod["metadata"]["labels"]
-    labels["app.kubernetes.io/name"] = f"{NAME}-{name}"
-    for key in ("kappa.io/view", "kappa.io/view-version"):
-        labels.pop(key, None)
-    spec = pod["spec"]
-    spec["restartPolicy"] = "Never"
-    spec["automountServiceAccountToken"] = False
-    c = spec["containers"][0]
-    c["args"] = args
-    c["env"] = [e for e in c.get("env", []) if e["name"] not in {"PYSPARK_SUBMIT_ARGS", "COLUMNS", *env}]
-    c["env"] += [{"name": k, "value": v} for k, v in {"COLUMNS": "400", **env}.items()]  # unwrapped output
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        c.pop(probe, None)
-    c["ports"] = []
-    spec["volumes"] = [v for v in spec["volumes"] if "projected" not in v or v["name"] != "kube-api-access"]
-    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] in {v["name"] for v in spec["volumes"]}]
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{NAME}-{name}", "namespace": NS},
-            "spec": {"backoffLimit": 0, "template": pod}}
-
-
-def _run_job(node: Node, job: dict, timeout: float = 1200) -> str:
-    name = job["metadata"]["name"]
-    node.kubectl("delete", "job", name, "-n", NS, "--wait=true", check=False)
-    node.apply(json.dumps(job))
-    deadline = time.monotonic() + timeout
-    while True:
-        status = node.get("job", name, "-n", NS).get("status", {})
-        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-        if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
-            break
-        assert time.monotonic() < deadline, f"job/{name} still running after {timeout:.0f} s: {status}"
-        time.sleep(5)
-    logs = node.kubectl("logs", "-n", NS, f"job/{name}", "--tail=-1", check=False).stdout
-    assert conditions.get("Complete") == "True", f"job/{name} failed:\n{logs[-4000:]}"
-    return logs
-
-
 def _executors(node: Node) -> list[dict]:
     return node.get("pods", "-n", NS, "-l", f"spark-role=executor,kappa.io/view={VIEW}")["items"]
 
@@ -169,8 +125,8 @@ def test_the_executors_run_the_view_and_it_equals_local_mode_and_the_oracle(scal
     from deltalake import DeltaTable
 
     started = time.monotonic()
-    _run_job(scale_out, _job_from_driver(scale_out, "produce", ["kappa", "produce", "--count", str(EVENTS), "--seed", "7"],
-                                       {"KAPPA_SPARK_MASTER": "local[1]"}))
+    run_job(scale_out, job_like(scale_out, NS, DRIVER, f"{NAME}-produce",
+                                ["kappa", "produce", "--count", str(EVENTS), "--seed", "7"], {}))
     print(f"produced {EVENTS} events: {time.monotonic() - started:.0f} s")
     table = _lake(scale_out) / "views" / VIEW / f"v{VERSION}" / "table"
     deadline = time.monotonic() + 900
@@ -192,8 +148,9 @@ def test_the_executors_run_the_view_and_it_equals_local_mode_and_the_oracle(scal
     assert len(tasks) == EXECUTORS and all(n > 0 for n in tasks.values()), tasks
 
     started = time.monotonic()
-    logs = _run_job(scale_out, _job_from_driver(scale_out, "verify", ["kappa", "verify", VIEW, "--version", str(VERSION)],
-                                              {"KAPPA_SPARK_MASTER": "local[2]"}))
+    logs = run_job(scale_out, job_like(scale_out, NS, DRIVER, f"{NAME}-verify",
+                                       ["kappa", "verify", VIEW, "--version", str(VERSION)],
+                                       {"KAPPA_SPARK_MASTER": "local[2]"}, memory="3Gi"))
     print(f"kappa verify (local mode, in a pod): {time.monotonic() - started:.0f} s\n{logs[-1500:]}")
     import re
 
