@@ -167,3 +167,37 @@ def test_quarantine_appends_are_idempotent_concurrent_and_readable_by_spark(spar
     txns = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).update(
         False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions()
     assert int(txns.get("kappa:events_raw@v1:test/quarantine").get()) == 7
+
+
+def test_a_driver_waits_for_its_topics_with_its_metrics_up(spark, kafka, lake):
+    """In a cluster the topics Job runs once the release's pods are Ready: a driver started before its topics exist
+    waits, alive (its metrics endpoint answers, so its pod turns Ready), and starts once they exist."""
+    import threading
+    import urllib.request
+
+    from kappa.log.broker import free_port
+    from kappa.log.topics import declared_topics, ensure_topics
+
+    settings = lake.replace(topic_prefix=f"late-{lake.topic_prefix}")  # nothing exists under this prefix yet
+    job = ViewJob(load_view("jobs.campaign_window_counts.v1"), settings, spark=spark, starting="earliest",
+                  metrics_port=free_port())
+    started = threading.Thread(target=job.start, kwargs={"wait_for_topics": True}, daemon=True)
+    started.start()
+    try:
+        url = f"http://127.0.0.1:{job.metrics_port}/metrics"
+        for _ in range(60):
+            try:
+                if urllib.request.urlopen(url, timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            started.join(0.5)
+        assert urllib.request.urlopen(url, timeout=2).status == 200, "no metrics while waiting for the topics"
+        started.join(3)
+        assert started.is_alive() and not job.queries, "the driver did not wait for its topics"
+        ensure_topics(settings, declared_topics(settings))
+        started.join(180)
+        assert not started.is_alive() and job.queries and job.queries[0].isActive, job.failure()
+        assert job.bound_port == job.metrics_port, "one metrics endpoint, served from the start"
+    finally:
+        job.stop()

@@ -263,28 +263,15 @@ def produce(
 
 
 def _wait_for_topics(settings, names: list[str], heartbeat: Optional[Path]) -> None:
-    """Wait (alive: the heartbeat is touched) until every topic exists; auto-creation is off and the chart's
-    topics Job creates them only once the release's pods are up."""
-    from confluent_kafka import KafkaException
+    """Wait (alive: the heartbeat is touched) until every topic exists (:func:`kappa.log.topics.wait_for_topics`)."""
+    from kappa.log.topics import wait_for_topics
 
-    from kappa.log.topics import list_topics
-
-    said: set[str] = set()
-    while True:
-        try:
-            missing, why = sorted(set(names) - set(list_topics(settings, timeout=10.0))), ""
-        except (KappaError, KafkaException) as exc:  # the brokers may still be starting
-            missing, why = sorted(names), f": {one_line(exc)}"
-        if not missing:
-            return
-        line = f"waiting for topic(s) {', '.join(missing)} (created by `{settings.cli} topics ensure`){why}"
-        if line not in said:
-            console.print(line, highlight=False)
-            said.add(line)
+    def alive() -> None:
         if heartbeat is not None:
             heartbeat.parent.mkdir(parents=True, exist_ok=True)
             heartbeat.touch()
-        time.sleep(2.0)
+
+    wait_for_topics(settings, names, say=lambda line: console.print(line, highlight=False), alive=alive)
 
 
 # -------------------------------------------------------------------------------------------- stack

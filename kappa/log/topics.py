@@ -46,6 +46,7 @@ from kappa.config import Settings
 from kappa.errors import KappaError
 
 __all__ = [
+    "wait_for_topics",
     "TopicChange",
     "TopicError",
     "TopicInfo",
@@ -180,6 +181,32 @@ def list_topics(settings: Settings, *, timeout: float = 30.0, internal: bool = F
         for name, t in md.topics.items()
         if t.error is None and (internal or not name.startswith("__"))
     }
+
+
+def wait_for_topics(settings: Settings, names: Iterable[str], *, say: Callable[[str], None],
+                    alive: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None,
+                    poll: float = 2.0) -> bool:
+    """Wait until every topic of ``names`` exists (auto-creation is off: the chart's topics Job, a post-install
+    hook, creates them once the release's pods are up; ``kappa topics ensure`` does locally). ``say`` gets one line
+    per change of what is missing, ``alive`` is called at each poll (a heartbeat), ``stop`` ends the wait early.
+    Returns False when stopped, True once every topic exists; brokers still starting count as missing topics."""
+    wanted, said = sorted(set(names)), ""
+    while True:
+        try:
+            missing, why = sorted(set(wanted) - set(list_topics(settings, timeout=10.0))), ""
+        except (KappaError, KafkaException) as exc:
+            missing, why = wanted, f": {exc}".splitlines()[0]
+        if not missing:
+            return True
+        line = f"waiting for topic(s) {', '.join(missing)} (created by `{settings.cli} topics ensure`){why}"
+        if line != said:
+            say(line)
+            said = line
+        if alive is not None:
+            alive()
+        if stop is not None and stop():
+            return False
+        time.sleep(poll)
 
 
 def _describe_configs(admin: AdminClient, name: str, *, timeout: float) -> dict[str, ConfigEntry]:

@@ -113,7 +113,7 @@ def run_view(settings: "Settings", view: str, version: int | None = None, *, sta
     job = ViewJob(definition, settings, starting=starting, trigger_seconds=trigger_seconds,
                   available_now=available_now or end_ts is not None, end_timestamp_ms=end_ts,
                   max_offsets_per_trigger=max_offsets_per_trigger, metrics_port=metrics_port)
-    job.start()
+    job.start(wait_for_topics=True)
     echo(f"{definition.ref} running (app id {job.app_id}); metrics on http://127.0.0.1:{job.bound_port}/metrics")
     job.run_forever()
 

@@ -275,16 +275,32 @@ class ViewJob:
             save_run_info(self.paths.checkpoint, self._run_info, files=self._files)
 
     # ---------------------------------------------------------------------------------------------------
-    def start(self) -> "ViewJob":
-        """Take the driver lock, create the tables, start the queries and the metrics endpoint."""
+    def start(self, *, wait_for_topics: bool = False) -> "ViewJob":
+        """Take the driver lock, create the tables, start the queries and the metrics endpoint.
+
+        ``wait_for_topics``: a topic the view reads that does not exist yet is waited for, with the metrics endpoint
+        already up (the driver is alive: in a cluster the topics Job runs only once the release's pods are Ready,
+        so a driver that exited instead would never let it run); otherwise the start fails.
+        """
         if self._lock is not None:
             self._lock.acquire()
         try:
+            if wait_for_topics:
+                self._wait_for_topics()
             self._start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_for_topics(self) -> None:
+        from kappa.log.topics import wait_for_topics
+
+        names = [self.settings.topic(self.view.stream_topic),
+                 *(self.settings.topic(lookup.topic) for lookup in self.view.lookups.values())]
+        if self.metrics_port is not None:
+            self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
+        wait_for_topics(self.settings, names, say=lambda line: log.warning("%s: %s", self.view.ref, line))
 
     def _start(self) -> None:
         self._prepare_run()
@@ -325,7 +341,7 @@ class ViewJob:
                                     fault=self.settings.fault)
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
-        if self.metrics_port is not None:
+        if self.metrics_port is not None and self.bound_port is None:
             self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
