@@ -157,7 +157,8 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
             if "table_changes(" in block.text:  # the feed of a table the real job MERGEs into
                 assert "update_postimage" in out and "insert" in out, out
                 notes = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-                assert all(n["kind"] in ("add", "change", "remove") and n["row"]["view_count"] >= 20
+                floor = int(re.search(r'--where "view_count >= (\d+)"', block.text).group(1))  # the docs' condition
+                assert all(n["kind"] in ("add", "change", "remove") and n["row"]["view_count"] >= floor
                            for n in notes), out
             if "--detach" in block.text:
                 # preflight told the truth: no replay was measured on this fresh platform, so no made-up ETA
