@@ -14,10 +14,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -25,7 +28,38 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
 
-__all__ = ["Daemon", "child_env", "group_members", "pid_alive", "spawn", "terminate_group"]
+__all__ = ["Daemon", "child_env", "group_members", "interrupt_on_termination", "pid_alive", "spawn",
+           "terminate_group"]
+
+
+@contextlib.contextmanager
+def interrupt_on_termination() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`KeyboardInterrupt` in the main thread, as Ctrl-C (SIGINT)
+    does; the previous handlers come back after it.
+
+    A command's ``finally`` blocks then stop what it started: ``make`` interrupted, a closed terminal, ``timeout``
+    and a CI cancel send SIGTERM, which otherwise ends Python at once and leaves the processes it started (each in
+    a process group of its own, so the terminal's signal never reaches them) running. A second signal while the
+    clean-up runs is ignored (SIGKILL still ends it); the processes it starts inherit none of this. Outside the
+    main thread (where Python cannot set handlers) the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def _interrupt(signum: int, _frame: object) -> None:
+        if seen:
+            return
+        seen.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def pid_alive(pid: int) -> bool:

@@ -6,7 +6,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "committed_batches", "delta_txns", "read_table", "recorded_batches", "run_to_end"]
+__all__ = ["FakeRunner", "committed_batches", "delta_txns", "processes_mentioning", "read_table", "recorded_batches",
+           "run_to_end"]
+
+
+def processes_mentioning(path: Path) -> list[str]:
+    """Live processes whose command line mentions ``path`` (what a command left behind), as ``pid: cmdline``."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+            if str(path) in line and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(f"{proc.pid}: {line[:200]}")
+        except psutil.Error:
+            continue
+    return out
 
 
 def read_table(spark: Any, path: str) -> list[Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -26,6 +27,7 @@ import psutil
 import pytest
 
 from tests.docs_blocks import ROOT, shell_blocks
+from tests.helpers import processes_mentioning
 from kappa.control import replay
 from kappa.log.broker import free_port
 from kappa.config import Settings
@@ -106,6 +108,36 @@ def _ratios(registry: Registry, version: int) -> list[float]:
     return out
 
 
+def _make_run_interrupted(env: dict[str, str], settings: Settings) -> float:
+    """``make run`` gets SIGTERM (GNU make passes it to the command: `timeout make run`, a CI cancel) while it
+    waits for the views: it stops everything it had started and says so in one line. Seconds it took to stop."""
+    from kappa.process import Daemon
+    from kappa.runtime.host import host_pid
+
+    proc = subprocess.Popen(["make", "--no-print-directory", "run"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while host_pid(settings) is None:  # the view host is up: the command waits for the views' first batches
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "make run started no view host"
+            time.sleep(0.5)
+        time.sleep(2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "interrupted (SIGTERM): stopped everything it had started (data stays in .kappa/)" in err, out + err
+    assert "Traceback" not in out + err, out + err
+    assert host_pid(settings) is None and Daemon("producer", settings).pid() is None
+    assert Daemon("airflow", settings).pid() is None
+    assert processes_mentioning(Path(settings.home)) == []
+    return took
+
+
 @pytest.mark.timeout(2400)
 def test_first_hour_as_a_new_user(kafka, tmp_path):
     home = tmp_path / "home"
@@ -118,6 +150,8 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
     registry = Registry(settings.lake_uri)
     figures: dict[str, Any] = {}
     try:
+        # ---- interrupted while it starts, it leaves nothing running
+        figures["make run interrupted -> stopped (s)"] = round(_make_run_interrupted(env, settings))
         # ---- make run returns once every view has rows, and says what to do next with commands that work
         started = time.monotonic()
         out = walk.run("make run", where="README.md: make run", timeout=1200)

@@ -89,6 +89,10 @@ def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
         # the last micro-batch was the second load's (a stateless view runs no empty batches): its rate was set
         rate = value(second, "kappa_processed_rows_per_second", **labels)
         assert 0 < rate < float("inf"), rate
+        assert value(second, "kappa_falling_behind", **labels) in (0, 1)
+        # the run reached its target and lags nothing: no wait is left
+        assert value(second, "kappa_replay_progress_ratio", **labels) == 1.0
+        assert value(second, "kappa_replay_eta_seconds", **labels) == 0
     finally:
         os.kill(proc.pid, signal.SIGTERM)  # like Kubernetes: the driver process gets SIGTERM
         try:
@@ -99,4 +103,23 @@ def test_running_job_metrics_move(kafka, declared_topics, lake, tmp_path):
             except ProcessLookupError:
                 pass
         log.close()
-    assert proc.returncode == 0, (tmp_path / "job.log").read_text()[-2000:]
+    text = (tmp_path / "job.log").read_text()
+    assert proc.returncode == 0, text[-2000:]
+    # Spark's per-batch warning is the job's one line at the start and end of a slow stretch (_Pace)
+    assert "Current batch is falling behind" not in text
+
+
+def test_falling_behind_is_said_once_when_it_starts_and_once_when_it_ends():
+    from kappa.runtime.job import _Pace
+
+    pace, trigger = _Pace(), 2.0
+    said = [pace.batch(s, trigger) for s in (1.0, 3.0, 1.0, 3.0, 3.0, 1.0)]  # odd slow batches: nothing
+    assert said == [None] * 6 and not pace.behind
+    said = [pace.batch(s, trigger) for s in (3.5, 4.0, 5.0, 6.0)]  # the third slow one in a row
+    assert said[:2] == [None, None] and said[3] is None and pace.behind
+    assert said[2].startswith("falling behind: 3 micro-batches in a row took longer than the 2 s trigger (last 5.0 s)")
+    said = [pace.batch(s, trigger) for s in (1.0, 1.0, 7.0, 1.0, 1.0, 1.0)]  # a slow one resets the streak
+    assert said[:5] == [None] * 5
+    assert said[5].startswith("keeping up again: micro-batches fit the 2 s trigger after 7 batches") and \
+        "(longest 7.0 s)" in said[5]
+    assert not pace.behind

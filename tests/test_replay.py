@@ -18,7 +18,9 @@ micro-batch semantics in plain Python.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -385,7 +387,37 @@ def test_continue_seeds_from_the_serving_version_and_reads_only_what_it_had_not(
             cli.main(["replay", "events_raw", "--version", "2", *argv])
         out = capsys.readouterr().out
         assert exited.value.code == 0 and said in out, out
-    try:  # the CLI as docs/replay.md shows it: launch, progress bar until caught up, strict verification
+    try:
+        # interrupted while it follows (SIGTERM: `timeout`, a closed terminal, make interrupted): the replay is the
+        # platform's job, not the command's - it keeps running, and the command says how to follow or stop it
+        previous, following, real_follow = signal.getsignal(signal.SIGTERM), threading.Event(), replay.follow
+
+        def noted_follow(*args, **kwargs):  # the real follow, noting that the command got there
+            following.set()
+            return real_follow(*args, **kwargs)
+
+        monkeypatch.setattr(replay, "follow", noted_follow)
+
+        def interrupt_while_following() -> None:
+            if following.wait(240) and signal.getsignal(signal.SIGTERM) is not previous:  # the CLI's handler
+                time.sleep(1)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        sender = threading.Thread(target=interrupt_while_following, daemon=True)
+        sender.start()
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["replay", "events_raw", "--version", "2", "--timeout", "300"])
+        sender.join(10)
+        err = capsys.readouterr().err
+        assert exited.value.code == 130, err
+        assert err.strip().splitlines()[-1] == (
+            "interrupted (SIGTERM): events_raw@v2 keeps replaying in its own job; follow it again with "
+            f"`{settings.cli} replay events_raw --version 2`, stop it with `{settings.cli} view stop events_raw "
+            "--version 2`"), err
+        assert runner.status("events_raw", 2).state == "running"
+        assert signal.getsignal(signal.SIGTERM) is previous
+        monkeypatch.setattr(replay, "follow", real_follow)
+        # the CLI as docs/replay.md shows it: attach, progress bar until caught up, strict verification
         with pytest.raises(SystemExit) as exited:
             cli.main(["replay", "events_raw", "--version", "2", "--timeout", "300"])
         out = capsys.readouterr().out

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -259,7 +260,12 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     home = Path(base.home) / "bench"
     broker = None
     if base.local_broker:
-        broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port()).start()
+        broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port())
+        try:
+            broker.start()
+        except BaseException:  # interrupted or failed while starting: no broker left behind
+            broker.stop()
+            raise
         settings = base.replace(kafka_bootstrap=broker.bootstrap, local_broker=False,
                                 lake_uri=str(home / f"lake-{int(time.time())}"))
     else:
@@ -470,11 +476,11 @@ def stack_steady_state(settings: Any, *, minutes: float, rate: float = 200.0,
     st = settings.replace(home=home, lake_uri=str(home / "lake"), topic_prefix=f"stack{int(time.time())}-")
     lines: list[str] = []
     t_up = time.monotonic()
-    stack.up(st, rate=rate, echo=lines.append)
-    stack.wait_ready(st)
-    stack.start_airflow(st)
-    up_seconds = time.monotonic() - t_up
     try:
+        stack.up(st, rate=rate, echo=lines.append)
+        stack.wait_ready(st)
+        stack.start_airflow(st)
+        up_seconds = time.monotonic() - t_up
         def parts() -> dict[str, int | None]:
             return {"broker": broker_pid, "view host": host_pid(st), "producer": Daemon("producer", st).pid(),
                     "airflow": Daemon("airflow", st).pid()}
@@ -647,8 +653,16 @@ def main() -> None:
     parser.add_argument("--stack-minutes", type=float, default=5.0,
                         help="minutes of the local stack's producer before (g) measures it (0: skip)")
     args = parser.parse_args()
-    run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out,
-        stack_minutes=args.stack_minutes)
+    from kappa.process import interrupt_on_termination
+
+    try:
+        with interrupt_on_termination():  # SIGTERM unwinds like Ctrl-C: the finally blocks stop it all
+            run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out,
+                stack_minutes=args.stack_minutes)
+    except KeyboardInterrupt as exc:
+        print(f"bench interrupted ({exc.args[0] if exc.args else 'SIGINT'}): stopped the broker and every process "
+              "it had started; no report written", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

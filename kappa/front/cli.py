@@ -290,16 +290,24 @@ def up(
     # a fresh broker answers the first idempotent producer with "coordinator load in progress, retrying":
     # librdkafka's warning of a retry that succeeds, not something to act on
     logging.getLogger("kappa.log.generator").setLevel(logging.ERROR)
-    stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
-    if airflow:  # starting while the views start: first rows 44 s instead of 42 s, ready in 60 s instead of 75 s
-        daemon = stack.start_airflow(settings)
-        console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
-    if wait:
-        _wait_views(settings, timeout=wait)
-        console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a micro-batch",
-                      highlight=False)
-        if airflow:
-            _wait_airflow(settings, timeout=wait)
+    running_before = [name for name, state, _where in stack.status(settings) if state == "running"]
+    try:
+        stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
+        if airflow:  # starting while the views start: first rows 44 s instead of 42 s, ready in 60 s instead of 75 s
+            daemon = stack.start_airflow(settings)
+            console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
+        if wait:
+            _wait_views(settings, timeout=wait)
+            console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a "
+                          "micro-batch", highlight=False)
+            if airflow:
+                _wait_airflow(settings, timeout=wait)
+    except KeyboardInterrupt as exc:
+        if running_before:  # not this command's to stop: it only continued a platform that was running
+            raise _interrupted(exc, f"the platform was running before this command ({', '.join(running_before)}) "
+                                    "and is left running; `make down` stops it") from None
+        stack.down(settings, echo=lambda m: None)
+        raise _interrupted(exc, "stopped everything it had started (data stays in .kappa/)") from None
     if wait:
         console.print(f"\nready in {time.monotonic() - began:.0f} s: every view has committed rows"
                       + (", Airflow's DAGs can be triggered" if airflow else ""), highlight=False)
@@ -649,7 +657,12 @@ def replay_cmd(
         console.print(f"detached; follow it with: {settings.cli} replay {view} --version {version}"
                       + (" --cascade" if cascade else "") + (" --promote" if promote else ""), highlight=False)
         return
-    _follow(req, settings, runner, timeout=timeout)
+    try:
+        _follow(req, settings, runner, timeout=timeout)
+    except KeyboardInterrupt as exc:  # the replay is the platform's job now, not this command's process
+        raise _interrupted(exc, f"{req.ref} keeps replaying in its own job; follow it again with `{settings.cli} "
+                                f"replay {view} --version {version}`, stop it with `{settings.cli} view stop {view} "
+                                f"--version {version}`") from None
     if cascade:
         published = cascading.table_version(replay.ViewVersion.resolve(view, version, settings))
         caught = cascading.follow_chain(req, settings, runner, published=published, timeout=timeout,
@@ -892,16 +905,33 @@ def airflow_trigger(
                         f"{api.run_url(dag, run_id)}")
 
 
+def _signal_name(exc: BaseException) -> str:
+    """SIGTERM/SIGHUP (kappa.process.interrupt_on_termination names it), else Ctrl-C."""
+    return exc.args[0] if isinstance(exc, KeyboardInterrupt) and exc.args else "SIGINT"
+
+
+def _interrupted(exc: KeyboardInterrupt, line: str) -> KeyboardInterrupt:
+    """Print what an interrupted command did about it (one line); main() then exits 130 without a second line."""
+    err.print(f"interrupted ({_signal_name(exc)}): {line}", highlight=False, markup=False)
+    exc.explained = True  # type: ignore[attr-defined]
+    return exc
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``kappa`` console script."""
+    from kappa.process import interrupt_on_termination
+
     code = 0
     try:
-        returned = app(args=argv, standalone_mode=False)
+        with interrupt_on_termination():  # SIGTERM/SIGHUP unwind like Ctrl-C: a command stops what it started
+            returned = app(args=argv, standalone_mode=False)
         if isinstance(returned, int):  # typer.Exit(n) outside standalone mode is returned, not raised
             code = returned
     except SystemExit as exc:  # typer/click exits (help, usage errors already printed)
         code = exc.code if isinstance(exc.code, int) else 1
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        if not getattr(exc, "explained", False):  # a command that cleaned up said what it left
+            err.print(f"interrupted ({_signal_name(exc)})", highlight=False, markup=False)
         code = 130
     except Exception as exc:  # noqa: BLE001 - one line for user errors, full trace otherwise
         import click

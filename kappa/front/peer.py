@@ -146,6 +146,10 @@ def run_peer(settings: "Settings", topic: str, campaigns_topic: str, table_path:
         with contextlib.suppress(Exception):
             out, err = proc.communicate(timeout=30)
         raise PeerError(f"peer did not finish within {timeout + 120:.0f}s") from None
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM through kappa.process.interrupt_on_termination)
+        proc.kill()
+        proc.wait(30)
+        raise
     lines = [line for line in out.splitlines() if line.startswith(_RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise PeerError(f"peer exited with {proc.returncode} after {time.monotonic() - started:.1f}s:\n"

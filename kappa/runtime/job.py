@@ -89,6 +89,40 @@ SPARK_PHASES = {"offsets": ("latestOffset",), "plan": ("queryPlanning", "getBatc
                 "commit": ("walCommit", "commitOffsets")}
 
 
+class _Pace:
+    """Whether a live query's micro-batches outlast its trigger interval ("falling behind": Spark starts the next
+    batch at once and the lag holds or grows). Spark's own warning comes at every such batch; this changes state
+    only after :attr:`RUN` batches in a row on the other side, so a busy machine's odd slow batch says nothing and
+    a state is announced once when it starts and once when it ends."""
+
+    RUN = 3
+
+    def __init__(self) -> None:
+        self.behind = False
+        self._streak = 0  # consecutive batches contradicting the current state
+        self._batches = 0  # batches since the state began
+        self._since = time.monotonic()
+        self._longest = 0.0
+
+    def batch(self, seconds: float, trigger: float) -> str | None:
+        """Account for one batch; the line to log when the state changed, else None."""
+        self._batches += 1
+        over = seconds > trigger
+        if self.behind:
+            self._longest = max(self._longest, seconds)
+        self._streak = self._streak + 1 if over != self.behind else 0
+        if self._streak < self.RUN:
+            return None
+        elapsed, batches, longest = time.monotonic() - self._since, self._batches, self._longest
+        self.behind, self._streak, self._batches, self._since, self._longest = over, 0, 0, time.monotonic(), seconds
+        if over:
+            return (f"falling behind: {self.RUN} micro-batches in a row took longer than the {trigger:g} s trigger "
+                    f"(last {seconds:.1f} s); each next one starts at once and the lag is in "
+                    "kappa_partition_lag_records (kappa_falling_behind 1 until it keeps up again)")
+        return (f"keeping up again: micro-batches fit the {trigger:g} s trigger after {batches} batches over "
+                f"{elapsed:.0f} s (longest {longest:.1f} s)")
+
+
 def _offsets_json(text: str | None) -> dict | None:
     """Kafka source offsets from a progress report (``None`` when absent or not JSON)."""
     try:
@@ -175,6 +209,7 @@ class ViewJob:
         self.start_offsets: dict[int, int] | None = None
         self.target_offsets: dict[int, int] | None = None  # what the run had to reach when it started
         self.processed_offsets: dict[int, int] = {}
+        self._pace = _Pace()  # whether micro-batches outlast the trigger (said once when it starts and ends)
         self.bound_port: int | None = None
         self._recoveries = 0
         self.late_batches: list[int] = []  # micro-batches whose late records were looked for (kappa.runtime.late)
@@ -540,6 +575,11 @@ class ViewJob:
         duration = durations.get("triggerExecution")
         if duration is not None and progress.numInputRows:
             m.batch_duration.labels(**m.labels).observe(duration / 1000.0)
+        if duration is not None and not self.available_now:
+            change = self._pace.batch(duration / 1000.0, self.trigger_seconds)
+            m.g(m.falling_behind).set(int(self._pace.behind))
+            if change:
+                log.log(logging.WARNING if self._pace.behind else logging.INFO, "%s: %s", self.view.ref, change)
         # Spark's own phases of the batch, beside ours (kappa.runtime.batch): planning, offsets, offset/commit logs
         for phase, keys in SPARK_PHASES.items():
             seconds = sum(float(durations.get(k) or 0) for k in keys) / 1000.0
@@ -608,9 +648,12 @@ class ViewJob:
             if self.processed_offsets:
                 start = self.start_offsets or {p: low for p, (low, _high) in ends.items()}
                 target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}
-                m.g(m.progress).set(run_progress(start, target, self.processed_offsets).ratio)
+                ratio = run_progress(start, target, self.processed_offsets).ratio
+                m.g(m.progress).set(ratio)
                 rate = m.g(m.processed_rate)._value.get()
-                m.g(m.eta).set(total_lag / rate if rate > 0 else (0.0 if total_lag == 0 else float("inf")))
+                # caught up (the run's target reached): what remains is the live stream's own lag, not a wait
+                m.g(m.eta).set(0.0 if ratio >= 1.0 or total_lag == 0 else
+                               total_lag / rate if rate > 0 else float("inf"))
 
     # lifecycle -----------------------------------------------------------------------------------------
     def process_all_available(self) -> None:

@@ -107,7 +107,10 @@ class ViewMetrics:
                                      "reached the broker, 0 while it cannot (the job waits).")
         self.kafka_unreachable_seconds = gauge("kappa_kafka_unreachable_seconds",
                                                "Seconds since the job last reached the broker (0 while it does).")
-        self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate).")
+        self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate; 0 "
+                         "once the run's target was reached).")
+        self.falling_behind = gauge("kappa_falling_behind", "1 while live micro-batches take longer than the "
+                                    "trigger interval (3 in a row; 0 again after 3 that fit).")
         self.published_rows = Counter("kappa_published_rows", "Rows of the table published to the version's "
                                       "publish topic (views of views; copies re-published after a crash count "
                                       "again).", names, registry=r)

@@ -129,6 +129,11 @@ def build_spark(
     jvm = spark.sparkContext._jvm
     jvm.org.apache.logging.log4j.core.config.Configurator.setLevel("org.apache.spark.rdd.MapPartitionsRDD",
                                                                    jvm.org.apache.logging.log4j.Level.ERROR)
+    # "Current batch is falling behind" at every slow micro-batch: the job says it once when it starts and once
+    # when it ends, with the gauge kappa_falling_behind (kappa.runtime.job._Pace)
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",
+        jvm.org.apache.logging.log4j.Level.ERROR)
     # py4j logs each gateway connection it closes at INFO, also while the interpreter shuts down (when a
     # configured handler's stream may be closed already): keep it to warnings
     logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -204,6 +204,12 @@ class Release:
         old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
         REPORT.write_text(json.dumps({**old, **self.timings}, indent=2))
 
+    def record_detail(self, name: str, detail: Any) -> None:
+        """A measurement that is not one duration (saved beside the timings)."""
+        REPORT.parent.mkdir(exist_ok=True)
+        old = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+        REPORT.write_text(json.dumps({**old, name: detail}, indent=2, default=str))
+
 
 @pytest.fixture(scope="session")
 def release(node: Node) -> Release:

@@ -147,6 +147,38 @@ def test_a_replay_through_the_in_cluster_airflow_runs_verifies_and_promotes(rele
     driver = release.node.get("deployment", deployment, "-n", NS)
     assert driver["status"].get("readyReplicas") == 1, driver["status"]
     assert _serving(release, view) == version
+    _eta_against_actual(release, view, version)
+
+
+def _eta_against_actual(release: Release, view: str, version: int) -> None:
+    """The ETAs wait_caught_up recorded (each progress sample's note in the registry's audit log) against the
+    time the version actually reached ``caught_up``: printed and saved with the timings."""
+    from kappa.control.registry import Registry
+
+    events = Registry(str(release.lake())).events(view, version)
+    done = next((e.at for e in events if e.to_state == "caught_up" and e.from_state == "building"), None)
+    assert done is not None, [(e.from_state, e.to_state, e.note) for e in events]
+    samples = [(e.at, e.note) for e in events
+               if e.from_state == e.to_state == "building" and e.note and " ETA " in e.note and e.at < done]
+    assert samples, "wait_caught_up recorded no progress sample before the version caught up"
+    rows = []
+    for at, note in samples:
+        eta = _seconds(note.split(" ETA ", 1)[1].split(",", 1)[0])
+        actual = (done - at).total_seconds()
+        rows.append({"at": at.isoformat(), "eta_s": eta, "actual_s": round(actual, 1), "note": note})
+        print(f"replay ETA at {at:%H:%M:%S}: {'unknown' if eta is None else f'{eta:.0f} s'}, "
+              f"caught up {actual:.0f} s later  ({note})")
+    known = [r for r in rows if r["eta_s"] is not None]
+    assert known, "no sample had a rate to estimate from: " + "; ".join(r["note"] for r in rows)
+    release.record_detail("replay ETA vs actual", rows)
+
+
+def _seconds(text: str) -> float | None:
+    """``42 s`` / ``3.5 min`` / ``1.2 h`` / ``unknown`` (kappa.control.replay.planning's human form) in seconds."""
+    if text == "unknown":
+        return None
+    number, unit = text.split()
+    return float(number) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
 def _upgrade(release: Release) -> str:

@@ -172,6 +172,11 @@ def test_spark_kubernetes_mode(all_renders: dict[str, list[dict]]) -> None:
     assert template["spec"]["automountServiceAccountToken"] is False
     _assert_restricted_container(template["spec"]["containers"][0], "executor template")
     assert "spark.kubernetes.executor.podTemplateFile" in conf["spark-defaults.conf"]
+    defaults = dict(line.split(None, 1) for line in conf["spark-defaults.conf"].splitlines()
+                    if line.strip() and not line.lstrip().startswith("#"))
+    # Spark would delete Services at stop (not granted: a 403 at ERROR) and time out on the driver's readiness at 1 s
+    assert defaults["spark.kubernetes.driver.service.deleteOnTermination"] == "false"
+    assert defaults["spark.kubernetes.allocation.driver.readinessTimeout"] == "90s"
     # local mode: no Role, no driver Service, no API token in the driver
     local = all_renders["defaults"]
     assert not h.by_kind(local, "Role") or all(r["metadata"]["name"] != "kappa-spark-driver" for r in h.by_kind(local, "Role"))

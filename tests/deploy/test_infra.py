@@ -131,7 +131,7 @@ def test_every_disabled_policy_check_has_a_reason() -> None:
                 j -= 1
             text = " ".join(reason)
             assert m.group(1) in text and len(text) > 80, f"{m.group(1)}: no reason above it"
-    assert len(cfg["skip-check"]) <= 5
+    assert len(cfg["skip-check"]) <= 6  # each one argued above it; a new one needs its reason here too
     for path in list((h.CHART / "templates").rglob("*")) + list(TF.glob("*.tf")):
         if path.is_file():
             assert "checkov:skip" not in path.read_text() and "checkov.io/skip" not in path.read_text(), path
