@@ -37,6 +37,8 @@ Running view versions:
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: the local cores, else 4),
   ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL`` (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map
   the class-data archive ``make setup`` built, :mod:`kappa.runtime.cds`) -- the Spark sessions the platform builds.
+- ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
+  log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
 Operating it:
 
@@ -135,7 +137,7 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_cds, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
+        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
         lease_ttl_seconds, kafka_outage_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
@@ -167,6 +169,7 @@ class Settings:
     shuffle_partitions: int | None = None
     spark_ui: bool = False
     spark_log_level: str = "WARN"
+    spark_log_file: str | None = None
     spark_cds: bool = True
     airflow_port: int = 8080
     replay_poke_seconds: float | None = None
@@ -242,6 +245,7 @@ class Settings:
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
             spark_ui=(get("KAPPA_SPARK_UI") or "false").lower() in ("1", "true", "yes"),
             spark_log_level=get("KAPPA_SPARK_LOG_LEVEL") or "WARN",
+            spark_log_file=get("KAPPA_SPARK_LOG_FILE"),
             spark_cds=(get("KAPPA_SPARK_CDS") or "true").lower() not in ("0", "false", "no"),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),

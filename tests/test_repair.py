@@ -44,7 +44,7 @@ def _windows(table: str, version: int | None = None) -> dict[tuple, tuple]:
     return {(r["campaign_id"], oracle.epoch_ms(r["window_start"])): (r["view_count"], r["is_final"]) for r in rows}
 
 
-@pytest.mark.timeout(1200)  # five recomputes of the log; 815 s on 2 shared, loaded cores
+@pytest.mark.timeout(1200)  # four recomputes of the log; 815 s on 2 shared, loaded cores with five
 def test_a_repaired_range_is_swapped_in_one_commit_and_nothing_else_changes(spark, kafka, declared_topics, lake,
                                                                             monkeypatch, capsys):
     from deltalake import DeltaTable

@@ -18,6 +18,7 @@ micro-batch semantics in plain Python.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -110,7 +111,8 @@ class AliasReader(threading.Thread):
 @pytest.mark.integration
 @pytest.mark.airflow
 @pytest.mark.timeout(900)  # ~4 min on an idle 2-core machine; two Spark drivers share it
-def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airflow_home, tmp_path, monkeypatch):
+def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airflow_home, tmp_path, monkeypatch,
+                                                              caplog):
     from kappa.log.broker import free_port
     from kappa.runtime.driver import JobSpec
     from kappa.control.runners.local import LocalRunner
@@ -193,8 +195,32 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         assert start == {p: 0 for p in range(4)}
 
         # the replay ran in several micro-batches and the watermark dropped the very late burst: still equal
-        check = replay.verify(VIEW, 2, settings, "strict", by="test")  # v2 serves: read-only re-check
+        # v2 serves: read-only re-check, asked twice at once - one recompute runs, the other request waits for it
+        # and takes its result (kappa.control.replay.verification._one_at_a_time)
+        waits: list[str] = []
+        second: list[Any] = []
+
+        def ask_again() -> None:
+            time.sleep(3)  # the first request holds the lock by then
+            second.append(replay.verify(VIEW, 2, settings, "strict", by="test:second", on_wait=waits.append))
+
+        other = threading.Thread(target=ask_again)
+        other.start()
+        from kappa.runtime import rerun
+
+        monkeypatch.setattr(rerun, "PROGRESS_EVERY_SECONDS", 0.0)  # every poll of the re-run says where it is
+        with caplog.at_level(logging.INFO, logger="kappa.runtime.rerun"):
+            check = replay.verify(VIEW, 2, settings, "strict", by="test")
+        other.join(300)
+        progress = [r.getMessage() for r in caplog.records if r.name == "kappa.runtime.rerun"]
+        assert progress and all(re.fullmatch(rf"recompute of {VIEW}@v2: batch \d+ of \d+ \(\d+%\), "
+                                             r"about \d+ s left", m) for m in progress), progress
         assert check.passed, check.message
+        assert len(waits) == 1 and waits[0].startswith(f"{VIEW}@v2: a verification is already running (by test, "
+                                                        "pid "), waits
+        assert second and second[0].message.startswith(check.message), second
+        assert second[0].message.endswith("(the verification by test that ran while this request waited)")
+        assert (second[0].rows, second[0].delta_version) == (check.rows, check.delta_version)
         assert check.rows == verified_rows and check.batch_id >= 2, check
         assert registry.get(VIEW, 2).revision == v2.revision  # a serving version's row is not touched
         purged = replay.checkpoint_batches(f"{replay.ViewVersion.resolve(VIEW, 2, settings).paths.checkpoint}/main",
@@ -300,6 +326,14 @@ def test_bounded_session_replay_stops_by_itself_and_equals_the_batch_oracle(kafk
         assert replay.preflight(req, settings, runner, resume=True).existing_state == "building"
         assert replay.preflight(other, settings, runner, resume=True, check_start=False).start_offsets == {
             p: 0 for p in range(4)}, "without an explicit start the run is followed as it is"
+        # a timestamp before every record resolves to the offsets the run started from: the same records, so it
+        # follows that run - and says why
+        before_all = ReplayRequest(view=view, version=1, start="timestamp", start_timestamp_ms=1, end="timestamp",
+                                   end_timestamp_ms=cut, triggered_by="test:ts")
+        same = replay.preflight(before_all, settings, runner, resume=True)
+        assert same.same_start == "the requested start (ts:1) is {0:0, 1:0, 2:0, 3:0}, the same records it runs from"
+        assert re.search(r"; resuming \(building, job \w+; the requested start \(ts:1\) is \{0:0, 1:0, 2:0, 3:0\}, "
+                         r"the same records it runs from\): this follows that run, no second job$", same.summary())
 
         ratios: list[float] = []
 

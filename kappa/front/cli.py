@@ -50,6 +50,14 @@ def _settings():
     return Settings.from_env()
 
 
+def _tool_settings():
+    """Settings of a command that may start a Spark session of its own (replay's and verify's recompute, repair):
+    the JVM's log goes to ``<home>/logs/spark-cli.log`` (``KAPPA_SPARK_LOG_FILE`` overrides), not the terminal."""
+    settings = _settings()
+    return settings.replace(spark_log_file=settings.spark_log_file or str(Path(settings.home) / "logs" /
+                                                                             "spark-cli.log"))
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean 'you asked for something impossible' or 'a part said no', shown without a traceback:
     the platform's own (:class:`kappa.errors.KappaError`) and the builtin ones a bad argument raises."""
@@ -279,8 +287,8 @@ def _wait_for_topics(settings, names: list[str], heartbeat: Optional[Path]) -> N
 def up(
     rate: float = typer.Option(200.0, help="Live producer rate (events/s)."),
     airflow: bool = typer.Option(True, help="Also start Airflow standalone."),
-    wait: float = typer.Option(600.0, min=0.0, help="Seconds to wait for every view's first micro-batch (0: do "
-                               "not wait)."),
+    wait: float = typer.Option(600.0, min=0.0, help="Seconds to wait for every view's first rows (0: do not "
+                               "wait)."),
 ) -> None:
     """Start the local platform (broker, topics, views, producer, Airflow); return once it is usable."""
     from kappa.front import stack
@@ -298,8 +306,8 @@ def up(
             console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
         if wait:
             _wait_views(settings, timeout=wait)
-            console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has committed a "
-                          "micro-batch", highlight=False)
+            console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has read its topic and "
+                          "has rows in its table", highlight=False)
             if airflow:
                 _wait_airflow(settings, timeout=wait)
     except KeyboardInterrupt as exc:
@@ -354,8 +362,8 @@ def _version_step(settings) -> list[str]:
 
 
 def _wait_views(settings, *, timeout: float) -> None:
-    """Show each view's way to its first micro-batch (a live table on a terminal, one line per change
-    otherwise) until every view has committed one."""
+    """Show each view's way to its first rows (a live table on a terminal, one line per change otherwise) until
+    every view has read its topic and has rows in its table (kappa.front.stack.wait_ready)."""
     from rich.live import Live
 
     from kappa.front import stack
@@ -631,7 +639,7 @@ def replay_cmd(
     from kappa.control.replay import cascade as cascading
     from kappa.control.runners import runner_for
 
-    settings = _settings()
+    settings = _tool_settings()
     req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
                           upgrade=upgrade, verify=verify, auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
@@ -669,7 +677,7 @@ def replay_cmd(
                                         on_wait=lambda why: console.print(f"  waiting: {why}", highlight=False))
         console.print(f"{', '.join(f'{v}@v{n}' for v, n in chain)} caught up: {caught.reason}", highlight=False)
     for ref_view, ref_version in [(view, version), *chain]:
-        result = replay.verify(ref_view, ref_version, settings, req.verify, by=req.triggered_by,
+        result = replay.verify(ref_view, ref_version, settings, req.verify, by=req.triggered_by, on_wait=_say,
                                end_timestamp_ms=req.end_timestamp_ms)
         _print_verification(result)
         if not result.passed:
@@ -750,7 +758,7 @@ def verify_cmd(
     """Check a caught-up version: recompute of its own transform, plus the oracle if any (-> verified or failed)."""
     from kappa.control import replay
 
-    result = replay.verify(view, version, _settings(), mode, by=_by(), end_timestamp_ms=end_ts)
+    result = replay.verify(view, version, _tool_settings(), mode, by=_by(), end_timestamp_ms=end_ts, on_wait=_say)
     _print_verification(result)
     if not result.passed:
         raise typer.Exit(1)
@@ -817,7 +825,7 @@ def repair_cmd(
     commit (readers see the old range or the new one)."""
     from kappa.control.replay.repair import repair_range
 
-    settings = _settings()
+    settings = _tool_settings()
     result = repair_range(view, settings, start_ms=_time_ms(start, "--from"), end_ms=_time_ms(end, "--to"),
                           by=_by(), dry_run=dry_run)
     console.print(result.message, highlight=False)
@@ -903,6 +911,11 @@ def airflow_trigger(
         failed = [t for t, st in final.tasks.items() if st in ("failed", "upstream_failed")]
         raise UserError(f"{dag} run {run_id} {final.state} (tasks {', '.join(failed) or '-'}); see "
                         f"{api.run_url(dag, run_id)}")
+
+
+def _say(line: str) -> None:
+    """One plain line on stdout (no markup, no highlighting)."""
+    console.print(line, highlight=False, markup=False)
 
 
 def _signal_name(exc: BaseException) -> str:

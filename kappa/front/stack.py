@@ -105,8 +105,9 @@ def stack_views(settings: Settings) -> list[tuple[str, int]]:
 
 def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
                on_change: Callable[[list[Readiness]], None] | None = None) -> list[Readiness]:
-    """Block until every view of the stack runs and has committed a micro-batch that covers its topic as it was
-    when the wait began (so its table holds rows, and after a restart it has caught up with what was there).
+    """Block until every view of the stack runs, has committed a micro-batch that covers its topic as it was
+    when the wait began (after a restart: it has caught up with what was there) and has rows in its table (a view
+    writing closed sessions or windows only has one once the watermark closed the first: the detail says so).
 
     Raises:
         StackError: A view failed, or ``timeout`` seconds passed (the message names who is not ready and where
@@ -137,12 +138,16 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
                 continue
             offsets, batch = committed_offsets(settings, view, version, settings.topic(stream_topic(view, version)))
             behind = sum(max(0, end - offsets.get(p, 0)) for p, end in targets[row.ref].items())
+            rows_now = _table_rows(settings, view, version) if batch is not None and not behind else 0
             if batch is None:
                 row.state, row.detail = "running", "query started, first micro-batch under way"
             elif behind:
                 row.state, row.detail = "running", f"batch {batch} committed, {behind:,} records to catch up"
+            elif not rows_now:  # read everything, written nothing yet: say what it waits for
+                why = _no_rows_yet(view, version)
+                row.state, row.detail = "running", f"batch {batch} committed, no row yet ({why})"
             else:
-                row.state, row.detail = "ready", f"batch {batch} committed"
+                row.state, row.detail = "ready", f"batch {batch} committed, {rows_now:,} rows"
                 row.ready_after = time.monotonic() - began
         snapshot = [(r.state, r.detail) for r in rows.values()]
         if on_change is not None and snapshot != last:
@@ -155,6 +160,29 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
             raise StackError(f"not ready after {timeout:.0f} s: {waiting}; see {Path(settings.home) / 'logs'}"
                              "/view-host.log")
         time.sleep(poll)
+
+
+def _table_rows(settings: Settings, view: str, version: int) -> int:
+    """Rows in the version's Delta table now (its files' record counts; 0 before its first commit)."""
+    from kappa.control.registry import open_delta
+    from kappa.identity import ViewPaths
+
+    try:  # the stack's lake is a local folder
+        table = open_delta(ViewPaths(settings.lake_uri, view, version).table.removeprefix("file:"))
+        counts = table.get_add_actions(flatten=True).column("num_records").to_pylist()
+    except Exception:  # noqa: BLE001 - no table yet (or not readable yet): no rows to show
+        return 0
+    return int(sum(n or 0 for n in counts))
+
+
+def _no_rows_yet(view: str, version: int) -> str:
+    """Why a view that read its whole topic has no row yet, from its definition."""
+    from kappa.runtime.view import declared_view
+
+    definition = declared_view(view, version)
+    if definition.stateful and definition.output_mode == "append":
+        return "it writes a row once the watermark closes it: a session after its gap, a window after its delay"
+    return f"it read all of {definition.stream_topic} so far and had nothing to write from it yet"
 
 
 def airflow_ready(settings: Settings, timeout: float = 2.0) -> bool:

@@ -251,7 +251,9 @@ class ViewHost:
             if self._lookups is not None:
                 self._lookups.close()
             if self._spark is not None:
-                self._spark.stop()
+                from kappa.runtime.spark import stop_spark
+
+                stop_spark(self._spark)
             lock.release()
 
 

@@ -730,18 +730,21 @@ class ViewJob:
         deadline = time.monotonic() + (self.settings.stop_drain_seconds if drain_seconds is None else drain_seconds)
         with self._batch_ended:
             seen = self._batches_ended
-        for query in self.queries:
-            try:
-                # the micro-batch running now commits (its progress event), or none runs; a live stream on a busy
-                # machine starts the next batch at once, so "no trigger active" alone may never be observed
-                while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-                    with self._batch_ended:
-                        if self._batches_ended > seen and query.name == self.query_name:
-                            break
-                        self._batch_ended.wait(0.05)
-                query.stop()
-            except Exception:  # already stopped or the JVM is gone
-                pass
+        from kappa.runtime.spark import stopping_queries
+
+        with stopping_queries(self._spark if self.queries else None):
+            for query in self.queries:
+                try:
+                    # the micro-batch running now commits (its progress event), or none runs; a live stream on a
+                    # busy machine starts the next batch at once, so "no trigger active" alone may never be seen
+                    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                        with self._batch_ended:
+                            if self._batches_ended > seen and query.name == self.query_name:
+                                break
+                            self._batch_ended.wait(0.05)
+                    query.stop()
+                except Exception:  # already stopped or the JVM is gone
+                    pass
         if ended and getattr(self, "sink", None) is not None:
             try:  # a bounded run that ended on a catch-up batch: its staged rows belong in the table
                 self._settle()
@@ -763,8 +766,10 @@ class ViewJob:
         if self._lock is not None:
             self._lock.release()
         if self._own_spark and self._spark is not None:
+            from kappa.runtime.spark import stop_spark
+
             try:
-                self._spark.stop()
+                stop_spark(self._spark)
             except Exception:  # the JVM is already gone (e.g. the whole process group got SIGTERM)
                 pass
             self._spark = None

@@ -185,7 +185,9 @@ def spark_session(settings: "Settings") -> Iterator["SparkSession"]:
         yield session
     finally:
         if own:
-            session.stop()
+            from kappa.runtime.spark import stop_spark
+
+            stop_spark(session)
 
 
 def session_for(settings: "Settings", spark: "SparkSession | None") -> tuple["SparkSession", bool]:
@@ -201,6 +203,10 @@ def session_for(settings: "Settings", spark: "SparkSession | None") -> tuple["Sp
     return build_spark("kappa-verify", settings), True
 
 
+#: How often a long re-run logs its progress (batches done of all, time left at its pace so far).
+PROGRESS_EVERY_SECONDS = 15.0
+
+
 def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path, feed: Path,
                     out: Path, schema: Any, lookups_for: Any, empty: Callable[[], Path], checkpoint: Path,
                     timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS) -> tuple[Any, int, list[int]]:
@@ -213,11 +219,18 @@ def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[St
     query = (transformed.writeStream.outputMode(view.output_mode)
              .queryName(f"kappa-recompute-{view.name}-v{view.version}").foreachBatch(feeder.on_batch)
              .option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds").start())
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline, said = began + timeout, began
     try:
         while not feeder.done.wait(0.5):
             if query.exception() is not None or not query.isActive:
                 break
+            if time.monotonic() - said >= PROGRESS_EVERY_SECONDS and feeder.batches_run:
+                said = time.monotonic()  # how far the re-run is, with the time left at its pace so far
+                done, total = feeder.batches_run, len(steps)
+                left = (said - began) / done * (total - done)
+                log.info("recompute of %s: batch %d of %d (%.0f%%), about %.0f s left", view.ref, done, total,
+                         100.0 * done / total, left)
             if time.monotonic() > deadline:
                 raise RecomputeError(f"the re-run did not finish within {timeout:.0f} s "
                                      f"({feeder.batches_run} of {len(steps)} batches)")

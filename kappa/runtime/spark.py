@@ -6,9 +6,12 @@ asked to resolve packages from a repository at run time (no ``spark.jars.package
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -119,6 +122,10 @@ def build_spark(
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
         java_options.append(f"-Dderby.system.home={warehouse_dir}")
+    if settings.spark_log_file:  # the JVM's log into a file (a command's own session), not the terminal
+        Path(settings.spark_log_file).parent.mkdir(parents=True, exist_ok=True)
+        java_options += [f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2-file.properties')}",
+                         f"-Dkappa.spark.log={settings.spark_log_file}"]
     builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
@@ -138,6 +145,84 @@ def build_spark(
     # configured handler's stream may be closed already): keep it to warnings
     logging.getLogger("py4j").setLevel(logging.WARNING)
     return spark
+
+
+class _InterruptedByStop(logging.Filter):
+    """Drops py4j's ERROR + traceback of a foreachBatch cut by ``java.lang.InterruptedException`` while a stop is
+    under way (:func:`stopping_queries`), and says it once at INFO instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.stops = 0  # stops under way in this process
+        self.told = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not self.stops or exc is None:
+            return True
+        try:
+            interrupted = "java.lang.InterruptedException" in str(exc)  # a Java exception's text comes from the JVM
+        except Exception:  # noqa: BLE001 - unreadable: let the record through
+            return True
+        if interrupted:
+            if not self.told:
+                self.told = True
+                logging.getLogger("kappa.runtime.job").info(
+                    "a micro-batch in flight was cut by the stop; it runs again from the checkpoint at the next start")
+            return False
+        return True
+
+
+_BY_STOP = _InterruptedByStop()
+logging.getLogger("py4j.clientserver").addFilter(_BY_STOP)
+
+#: Spark loggers that report the interrupt a stop sends to a micro-batch in flight at ERROR (its block fetches).
+_STOP_NOISE = ("org.apache.spark.network.shuffle.RetryingBlockTransferor",)
+
+
+@contextlib.contextmanager
+def stopping_queries(spark: "SparkSession | None") -> Iterator[None]:
+    """Around stopping streaming queries on purpose (a stop, a promote, a rollback, a host shutdown): the interrupt
+    that cuts a micro-batch in flight is the stop itself, not a failure - py4j's traceback of the interrupted batch
+    and Spark's ERROR lines about its interrupted block fetches are left out (one INFO line says a batch was cut);
+    both come back after the block. The checkpoint and the idempotent commit make the cut batch's re-run exact."""
+    with _BY_STOP.lock:
+        _BY_STOP.stops += 1
+        _BY_STOP.told = False
+    levels: dict[str, object] = {}
+    try:
+        jvm = spark.sparkContext._jvm if spark is not None else None
+        if jvm is not None:
+            config, manager = jvm.org.apache.logging.log4j.core.config.Configurator, jvm.org.apache.logging.log4j
+            for name in _STOP_NOISE:
+                levels[name] = manager.LogManager.getLogger(name).getLevel()
+                config.setLevel(name, manager.Level.OFF)
+    except Exception:  # noqa: BLE001 - the JVM is gone already: nothing to quiet
+        jvm = None
+    try:
+        yield
+    finally:
+        with _BY_STOP.lock:
+            _BY_STOP.stops -= 1
+        if jvm is not None:
+            try:
+                for name, level in levels.items():
+                    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+            except Exception:  # noqa: BLE001 - the JVM ended with the stop
+                pass
+
+
+def stop_spark(spark: "SparkSession") -> None:
+    """Stop a session the platform built: the state stores first (their maintenance thread, else it may run once
+    more after SparkEnv is gone and log a stack trace at ERROR - "Error running maintenance thread ... SparkEnv not
+    active" - at the end of a run that succeeded), then Spark."""
+    try:
+        state = spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state
+        getattr(getattr(state, "StateStore$"), "MODULE$").stop()
+    except Exception:  # noqa: BLE001 - no state store was loaded, or the JVM is already gone
+        pass
+    spark.stop()
 
 
 class HadoopFiles:

@@ -110,7 +110,9 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if own:
-            session.stop()
+            from kappa.runtime.spark import stop_spark
+
+            stop_spark(session)
 
 
 def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Settings", *, table_path: str,

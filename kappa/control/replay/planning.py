@@ -64,6 +64,8 @@ class Preflight:
         seed: ``upgrade=continue``: the serving version's table and Delta version the new table is seeded with,
             and the end offsets it holds (= ``start_offsets``) (:func:`kappa.control.replay.upgrade.continue_point`);
             None for a replay.
+        same_start: Resuming with an explicit start: how it resolved to the offsets the run started from (a
+            start is the same only when its offsets are), else None.
     """
 
     request: ReplayRequest
@@ -82,6 +84,7 @@ class Preflight:
     existing_state: str | None = None
     job_state: str = "stopped"
     seed: dict[str, Any] | None = None
+    same_start: str | None = None
 
     @property
     def starting(self) -> str:
@@ -101,7 +104,9 @@ class Preflight:
         else:
             eta = (f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s "
                    f"({self.throughput_source})")
-        resume = f"; resuming ({self.existing_state}, job {self.job_state})" if self.existing_state else ""
+        resume = (f"; resuming ({self.existing_state}, job {self.job_state}"
+                  + (f"; {self.same_start}" if self.same_start else "") + "): this follows that run, no second "
+                  "job" if self.existing_state else "")
         return what + end + eta + resume
 
     def plan(self) -> list[str]:
@@ -264,6 +269,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
     elif resumed and req.upgrade is not None and (seed is not None) != (req.upgrade == "continue"):
         raise ReplayError(f"{req.ref} is already {existing.state} in upgrade mode "
                           f"{'continue' if seed is not None else 'replay'}; one version has one start")
+    same_start = None
     if resumed:
         start = resumed
         if check_start and seed is None:  # one version, one start: a different one is refused, not silently ignored
@@ -271,6 +277,9 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
             # "earliest" still matches a run that started at the log start retention has since moved past
             same = (all(resumed.get(p, 0) <= o for p, o in asked.items()) if req.start == "earliest"
                     else all(resumed.get(p, 0) == o for p, o in asked.items()))
+            if same:
+                same_start = (f"the requested start ({_describe_start(req)}) is {_short_offsets(asked)}, the same "
+                              "records it runs from")
             if not same:
                 raise ReplayError(
                     f"{req.ref} is already {existing.state} from {_short_offsets(resumed)}; the requested start "
@@ -304,6 +313,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
         eta_seconds=None if rate is None else records / rate,
         existing_state=existing.state if existing is not None else None, job_state=job.state, seed=seed,
+        same_start=same_start,
     )
 
 

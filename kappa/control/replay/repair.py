@@ -115,9 +115,21 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
         serving = session.read.format("delta").load(target.table_path)
         in_range = (F.col(WINDOW_START) >= F.timestamp_millis(F.lit(start_ms))) & (
             F.col(WINDOW_START) < F.timestamp_millis(F.lit(end_ms)))
-        staged = _recompute_range(session, settings, vv, start_ms, in_range)
         event_max = serving.agg(F.max(fin.event_max_column)).collect()[0][0]
+        watermark = None if event_max is None else epoch_ms(event_max) - fin.delay_seconds * 1000
         open_now = serving.where(in_range & ~F.col(fin.flag_column)).count()
+
+        def not_final(last_end: int | None) -> ReplayError:
+            why = (f"{open_now} open windows in the table" if last_end is None else
+                   f"the last recomputed window ends {_iso(last_end)} UTC")
+            return ReplayError(
+                f"{vv.ref}: the range {_iso(start_ms)}..{_iso(end_ms)} UTC is not final yet ({why}; the version's "
+                f"watermark is at {_iso(watermark) if watermark is not None else '-'} UTC): the live job may still "
+                "change it - repair once the watermark passed it")
+
+        if open_now:  # refused from the table alone, before reading the log
+            raise not_final(None)
+        staged = _recompute_range(session, settings, vv, start_ms, in_range)
         latest_end, recomputed = staged.agg(F.max(fin.window_end_column), F.count(F.lit(1))).collect()[0]
         if not recomputed and not serving.where(in_range).count():
             first, last = serving.agg(F.min(WINDOW_START), F.max(WINDOW_START)).collect()[0]
@@ -126,14 +138,9 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
             raise ReplayError(f"{vv.ref}: nothing to repair in {_iso(start_ms)}..{_iso(end_ms)} UTC - the log has "
                               f"no record of a window starting there and the table no window there ({held}); "
                               "nothing was written")
-        watermark = None if event_max is None else epoch_ms(event_max) - fin.delay_seconds * 1000
         last_end = epoch_ms(latest_end)
-        if open_now or (last_end is not None and (watermark is None or last_end > watermark)):
-            raise ReplayError(
-                f"{vv.ref}: the range {_iso(start_ms)}..{_iso(end_ms)} UTC is not final yet ({open_now} open windows"
-                f" in the table; the last recomputed window ends {_iso(last_end) if last_end else '-'} UTC, the "
-                f"version's watermark is at {_iso(watermark) if watermark is not None else '-'} UTC): the live "
-                "job may still change it - repair once the watermark passed it")
+        if last_end is not None and (watermark is None or last_end > watermark):
+            raise not_final(last_end)
         repair_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
         staging = f"{vv.paths.root.rstrip('/')}/repairs/{repair_id}"
         staged.write.format("delta").mode("overwrite").save(staging)
@@ -166,7 +173,9 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
         delta_version = _swap(session, target.table_path, staged, keys, start_ms, end_ms, meta)
     finally:
         if own:
-            session.stop()
+            from kappa.runtime.spark import stop_spark
+
+            stop_spark(session)
     message = f"{summary}; swapped in Delta version {delta_version}" + (
         " (equal to the oracle)" if verified else " (no oracle for this version: not cross-checked)")
     log.info("repair by %s: %s", by, message)

@@ -7,9 +7,14 @@ and the diff report (:mod:`kappa.verify.diffreport`) are described in ``docs/rep
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.control.registry import RegistryError
@@ -213,8 +218,13 @@ def _expectations(vv: ViewVersion, *, upto: int | None = None) -> Any:
 
 
 def verify(view: str, version: int, settings: Settings, mode: str = "strict", *, by: str,
-           end_timestamp_ms: int | None = None) -> Verification:
+           end_timestamp_ms: int | None = None, on_wait: Callable[[str], None] | None = None) -> Verification:
     """Check a caught-up version; ``verified`` or ``failed`` in the registry.
+
+    One strict verification per version at a time (a lake on a local or mounted file system): a second request
+    waits for the one running (``on_wait`` gets one line saying whose, since when; default: the log) and takes
+    its result when the table has not moved since - two recomputes of one version never share the machine.
+    On an object-store lake there is no lock and each request runs its own check.
 
     ``strict``: open the version's table at its latest Delta version, find the micro-batch it holds (the Delta
     txn of the version's appId) and every batch boundary of the run before it (end offsets, watermark, lookup
@@ -236,6 +246,102 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     Raises:
         ReplayError: Unknown/unregistered version, not caught up yet, or nothing processed yet.
     """
+    if mode != "strict":
+        return _verify(view, version, settings, mode, by=by, end_timestamp_ms=end_timestamp_ms)
+    paths = ViewVersion.resolve(view, version, settings).paths
+    with _one_at_a_time(paths, f"{view}@v{version}", by, on_wait or log.info) as earlier:
+        if earlier is not None:
+            return earlier
+        result = _verify(view, version, settings, mode, by=by, end_timestamp_ms=end_timestamp_ms)
+        _keep_result(paths, result, by)
+        return result
+
+
+#: Where a version's verification lock and last result live (its version folder, next to table and checkpoint).
+_LOCK, _LAST = "verify.lock", "verify-last.json"
+
+
+def _local_dir(root: str) -> Path | None:
+    """The version folder on a local / mounted file system (None for an object store: no lock there)."""
+    if "://" in root and not root.startswith("file:"):
+        return None
+    return Path(root.removeprefix("file://").removeprefix("file:"))
+
+
+@contextlib.contextmanager
+def _one_at_a_time(paths: Any, ref: str, by: str, on_wait: Callable[[str], None]) -> Iterator[Verification | None]:
+    """Hold the version's verification lock; yields the result of a verification that ran while this one waited
+    (its table unchanged since), else None - then the caller verifies."""
+    import fcntl
+    import os
+
+    folder = _local_dir(paths.root)
+    try:
+        if folder is None:
+            raise OSError("an object store has no lock")
+        folder.mkdir(parents=True, exist_ok=True)
+        fh = open(folder / _LOCK, "a+")  # noqa: SIM115 - closed below, after the caller's block
+    except OSError as exc:  # no lock to take here: this request verifies on its own
+        log.debug("%s: verifying without the one-at-a-time lock: %s", ref, exc)
+        yield None
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            waited_from = datetime.now(UTC)
+            on_wait(f"{ref}: a verification is already running ({holder}); waiting for its result instead of "
+                    "recomputing the same version beside it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            earlier = _result_since(folder, paths, waited_from)
+            if earlier is not None:
+                yield earlier
+                return
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"by {by}, pid {os.getpid()}, since {datetime.now(UTC):%H:%M:%S} UTC")
+        fh.flush()
+        try:
+            yield None
+        finally:
+            fh.seek(0)
+            fh.truncate()
+
+
+def _keep_result(paths: Any, result: Verification, by: str) -> None:
+    """The result for a request that waited (:func:`_one_at_a_time`), with when and by whom."""
+    folder = _local_dir(paths.root)
+    if folder is not None:
+        (folder / _LAST).write_text(json.dumps({"finished_at": datetime.now(UTC).isoformat(), "by": by,
+                                                "result": result.to_dict()}, default=str))
+
+
+def _result_since(folder: Path, paths: Any, since: datetime) -> Verification | None:
+    """The result kept by a verification that finished after ``since``, if the table is still at the Delta
+    version it checked."""
+    from deltalake import DeltaTable
+
+    try:
+        kept = json.loads((folder / _LAST).read_text())
+        finished = datetime.fromisoformat(kept["finished_at"])
+        data = kept["result"]
+        current = DeltaTable(paths.table).version()
+    except Exception:  # noqa: BLE001 - nothing usable kept: verify here
+        return None
+    if finished < since or data.get("delta_version") != current:
+        return None
+    data["start_offsets"] = {int(p): o for p, o in data["start_offsets"].items()}
+    data["end_offsets"] = {int(p): o for p, o in data["end_offsets"].items()}
+    data["examples"] = tuple(data["examples"])
+    data["message"] = f"{data['message']} (the verification by {kept['by']} that ran while this request waited)"
+    return Verification(**data)
+
+
+def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
+            end_timestamp_ms: int | None) -> Verification:
+    """:func:`verify` itself."""
     from deltalake import DeltaTable
 
     from kappa.verify import oracle

@@ -1,0 +1,41 @@
+"""A command's own Spark session logs to a file, not the terminal (``Settings.spark_log_file``: the CLI's replay,
+verify and repair use ``<home>/logs/spark-cli.log``): its JVM's warnings do not interleave with the command's
+output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(300)
+def test_a_session_with_a_log_file_keeps_the_jvm_log_off_the_terminal(tmp_path):
+    log_file = tmp_path / "logs" / "spark-cli.log"
+    env = {**os.environ, "KAPPA_HOME": str(tmp_path / "home"), "KAPPA_SPARK_LOG_FILE": str(log_file)}
+    code = ("from kappa.config import Settings\n"
+            "from kappa.runtime.spark import build_spark\n"
+            "spark = build_spark('log-file-test', Settings.from_env())\n"
+            "spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger('kappa.test').warn('marker 42')\n"
+            "print('rows', spark.range(3).count())\n"
+            # the state store object stop_spark stops before Spark (reachable through py4j: a typo is silent there)
+            "state = spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state\n"
+            "print('maintenance', getattr(getattr(state, 'StateStore$'), 'MODULE$').isMaintenanceRunning())\n"
+            "from kappa.runtime.spark import stop_spark\n"
+            "stop_spark(spark)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-2:] == ["rows 3", "maintenance False"], proc.stdout
+    logged = log_file.read_text()
+    assert "WARN test: marker 42" in logged, logged[-2000:]
+    # Spark's start-up chatter went to the file too; the terminal keeps at most the JVM's own module notice
+    for line in proc.stderr.splitlines():
+        assert line.startswith("WARNING: Using incubator modules"), proc.stderr[-3000:]
