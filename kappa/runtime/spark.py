@@ -156,6 +156,7 @@ class _InterruptedByStop(logging.Filter):
         self.lock = threading.Lock()
         self.stops = 0  # stops under way in this process
         self.told = False
+        self.quiet: dict[str, object] = {}  # Spark loggers turned off during stops -> their levels before
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -177,26 +178,34 @@ class _InterruptedByStop(logging.Filter):
 _BY_STOP = _InterruptedByStop()
 logging.getLogger("py4j.clientserver").addFilter(_BY_STOP)
 
-#: Spark loggers that report the interrupt a stop sends to a micro-batch in flight at ERROR (its block fetches).
-_STOP_NOISE = ("org.apache.spark.network.shuffle.RetryingBlockTransferor",)
+#: Spark loggers that report, at ERROR, the cancellation a stop sends to a micro-batch in flight: its block fetches
+#: and broadcasts fail as the cancelled job's blocks go away (seen in view-host.log at every stop that cut a batch).
+_STOP_NOISE = ("org.apache.spark.network.shuffle.RetryingBlockTransferor",
+               "org.apache.spark.network.shuffle.OneForOneBlockFetcher",
+               "org.apache.spark.network.server.TransportRequestHandler",
+               "org.apache.spark.broadcast.TorrentBroadcast")
+#: Seconds those loggers stay quiet after the stop returned (the cancelled tasks' threads finish after it).
+_STOP_NOISE_TAIL = 10.0
 
 
 @contextlib.contextmanager
 def stopping_queries(spark: "SparkSession | None") -> Iterator[None]:
     """Around stopping streaming queries on purpose (a stop, a promote, a rollback, a host shutdown): the interrupt
     that cuts a micro-batch in flight is the stop itself, not a failure - py4j's traceback of the interrupted batch
-    and Spark's ERROR lines about its interrupted block fetches are left out (one INFO line says a batch was cut);
-    both come back after the block. The checkpoint and the idempotent commit make the cut batch's re-run exact."""
+    and Spark's ERROR lines about its cancelled block fetches and broadcasts are left out (one INFO line says a
+    batch was cut). py4j's come back after the block, Spark's loggers :data:`_STOP_NOISE_TAIL` s later (the cancelled
+    tasks end after the stop returned). The checkpoint and the idempotent commit make the cut batch's re-run exact."""
     with _BY_STOP.lock:
         _BY_STOP.stops += 1
         _BY_STOP.told = False
-    levels: dict[str, object] = {}
+        first = _BY_STOP.stops == 1 and not _BY_STOP.quiet
+    jvm = None
     try:
         jvm = spark.sparkContext._jvm if spark is not None else None
-        if jvm is not None:
+        if jvm is not None and first:
             config, manager = jvm.org.apache.logging.log4j.core.config.Configurator, jvm.org.apache.logging.log4j
             for name in _STOP_NOISE:
-                levels[name] = manager.LogManager.getLogger(name).getLevel()
+                _BY_STOP.quiet[name] = manager.LogManager.getLogger(name).getLevel()
                 config.setLevel(name, manager.Level.OFF)
     except Exception:  # noqa: BLE001 - the JVM is gone already: nothing to quiet
         jvm = None
@@ -206,11 +215,22 @@ def stopping_queries(spark: "SparkSession | None") -> Iterator[None]:
         with _BY_STOP.lock:
             _BY_STOP.stops -= 1
         if jvm is not None:
-            try:
-                for name, level in levels.items():
-                    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
-            except Exception:  # noqa: BLE001 - the JVM ended with the stop
-                pass
+            timer = threading.Timer(_STOP_NOISE_TAIL, _restore_levels, args=(jvm,))
+            timer.daemon = True
+            timer.start()
+
+
+def _restore_levels(jvm: object) -> None:
+    """The loggers :func:`stopping_queries` quieted get their levels back once no stop is under way."""
+    with _BY_STOP.lock:
+        if _BY_STOP.stops or not _BY_STOP.quiet:
+            return
+        levels, _BY_STOP.quiet = dict(_BY_STOP.quiet), {}
+    try:
+        for name, level in levels.items():
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the JVM ended with the stop
+        pass
 
 
 def stop_spark(spark: "SparkSession") -> None:
