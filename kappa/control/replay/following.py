@@ -164,7 +164,7 @@ def _sample(vv: ViewVersion, *, end_timestamp_ms: int | None, previous: Progress
     if not rate and consumed(processed) > 0 and rec is not None and (now - rec.created_at).total_seconds() > 0:
         # no micro-batch since the previous sample (batches are discrete): the average since registration
         rate = consumed(processed) / (now - rec.created_at).total_seconds()
-    if lag == 0:
+    if lag == 0 or counted.ratio >= 1.0:  # the run's target reached: what remains is the live stream's own lag
         eta = 0.0
     elif rate:
         eta = lag / rate
