@@ -7,7 +7,7 @@ KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-long test-deploy test-cluster bench clean lock k8s-build k8s-up k8s-down \
-	images cluster-up cluster-down
+	images cluster-up cluster-down objectstore-up objectstore-down
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -47,6 +47,14 @@ k8s-up: k8s-build ## start a Kubernetes API server + KWOK nodes on loopback (.ka
 
 k8s-down: ## stop it (its state stays in .kappa/k8s)
 	@bash infra/k8s/cluster.sh down
+
+objectstore-up: ## an S3-API object store on 127.0.0.1:8333, bucket kappa (SeaweedFS, built once from the Go module proxy, minutes cold; .kappa/objectstore)
+	@[ -x $(PY) ] || { echo "objectstore: error: no venv at $(VENV) (run make setup)" >&2; exit 1; }
+	@bash infra/objectstore/build.sh >/dev/null
+	@$(PY) -m kappa.objectstore up
+
+objectstore-down: ## stop it (its data stays in .kappa/objectstore)
+	@if [ -x $(PY) ]; then $(PY) -m kappa.objectstore down; fi
 
 cluster-up: k8s-build ## a real node on this machine: control plane + kubelet/containerd/runc, CNI, kube-proxy, CoreDNS (root; .kappa/cluster)
 	@bash infra/k8s/node.sh up

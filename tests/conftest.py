@@ -245,3 +245,27 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home
     finally:
         patch.undo()
+
+
+# =====================================================================================================
+# Section 4 -- Object store fixtures
+# =====================================================================================================
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3-API object store for the session (``kappa.objectstore.LocalObjectStore``: SeaweedFS on free loopback
+    ports under a temporary home, a credential of its own) with the bucket ``kappa``; stopped at the end.
+
+    The pinned ``weed`` binary is built into the tools cache when missing (minutes, once per machine). No mocks: if it
+    cannot be built or started, the tests error out with the reason.
+    """
+    from kappa.objectstore import LocalObjectStore, Ports, weed_binary
+
+    store = LocalObjectStore(tmp_path_factory.mktemp("objectstore"), ports=Ports.free(), weed=weed_binary(build=True))
+    try:
+        store.start()
+        store.ensure_bucket("kappa")
+        yield store
+    finally:
+        store.stop()
