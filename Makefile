@@ -7,7 +7,7 @@ KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-long test-deploy test-cluster bench clean lock k8s-build k8s-up k8s-down \
-	images cluster-up cluster-down objectstore-up objectstore-down
+	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -24,7 +24,7 @@ down: ## stop everything `make run` started (data is kept in .kappa/)
 status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
-test: setup k8s-build ## the test suite (real Kafka, Spark, Delta, Airflow, a real Kubernetes API server; Helm checks)
+test: setup k8s-build objectstore-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks)
 	@$(PYTEST) -m "not slow and not bench and not cluster" --durations=25 tests
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs; broker killed and frozen)
@@ -48,9 +48,10 @@ k8s-up: k8s-build ## start a Kubernetes API server + KWOK nodes on loopback (.ka
 k8s-down: ## stop it (its state stays in .kappa/k8s)
 	@bash infra/k8s/cluster.sh down
 
-objectstore-up: ## an S3-API object store on 127.0.0.1:8333, bucket kappa (SeaweedFS, built once from the Go module proxy, minutes cold; .kappa/objectstore)
-	@[ -x $(PY) ] || { echo "objectstore: error: no venv at $(VENV) (run make setup)" >&2; exit 1; }
+objectstore-build: ## build the pinned SeaweedFS once (Go module proxy; cached in ~/.cache/kappa, minutes cold)
 	@bash infra/objectstore/build.sh >/dev/null
+
+objectstore-up: setup objectstore-build ## an S3-API object store on 127.0.0.1:8333, bucket kappa (SeaweedFS, built once from the Go module proxy, minutes cold; .kappa/objectstore)
 	@$(PY) -m kappa.objectstore up
 
 objectstore-down: ## stop it (its data stays in .kappa/objectstore)
@@ -72,4 +73,5 @@ lock: ## regenerate requirements.lock from infra/versions.env pins
 
 clean: down ## remove runtime state (.kappa/); keeps the .cache/ downloads
 	@if [ -f .kappa/cluster/run/kubelet.pid ]; then bash infra/k8s/node.sh down; fi
+	@if [ -d .kappa/objectstore ] && [ -x $(PY) ]; then $(PY) -m kappa.objectstore down; fi
 	rm -rf .kappa

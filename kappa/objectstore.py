@@ -74,7 +74,7 @@ from kappa.config import Settings, default_repo_root
 from kappa.errors import KappaError, one_line
 
 __all__ = ["DEFAULT_BUCKET", "DEFAULT_PORTS", "DEFAULT_REGION", "PROBE_BUCKET", "LocalObjectStore", "ObjectStoreError",
-           "Ports", "main", "weed_binary"]
+           "Ports", "main", "on_platform_store", "use_platform_store", "weed_binary"]
 
 _log = logging.getLogger(__name__)
 
@@ -671,6 +671,37 @@ class LocalObjectStore:
 
 
 # ---------------------------------------------------------------------- command line
+def on_platform_store(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the lake is on the platform's own store: an ``s3a://``/``s3://`` lake and no store named in the
+    environment (``AWS_ENDPOINT_URL[_S3]``; with one, the lake is on that store and the environment carries its
+    credentials)."""
+    env = os.environ if env is None else env
+    return (settings.lake_uri.startswith(("s3a://", "s3://"))
+            and not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")))
+
+
+def use_platform_store(settings: Settings, *, start: bool = False) -> LocalObjectStore | None:
+    """For a lake on the platform's store (:func:`on_platform_store`): put the store's endpoint and credential into
+    this process's environment - every reader and writer of the lake (delta-rs, obstore, Spark's s3a) and every
+    child process takes them from there - starting the store and creating the lake's bucket first with ``start``.
+    Returns the store, or None when the lake is elsewhere or (without ``start``) the store is not running."""
+    if not on_platform_store(settings):
+        return None
+    store = LocalObjectStore.from_settings(settings)
+    if start:
+        if not store.is_running():
+            try:
+                store.start()
+            except ObjectStoreError:
+                store.stop()  # nothing half-started left behind
+                raise
+        store.ensure_bucket(settings.lake_uri.split("://", 1)[1].split("/", 1)[0])
+    elif not store.is_running():
+        return None
+    os.environ.update(store.delta_rs_options())
+    return store
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ObjectStoreError(f"{message} (usage: python -m kappa.objectstore up|down|status)")

@@ -587,7 +587,7 @@ def test_expired_tables_are_deleted_and_can_no_longer_serve(alias: ServingAlias,
         reg.set_state(VIEW, 1, "serving", by="cli:a")
 
 
-def test_delete_expired_only_reports_remote_and_foreign_paths(alias: ServingAlias, reg: Registry, tmp_path: Path):
+def test_delete_expired_never_deletes_outside_the_lake(alias: ServingAlias, reg: Registry, tmp_path: Path):
     outside = tmp_path / "elsewhere" / "table"
     outside.mkdir(parents=True)
     register(reg, 1, table="s3a://bucket/lake/views/user_sessions/v1/table")
@@ -599,7 +599,7 @@ def test_delete_expired_only_reports_remote_and_foreign_paths(alias: ServingAlia
 
     results = {r.version: r for r in alias.delete_expired(by="airflow:cleanup")}
 
-    assert results[1].deleted is False and "is not local" in results[1].message
+    assert results[1].deleted is False and "outside the lake" in results[1].message  # another store than the lake
     assert results[2].deleted is False and "outside the lake" in results[2].message
     assert outside.exists()
     assert reg.get(VIEW, 1).deleted_at is None and reg.get(VIEW, 2).deleted_at is None

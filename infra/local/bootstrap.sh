@@ -21,6 +21,7 @@
 #   .cache/venv/                python3.11 venv: requirements.lock + `pip install -e . --no-deps`
 #   .cache/jars/broker/*.jar    Kafka broker (kafka.Kafka) + storage tool (kafka.tools.StorageTool) + log4j2
 #   .cache/jars/spark/*.jar     jars missing from pyspark/jars: spark-sql-kafka-0-10, Kafka clients, Delta
+#   .cache/jars/s3a/*.jar       hadoop-aws + AWS SDK v2 modules: Spark's s3a:// filesystem (a lake on an object store)
 #   .cache/jars/cds/spark-driver.jsa  class-data sharing archive every Spark driver JVM maps (kappa/runtime/cds.py)
 set -euo pipefail
 
@@ -183,6 +184,22 @@ $(ls "$pyspark_dir")" "$POM" "$MVN_SETTINGS")"
         stamp_set jars-spark "$h"
         SPARK_STATUS="installed"
     fi
+    # s3a: hadoop-aws in pyspark's Hadoop version + the AWS SDK modules it uses (a lake on an object store)
+    local hadoop
+    hadoop="$(find "$pyspark_dir" -maxdepth 1 -name 'hadoop-client-api-*.jar' -printf '%f\n' | sed 's/^hadoop-client-api-//; s/\.jar$//' | head -1)"
+    [[ -n "$hadoop" ]] || die "no hadoop-client-api in $pyspark_dir"
+    h="$(hash_of "hadoop=$hadoop awssdk=$AWS_SDK_V2_VERSION mdp=$MAVEN_DEPENDENCY_PLUGIN_VERSION
+$(ls "$pyspark_dir")" "$POM" "$MVN_SETTINGS")"
+    if stamp_ok jars-s3a "$h" && [[ -d "$JARS/s3a" ]]; then
+        S3A_STATUS="cached"
+    else
+        log "jars: resolving hadoop-aws $hadoop + AWS SDK $AWS_SDK_V2_VERSION modules (minus pyspark/jars)"
+        mvn_copy s3a "$JARS/s3a" -Dhadoop.version="$hadoop" -Dawssdk.version="$AWS_SDK_V2_VERSION" \
+            -DexcludeArtifactIds="$(pyspark_artifact_ids "$pyspark_dir")"
+        [[ -f "$JARS/s3a/hadoop-aws-$hadoop.jar" ]] || die "hadoop-aws-$hadoop.jar missing from .cache/jars/s3a"
+        stamp_set jars-s3a "$h"
+        S3A_STATUS="installed"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------- cds
@@ -231,9 +248,12 @@ summary() {
     local nb ns sb ss
     nb="$(find "$JARS/broker" -name '*.jar' | wc -l)"; sb="$(du -sh "$JARS/broker" | cut -f1)"
     ns="$(find "$JARS/spark" -name '*.jar' | wc -l)"; ss="$(du -sh "$JARS/spark" | cut -f1)"
+    local n3 s3
+    n3="$(find "$JARS/s3a" -name '*.jar' | wc -l)"; s3="$(du -sh "$JARS/s3a" | cut -f1)"
     echo "bootstrap: ok in ${SECONDS}s -- venv $("$VENV/bin/python" -c 'import platform; print(platform.python_version())') ($PY_STATUS, $(grep -cv '^#' "$LOCK") pkgs)" \
          "| broker jars: $nb, $sb ($BROKER_STATUS, kafka $KAFKA_VERSION)" \
          "| spark jars: $ns, $ss ($SPARK_STATUS, spark $SPARK_VERSION, delta $DELTA_VERSION)" \
+         "| s3a jars: $n3, $s3 ($S3A_STATUS, AWS SDK $AWS_SDK_V2_VERSION)" \
          "| driver class-data archive: $(du -sh "$JARS/cds/spark-driver.jsa" | cut -f1) ($CDS_STATUS)"
 }
 

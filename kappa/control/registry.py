@@ -37,7 +37,6 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,7 +46,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random_exponential
 
-from kappa.runtime.deltars import I64, STR, TS, arrow_rows, arrow_schema, is_local_uri, local_path, read_rows
+from kappa.runtime.deltars import I64, STR, TS, arrow_rows, create_table, read_rows
 from kappa.errors import KappaError, one_line
 from kappa.identity import check_version_key, in_lake, view_ref
 
@@ -324,16 +323,7 @@ def _retrying(fn: Callable[[], T], what: str) -> T:
 
 
 def _ensure_table(uri: str, columns: tuple[tuple[str, Any], ...], storage_options: dict[str, str] | None) -> None:
-    if DeltaTable.is_deltatable(uri, storage_options):
-        return
-    if is_local_uri(uri):
-        os.makedirs(local_path(uri), exist_ok=True)
-    try:
-        DeltaTable.create(uri, arrow_schema(columns), mode="ignore", storage_options=storage_options)
-    except (CommitFailedError, DeltaError):
-        # a concurrent creator committed version 0 first: fine as long as the table now exists
-        if not DeltaTable.is_deltatable(uri, storage_options):
-            raise
+    create_table(uri, columns, storage_options=storage_options)
 
 
 # ------------------------------------------------------------------------------------------------ registry

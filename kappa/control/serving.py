@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from kappa.config import DEFAULT_KEEP_HOURS
+from kappa.runtime.checkpoint import delete_tree, tree_exists
 from kappa.runtime.deltars import I64, STR, TS, arrow_rows, is_local_uri, local_path, read_rows
 from kappa.identity import ViewPaths, in_lake, view_ref
 from kappa.control.registry import (
@@ -410,7 +410,7 @@ class ServingAlias:
                 and r.delete_after <= now and (r.view, r.version) not in aliased]
 
     def delete_expired(self, now: datetime | None = None, *, by: str) -> list[DeletionResult]:
-        """Delete the tables of :meth:`expired` versions (local lakes only; others are just reported).
+        """Delete the tables of :meth:`expired` versions (a local lake or an object store).
 
         Each version is first marked ``deleted_at`` in the registry (compare-and-set on state ``retired``,
         after which it can no longer be promoted), then its directory is removed: the whole
@@ -423,7 +423,7 @@ class ServingAlias:
         now = now or utcnow()
         todo = self.expired(now) + [r for r in self.registry.list()
                                     if r.state == "retired" and r.deleted_at is not None
-                                    and is_local_uri(r.table_path) and _victim(r).exists()]
+                                    and tree_exists(_victim(r))]
         results: list[DeletionResult] = []
         for rec in todo:
             results.append(self._delete(rec, now, by=by))
@@ -485,12 +485,9 @@ class ServingAlias:
             return DeletionResult(view=rec.view, version=rec.version, table_path=rec.table_path, deleted=deleted,
                                   message=message)
 
-        if not is_local_uri(rec.table_path):
-            return result(False, f"{rec.ref}: {rec.table_path} is not local; delete it with the object store's "
-                                 f"tools (expired {rec.delete_after:%Y-%m-%d %H:%M} UTC)")
         victim = _victim(rec)
-        lake = Path(local_path(self.lake_uri)).resolve()
-        if lake not in victim.parents:
+        lake = _dir_uri(self.lake_uri)
+        if not victim.startswith(lake + "/"):
             return result(False, f"{rec.ref}: {victim} is outside the lake {lake}; not deleting it")
         if rec.deleted_at is None:
             try:  # mark first: from now on the version can no longer be promoted
@@ -501,16 +498,21 @@ class ServingAlias:
         aliased = self.alias(rec.view)
         if aliased is not None and aliased.version == rec.version:
             return result(False, f"{rec.ref}: the alias points to it again; not deleting it")
-        shutil.rmtree(victim, ignore_errors=True)
-        if victim.exists():
+        delete_tree(victim)
+        if tree_exists(victim):
             return result(False, f"{rec.ref}: could not remove {victim}")
         return result(True, f"{rec.ref}: deleted {victim}")
 
 
-def _victim(rec: VersionRecord) -> Path:
-    """Directory to remove for a local version: ``views/<view>/v<N>`` (table + checkpoint) or the table dir."""
-    table_dir = Path(local_path(rec.table_path)).resolve()
-    root = table_dir.parent
-    standard = (table_dir.name == "table" and root.name == f"v{rec.version}" and root.parent.name == rec.view
-                and root.parent.parent.name == "views")
+def _dir_uri(uri: str) -> str:
+    """A lake directory as a comparable string: a resolved local path, or the URI without a trailing slash."""
+    return str(Path(local_path(uri)).resolve()) if is_local_uri(uri) else uri.rstrip("/")
+
+
+def _victim(rec: VersionRecord) -> str:
+    """Directory to remove for a version: ``views/<view>/v<N>`` (table + checkpoint) or the table dir."""
+    table_dir = _dir_uri(rec.table_path)
+    root, _, leaf = table_dir.rpartition("/")
+    parts = root.split("/")
+    standard = leaf == "table" and parts[-3:] == ["views", rec.view, f"v{rec.version}"]
     return root if standard else table_dir

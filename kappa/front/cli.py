@@ -932,10 +932,12 @@ def _interrupted(exc: KeyboardInterrupt, line: str) -> KeyboardInterrupt:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``kappa`` console script."""
+    from kappa.objectstore import use_platform_store
     from kappa.process import interrupt_on_termination
 
     code = 0
     try:
+        use_platform_store(_settings())  # a lake on the platform's running object store: its credential
         with interrupt_on_termination():  # SIGTERM/SIGHUP unwind like Ctrl-C: a command stops what it started
             returned = app(args=argv, standalone_mode=False)
         if isinstance(returned, int):  # typer.Exit(n) outside standalone mode is returned, not raised

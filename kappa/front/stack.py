@@ -224,6 +224,11 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     from kappa.control.leases import converge_topics
     from kappa.log.topics import partition_offsets
 
+    from kappa.objectstore import use_platform_store
+
+    store = use_platform_store(settings, start=True)  # a lake on the platform's object store (KAPPA_LAKE_URI=s3a://)
+    if store is not None:
+        echo(f"lake       {settings.lake_uri}  (object store {store.endpoint}, data in {_short(store.home)})")
     if settings.local_broker:
         from kappa.log.broker import LocalBroker
 
@@ -272,6 +277,10 @@ def down(settings: Settings, *, echo=print) -> None:
 
         if LocalBroker.from_settings(settings).stop():
             echo("stopped kafka")
+    from kappa.objectstore import LocalObjectStore, on_platform_store
+
+    if on_platform_store(settings) and LocalObjectStore.from_settings(settings).stop():
+        echo("stopped object store")
 
 
 def _short(path: Path) -> str:

@@ -2,7 +2,7 @@
 
 A view version's checkpoint folder (``<lake>/views/<view>/v<N>/checkpoint``) holds Spark's query checkpoint
 (``main/offsets/<batch>``, ``main/commits/<batch>``) and the run's ``run.json`` (run id, start offsets and the
-target the run first had to reach). Files are read from a local path or any fsspec URL (object stores), never
+target the run first had to reach). Files are read from a local path or an object store (obstore), never
 through Spark, so the control plane (replay, ``make run``'s wait, ``kappa status``) can ask without a JVM.
 
 **The run** of a view version is resolved here for everyone - the job that writes the table and the control plane
@@ -19,9 +19,12 @@ per run, so the ratio only grows; what the live log added since is the lag.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +37,9 @@ from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
 __all__ = ["LAKE_FILES", "CheckpointError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
-           "checkpoint_batches", "current_run_id", "last_commit", "last_progress", "list_names", "modified_at",
+           "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress", "list_names", "modified_at",
            "offsets_of", "open_run", "pending_watermark", "read_text", "run_info", "run_progress", "save_run_info",
-           "table_run_id", "write_text"]
+           "table_run_id", "tree_exists", "write_text"]
 
 
 class CheckpointError(KappaError, ValueError):
@@ -47,25 +50,35 @@ class RunMismatch(KappaError, RuntimeError):
     """The Delta table was written by another run of this version than the checkpoint's."""
 
 
-def _fsspec(uri: str) -> tuple[Any, str]:
+@functools.lru_cache(maxsize=32)
+def _store(root: str) -> Any:
+    from obstore.store import from_url  # the object_store crate delta-rs uses; reads the same AWS_* environment
+
+    return from_url(root)
+
+
+def _object(uri: str) -> tuple[Any, str]:
+    """(store, key) of a lake URI on an object store (``s3a://bucket/key`` is ``s3://`` there)."""
+    scheme, _, rest = re.sub(r"^s3a://", "s3://", uri).partition("://")
+    bucket, _, key = rest.partition("/")
     try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec comes with Airflow
-        raise CheckpointError(f"reading {uri} needs fsspec and the filesystem's driver (e.g. s3fs)") from None
-    try:
-        fs, path = fsspec.core.url_to_fs(re.sub(r"^s3a://", "s3://", uri))
-    except (ImportError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {uri}: {one_line(exc)}") from None
-    return fs, path
+        return _store(f"{scheme}://{bucket}"), key.strip("/")
+    except Exception as exc:  # noqa: BLE001 - obstore's configuration errors: an unknown scheme, a bad option
+        raise CheckpointError(f"cannot open {uri}: {one_line(exc)}") from None
 
 
 def read_text(uri: str) -> str | None:
-    """Text of a file in the lake (local path or any fsspec URL); None if it does not exist."""
+    """Text of a file in the lake (a local path or an object store URL); None if it does not exist."""
     if is_local_uri(uri):
         path = Path(local_path(uri))
         return path.read_text() if path.is_file() else None
-    fs, path = _fsspec(uri)
-    return fs.cat_file(path).decode() if fs.exists(path) else None
+    import obstore
+
+    store, key = _object(uri)
+    try:
+        return bytes(obstore.get(store, key).bytes()).decode()
+    except FileNotFoundError:
+        return None
 
 
 def write_text(uri: str, text: str) -> None:
@@ -73,12 +86,14 @@ def write_text(uri: str, text: str) -> None:
     if is_local_uri(uri):
         path = Path(local_path(uri))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # own name: concurrent writers never clash
         tmp.write_text(text)
         tmp.replace(path)
         return
-    fs, path = _fsspec(uri)
-    fs.pipe_file(path, text.encode())
+    import obstore
+
+    store, key = _object(uri)
+    obstore.put(store, key, text.encode())
 
 
 def modified_at(uri: str) -> float | None:
@@ -86,11 +101,13 @@ def modified_at(uri: str) -> float | None:
     if is_local_uri(uri):
         path = Path(local_path(uri))
         return path.stat().st_mtime if path.exists() else None
-    fs, path = _fsspec(uri)
-    if not fs.exists(path):
+    import obstore
+
+    store, key = _object(uri)
+    try:
+        return float(obstore.head(store, key)["last_modified"].timestamp())
+    except FileNotFoundError:
         return None
-    stamp = fs.modified(path)
-    return stamp.timestamp() if stamp is not None else None
 
 
 def last_progress(view_checkpoint: str) -> float | None:
@@ -103,7 +120,7 @@ def last_progress(view_checkpoint: str) -> float | None:
 
 
 class LakeFiles:
-    """Reading and writing small lake files: local paths directly, other URIs through fsspec (the control
+    """Reading and writing small lake files: local paths directly, other URIs through obstore (the control
     plane's way; a view job on an object store uses its Spark session's instead,
     :class:`kappa.runtime.spark.HadoopFiles`)."""
 
@@ -120,8 +137,36 @@ def list_names(uri: str) -> list[str]:
     if is_local_uri(uri):
         path = Path(local_path(uri))
         return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-    fs, path = _fsspec(uri)
-    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if fs.exists(path) else []
+    import obstore
+
+    store, key = _object(uri)
+    listed = obstore.list_with_delimiter(store, f"{key}/" if key else None)
+    paths = [*listed["common_prefixes"], *(o["path"] for o in listed["objects"])]
+    return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in paths})
+
+
+def tree_exists(uri: str) -> bool:
+    """Whether a lake directory holds anything (a local directory, or any object under the prefix)."""
+    if is_local_uri(uri):
+        return Path(local_path(uri)).exists()
+    import obstore
+
+    store, key = _object(uri)
+    for batch in obstore.list(store, f"{key}/", chunk_size=1):
+        return bool(batch)
+    return False
+
+
+def delete_tree(uri: str) -> None:
+    """Remove a lake directory and everything under it (object stores: every object under the prefix)."""
+    if is_local_uri(uri):
+        shutil.rmtree(local_path(uri), ignore_errors=True)
+        return
+    import obstore
+
+    store, key = _object(uri)
+    for batch in obstore.list(store, f"{key}/", chunk_size=500):
+        obstore.delete(store, [o["path"] for o in batch])
 
 
 def batch_ids(folder: str) -> list[int]:
@@ -225,7 +270,7 @@ def open_run(paths: ViewPaths, *, run_id: str | None = None, files: Any = LAKE_F
     An existing ``run.json`` is the run (its id must match the table's ``kappa.runId``). Without one, a new run
     is recorded: the table's run id when its table exists but holds no data yet, else ``run_id`` or a fresh id,
     with ``fields`` (e.g. ``starting``, ``created_by``). ``files`` reaches the checkpoint (:class:`LakeFiles`:
-    local files or fsspec by default).
+    local files or obstore by default).
 
     Raises:
         RunMismatch: The checkpoint's run is not the table's, or the table holds data of a run whose

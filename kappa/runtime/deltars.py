@@ -29,7 +29,7 @@ import arro3.core as ac
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 __all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema", "arrow_to_rows",
-           "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
+           "create_table", "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
 
 TS = ac.DataType.timestamp("us", tz="UTC")
 STR = ac.DataType.string()
@@ -105,6 +105,25 @@ def arrow_to_rows(data: Any) -> list[dict[str, Any]]:
     names = list(data.column_names)
     columns = [[_utc(v) for v in data.column(i).to_pylist()] for i in range(len(names))]
     return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def create_table(uri: str, columns: tuple[tuple[str, Any], ...], *, partition_by: tuple[str, ...] = (),
+                 storage_options: dict[str, str] | None = None) -> None:
+    """Create an empty Delta table at ``uri`` unless one exists, with delta-rs (its first commit is a conditional
+    put on object stores: of several processes creating it at once, one wins and the others use its table)."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    if DeltaTable.is_deltatable(uri, storage_options):
+        return
+    if is_local_uri(uri):
+        Path(local_path(uri)).mkdir(parents=True, exist_ok=True)
+    try:
+        DeltaTable.create(uri, arrow_schema(columns), mode="ignore", partition_by=list(partition_by) or None,
+                          storage_options=storage_options)
+    except (CommitFailedError, DeltaError):
+        # a concurrent creator committed version 0 first: fine as long as the table now exists
+        if not DeltaTable.is_deltatable(uri, storage_options):
+            raise
 
 
 def drop_stale_checksum(uri: str) -> None:

@@ -15,6 +15,7 @@ micro-batch: every view version runs *one* streaming query that reads and decode
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -22,9 +23,11 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.runtime.batch import BatchHandler
+from kappa.runtime.deltars import create_table, rs_uri
 from kappa.runtime.checkpoint import RunMismatch, last_commit, offsets_of, open_run, run_progress, save_run_info
 from kappa.errors import one_line
 from kappa.identity import RUN_ID_PROPERTY, ViewPaths, app_id
@@ -35,7 +38,7 @@ from kappa.runtime.lookups import LookupCache
 from kappa.runtime.metrics import ViewMetrics
 from kappa.runtime.parsing import decode
 from kappa.runtime.plan import stateful_plan
-from kappa.runtime.sink import (CHANGE_FEED, QUARANTINE_SCHEMA, DeltaSink, QuarantineSink, enable_change_feed,
+from kappa.runtime.sink import (CHANGE_FEED, QUARANTINE_COLUMNS, DeltaSink, QuarantineSink, enable_change_feed,
                                ensure_table, seed_table, table_columns)
 from kappa.runtime.view import ViewDefinition
 
@@ -151,6 +154,16 @@ def failure_line(text: str) -> str:
     return lines[0] if lines else text
 
 
+def _lock_path(paths: ViewPaths, settings: "Settings") -> Path:
+    """The driver lock of a view version: beside its checkpoint on a local lake; on an object store (no file locks
+    there) under ``<home>/locks/``, keyed by the lake's URI - drivers on one machine exclude each other as on a
+    local lake; across machines the deployment runs one driver per version (Kubernetes: 1 replica, Recreate)."""
+    if paths.is_local:
+        return paths.local("driver.lock")
+    lake = hashlib.sha256(paths.lake.encode()).hexdigest()[:12]
+    return Path(settings.home) / "locks" / lake / paths.name / f"v{paths.version}" / "driver.lock"
+
+
 class ViewJob:
     """Runs one view version until stopped (live) or until the available data is processed (bounded).
 
@@ -196,7 +209,7 @@ class ViewJob:
         self.lag_poll_seconds = lag_poll_seconds
         self._spark = spark
         self._own_spark = spark is None
-        self._lock = DriverLock(self.paths.local("driver.lock"), owner=view.ref) if self.paths.is_local else None
+        self._lock = DriverLock(_lock_path(self.paths, settings), owner=view.ref)
         self.queries: list[StreamingQuery] = []
         self._listener: Any = None
         self._stop = threading.Event()
@@ -361,7 +374,9 @@ class ViewJob:
                                  "true" if view.write == "append" else "false"})
         if enable_change_feed(self.spark, self.paths.table):
             log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
-        ensure_table(self.spark, self.paths.quarantine, QUARANTINE_SCHEMA, partition_by=("view",))
+        # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
+        # protocol per table (on an object store, delta-spark's log store would not exclude another process)
+        create_table(rs_uri(self.paths.quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
         seed = self._run_info.get("seed")
         if seed and seed_table(self.spark, self.paths.table, seed, self.app_id or ""):
             log.info("%s: table seeded with v%s's rows at Delta version %s (upgrade=continue from %s)", view.ref,

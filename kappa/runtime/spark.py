@@ -2,6 +2,12 @@
 
 Every JVM artifact comes from ``.cache/jars/spark`` (fetched by ``make setup`` with Maven); Spark is never
 asked to resolve packages from a repository at run time (no ``spark.jars.packages``).
+
+A lake on an S3-API object store (``KAPPA_LAKE_URI=s3a://<bucket>/<prefix>``) adds ``.cache/jars/s3a`` (hadoop-aws
+and the AWS SDK modules it uses) and takes the store from the standard AWS environment every other reader of the
+lake uses too (delta-rs, DuckDB's reads through it, pyarrow): ``AWS_ENDPOINT_URL`` (a store other than AWS:
+path-style requests, TLS as its scheme says), ``AWS_REGION``; the credentials stay in the environment, where
+S3A's default provider chain reads them (they never enter the Spark conf, which the UI and logs show).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from kappa.config import Settings
 
-__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "spark_jars"]
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "s3a_conf", "spark_jars"]
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -33,14 +39,39 @@ class MissingJarsError(KappaError, RuntimeError):
 _REQUIRED = ("spark-sql-kafka-0-10", "delta-spark", "delta-storage", "kafka-clients")
 
 
-def spark_jars(jars_dir: Path) -> list[str]:
-    """Return the local jar files Spark needs, failing with a one-line hint if any is missing."""
+def spark_jars(jars_dir: Path, *, s3a: bool = False) -> list[str]:
+    """Return the local jar files Spark needs and the S3A filesystem's when fetched (loaded only when an ``s3a://``
+    path is opened), failing with a one-line hint if any is missing (the S3A ones only with ``s3a``)."""
     spark_dir = Path(jars_dir) / "spark"
     jars = sorted(str(p) for p in spark_dir.glob("*.jar"))
     missing = [name for name in _REQUIRED if not any(Path(j).name.startswith(name) for j in jars)]
     if missing:
         raise MissingJarsError(f"missing Spark jars {missing} in {spark_dir}: run `make setup` first")
+    jars += sorted(str(p) for p in (Path(jars_dir) / "s3a").glob("*.jar"))
+    if s3a and not any(Path(j).name.startswith("hadoop-aws-") for j in jars):
+        raise MissingJarsError(f"an s3a:// lake needs hadoop-aws, not in {Path(jars_dir) / 's3a'}: run `make setup` "
+                               "first")
     return jars
+
+
+def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Spark settings of the S3A filesystem from the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``,
+    ``AWS_REGION``/``AWS_DEFAULT_REGION``); empty for AWS itself with no region set (S3A's defaults apply).
+
+    >>> s3a_conf({"AWS_ENDPOINT_URL": "http://127.0.0.1:8333", "AWS_REGION": "us-east-1"})["spark.hadoop.fs.s3a.connection.ssl.enabled"]
+    'false'
+    """
+    env = os.environ if env is None else env
+    conf: dict[str, str] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https:")).lower()
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return conf
 
 
 def _local_cores(master: str) -> int | None:
@@ -89,10 +120,11 @@ def build_spark(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local driver stays on loopback
     from pyspark.sql import SparkSession
 
+    on_s3a = settings.lake_uri.startswith("s3a://")
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
-        .config("spark.jars", ",".join(spark_jars(settings.jars_dir)))
+        .config("spark.jars", ",".join(spark_jars(settings.jars_dir, s3a=on_s3a)))
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -127,6 +159,8 @@ def build_spark(
         java_options += [f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2-file.properties')}",
                          f"-Dkappa.spark.log={settings.spark_log_file}"]
     builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
+    for key, value in (s3a_conf() if on_s3a else {}).items():
+        builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -247,8 +281,8 @@ def stop_spark(spark: "SparkSession") -> None:
 
 class HadoopFiles:
     """Small lake files (a checkpoint's ``run.json``, offset log entries) through the Spark session's Hadoop file
-    system: any store the session can write to (``s3a://``, ``abfss://``...), with its credentials - what a
-    view job uses where the control plane's fsspec has no driver for the store."""
+    system: any store the session can write to (``s3a://``, ``abfss://``...), with its credentials and settings -
+    what a view job uses."""
 
     def __init__(self, spark: "SparkSession") -> None:
         self._jvm = spark.sparkContext._jvm

@@ -1,0 +1,149 @@
+"""The lake on an S3-API object store (the project's SeaweedFS, ``object_store`` fixture), through the platform's own
+code paths: the views' real jobs write their tables, checkpoints and the quarantine as objects; the registry,
+retention leases and serving alias go through delta-rs's conditional puts; small lake files through obstore;
+``kappa query`` reads it in a subprocess with nothing but the standard AWS environment.
+
+Correctness is checked as on a local lake: every view's table equals its plain-Python oracle over the raw Kafka
+records (tests/views_oracle.py), and nothing of the lake lands on the local disk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from kappa.config import Settings
+from kappa.identity import ViewPaths
+from kappa.log import generator
+from tests.helpers import run_to_end
+from tests.views_oracle import assert_views_match
+
+pytestmark = pytest.mark.integration
+
+VIEWS = ("events_raw", "campaign_catalog", "campaign_window_counts", "user_sessions")
+
+
+@pytest.fixture
+def s3_lake(kafka, declared_topics, object_store, spark, monkeypatch, request, tmp_path) -> Settings:
+    """Settings with a fresh lake under ``s3a://kappa/<test>-<random>`` and this test's own topics; this process's
+    delta-rs/obstore (environment) and Spark session (its Hadoop configuration: the JVM's environment is fixed at
+    its start) reach the store."""
+    from kappa.log.topics import declared_topics as declared, ensure_topics
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:30].lower()
+    settings = kafka.settings.replace(home=tmp_path / "home", lake_uri=f"s3a://kappa/{slug}-{uuid.uuid4().hex[:6]}",
+                                      topic_prefix=f"{slug}-{uuid.uuid4().hex[:6]}.")
+    ensure_topics(settings, declared(settings))
+    for key, value in object_store.delta_rs_options().items():
+        monkeypatch.setenv(key, value)
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in object_store.spark_conf().items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    return settings
+
+
+def test_views_on_the_object_store_equal_the_oracle_and_run_again_as_a_no_op(spark, s3_lake, object_store, tmp_path):
+    """The four views' real jobs on the store: tables equal their oracles, quarantine and checkpoint are objects,
+    a second run is a no-op, and ``kappa query`` answers from a subprocess."""
+    from deltalake import DeltaTable
+
+    from kappa.control.registry import Registry
+    from kappa.control.serving import ServingAlias
+    from tests.conftest import subprocess_env
+    from tests.docs_blocks import ROOT
+
+    from kappa.runtime.checkpoint import last_commit, list_names, read_text
+    from kappa.runtime.deltars import read_rows
+
+    u = generator.universe(seed=21, campaigns=10, users=200)
+    generator.publish_campaigns(s3_lake, generator.campaign_records(u), topic=s3_lake.topic("campaigns"))
+    stream = generator.events(2000, seed=21, universe=u, start_ms=1_700_000_000_000, rate_per_s=25,
+                              late_fraction=0.1, max_lateness_ms=5000, malformed_fraction=0.2)
+    assert generator.produce(s3_lake, s3_lake.topic("ad-events"), stream).delivered == 2000
+
+    for name in VIEWS:
+        run_to_end(spark, s3_lake, f"jobs.{name}.v1")
+    stats = assert_views_match(spark, s3_lake)
+    assert stats["valid"] + stats["quarantined"] == stats["consumed"] == 2000
+    assert stats["quarantined"] >= 0.15 * 2000 and stats["final_windows"] > 0
+
+    paths = ViewPaths(s3_lake.lake_uri, "events_raw", 1)
+    # the quarantine is a delta-rs table, created by delta-rs too: raw bytes, topic, partition, offset and reason
+    quarantine = DeltaTable(paths.quarantine)
+    mine = [r for r in read_rows(quarantine) if r["view"] == "events_raw"]
+    assert len(mine) == stats["quarantined"]
+    assert all(r["raw_value"] is not None and r["topic"] == s3_lake.topic("ad-events") and r["error"] for r in mine)
+    assert len({(r["partition"], r["offset"]) for r in mine}) == len(mine), "a bad record quarantined twice"
+    created = quarantine.history()[-1]
+    assert created["operation"] == "CREATE TABLE" and "delta-rs" in created.get("clientVersion", ""), created
+
+    # the checkpoint is objects in the store, read without Spark (obstore): offsets of every partition
+    run = json.loads(read_text(f"{paths.checkpoint}/run.json") or "{}")
+    assert run.get("run_id"), run
+    committed, _ = last_commit(f"{paths.checkpoint}/main", s3_lake.topic("ad-events"))
+    assert sum(committed.values()) == 2000
+    assert {"main", "run.json"} <= set(list_names(paths.checkpoint))
+    # nothing of the lake on the local disk
+    assert not (tmp_path / "home" / "lake").exists()
+
+    # running again over the same log: the checkpoint (offsets, commits and the RocksDB state of the window
+    # view) on the store is complete, nothing is duplicated
+    run_to_end(spark, s3_lake, "jobs.campaign_window_counts.v1")
+    assert assert_views_match(spark, s3_lake) == stats
+
+    # an analyst's shell: only KAPPA_LAKE_URI and the standard AWS variables; DuckDB over delta-rs answers
+    reg = Registry(s3_lake.lake_uri)
+    _serve(reg, ServingAlias(s3_lake.lake_uri, registry=reg), 1)
+    proc = subprocess.run(["bin/kappa", "query", "SELECT count(*) + 424242000 AS n FROM events_raw"], cwd=ROOT,
+                          env=subprocess_env(s3_lake, **object_store.delta_rs_options()), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert str(424242000 + stats["valid"]) in proc.stdout.replace(",", ""), proc.stdout
+
+
+def test_registry_alias_and_retire_on_the_object_store(s3_lake):
+    """Registry, audit events, serving alias and the deletion of an expired retired version: delta-rs commits
+    and obstore deletes on the store, refusing anything outside the lake."""
+    from kappa.control.registry import Registry
+    from kappa.control.serving import ServingAlias
+    from kappa.control.registry import utcnow
+    from kappa.runtime.checkpoint import read_text, tree_exists, write_text
+
+    reg = Registry(s3_lake.lake_uri)
+    alias = ServingAlias(s3_lake.lake_uri, registry=reg)
+    for version in (1, 2):
+        _serve(reg, alias, version)
+        write_text(f"{ViewPaths(s3_lake.lake_uri, 'events_raw', version).checkpoint}/run.json", "{}")
+    assert alias.alias("events_raw").version == 2
+    assert reg.get("events_raw", 1).state == "retired"
+    v1_root = ViewPaths(s3_lake.lake_uri, "events_raw", 1).root
+    reg.set_state("events_raw", 1, "retired", by="test", delete_after=utcnow() - timedelta(minutes=1))
+    assert tree_exists(v1_root)
+    results = alias.delete_expired(by="test")
+    assert [(r.version, r.deleted) for r in results] == [(1, True)], [r.message for r in results]
+    assert not tree_exists(v1_root) and tree_exists(ViewPaths(s3_lake.lake_uri, "events_raw", 2).root)
+    assert reg.get("events_raw", 1).deleted_at is not None
+    assert ("serving", 2) in {(e.to_state, e.version) for e in reg.events("events_raw")}
+    # the analysts' Spark views over the aliases: one PUT of catalog.sql, read back from the store
+    from kappa.control.replay.switch import catalog_sql_path, write_catalog_sql
+
+    assert write_catalog_sql(s3_lake) == catalog_sql_path(s3_lake)
+    sql = read_text(catalog_sql_path(s3_lake)) or ""
+    assert "analytics.events_raw" in sql and ViewPaths(s3_lake.lake_uri, "events_raw", 2).table in sql, sql
+
+
+def _serve(reg, alias, version: int) -> None:
+    from kappa.runtime.deltars import I64, create_table
+
+    paths = ViewPaths(reg.lake_uri, "events_raw", version)
+    create_table(paths.table, (("n", I64),))  # the version's table (a real job writes it in the test above)
+    reg.register("events_raw", version, code_module=f"jobs.events_raw.v{version}", table_path=paths.table,
+                 app_id=f"kappa:events_raw@v{version}:r1", starting="earliest", triggered_by="test")
+    for state in ("caught_up", "verified"):
+        reg.set_state("events_raw", version, state, by="test")
+    alias.promote("events_raw", version, by="test")
