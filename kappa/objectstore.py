@@ -671,13 +671,19 @@ class LocalObjectStore:
 
 
 # ---------------------------------------------------------------------- command line
+#: Set by :func:`use_platform_store` to the home whose store the AWS variables of the environment name.
+PLATFORM_STORE_VAR = "KAPPA_PLATFORM_OBJECT_STORE"
+
+
 def on_platform_store(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the lake is on the platform's own store: an ``s3a://``/``s3://`` lake and no store named in the
-    environment (``AWS_ENDPOINT_URL[_S3]``; with one, the lake is on that store and the environment carries its
-    credentials)."""
+    """Whether the lake is on the platform's own store: an ``s3a://``/``s3://`` lake and no other store named in the
+    environment (``AWS_ENDPOINT_URL[_S3]``, unless :func:`use_platform_store` put it there; with another, the lake is
+    on that store and the environment carries its credentials)."""
     env = os.environ if env is None else env
-    return (settings.lake_uri.startswith(("s3a://", "s3://"))
-            and not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")))
+    if not settings.lake_uri.startswith(("s3a://", "s3://")):
+        return False
+    return (env.get(PLATFORM_STORE_VAR) == str(settings.home)  # set by use_platform_store (here or in a parent)
+            or not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")))
 
 
 def use_platform_store(settings: Settings, *, start: bool = False) -> LocalObjectStore | None:
@@ -699,6 +705,7 @@ def use_platform_store(settings: Settings, *, start: bool = False) -> LocalObjec
     elif not store.is_running():
         return None
     os.environ.update(store.delta_rs_options())
+    os.environ[PLATFORM_STORE_VAR] = str(settings.home)
     return store
 
 

@@ -298,6 +298,12 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
     from kappa.control.runners.local import LocalRunner
 
     rows: list[tuple[str, str, str]] = []
+    from kappa.objectstore import LocalObjectStore, on_platform_store
+
+    if on_platform_store(settings):
+        store = LocalObjectStore.from_settings(settings)
+        rows.append(("object store", "running" if store.is_running() else "stopped",
+                     f"{store.endpoint}, lake {settings.lake_uri}"))
     if settings.local_broker:
         from kappa.log.broker import LocalBroker
 
