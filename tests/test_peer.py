@@ -20,7 +20,6 @@ event-time clock already closed (grace 30 s). The data is built so that nothing 
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -118,12 +117,10 @@ def _run_and_compare(settings, topic_factory, tmp_path, *, partitions: int, n: i
 
 
 def test_peer_single_partition_matches_oracle(kafka_settings, topic_factory, tmp_path):
-    started = time.monotonic()
     # 20,000 events at 25/s = 800 s of event time: ~80 windows x 20 campaigns, most closed in the stream
     result = _run_and_compare(kafka_settings, topic_factory, tmp_path, partitions=1, n=20_000, seed=21,
                               rate_per_s=25)
     assert result["windows_closed_in_stream"] > 10 * result["windows_from_final_state"] > 0
-    assert time.monotonic() - started < 90
 
 
 _GOOD = {"user_id": "0d9c4e7a-1a2b-4c3d-8e9f-0a1b2c3d4e5f", "page_id": "1d9c4e7a-1a2b-4c3d-8e9f-0a1b2c3d4e5f",

@@ -129,8 +129,9 @@ def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kaf
 
 
 def test_a_lease_whose_replay_shows_no_life_expires_and_a_failed_one_ends(kafka, lake, tmp_path, monkeypatch):
+    # a TTL long enough that registering and taking both leases under load stays inside it
     settings = _short_retention(tmp_path, lake.replace(home=tmp_path / "home"), monkeypatch).replace(
-        lease_ttl_seconds=3)
+        lease_ttl_seconds=12)
     topic = settings.topic("ad-events")
     registry = Registry(settings.lake_uri)
     for view in ("events_raw", "user_sessions"):
@@ -146,7 +147,7 @@ def test_a_lease_whose_replay_shows_no_life_expires_and_a_failed_one_ends(kafka,
     converge_topics(settings)
     assert _retention(settings, topic)[:2] == HELD, "one lease still holds the topic"
 
-    time.sleep(4)  # > KAPPA_LEASE_TTL_SECONDS without a commit or a run.json
+    time.sleep(13)  # > KAPPA_LEASE_TTL_SECONDS without a commit or a run.json
     changes = converge_topics(settings)
     assert [c.topic for c in changes] == [topic], changes
     assert _retention(settings, topic) == (RETENTION_MS, "-1", None)
