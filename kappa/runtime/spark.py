@@ -58,8 +58,9 @@ def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Spark settings of the S3A filesystem from the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``,
     ``AWS_REGION``/``AWS_DEFAULT_REGION``); empty for AWS itself with no region set (S3A's defaults apply).
 
-    >>> s3a_conf({"AWS_ENDPOINT_URL": "http://127.0.0.1:8333", "AWS_REGION": "us-east-1"})["spark.hadoop.fs.s3a.connection.ssl.enabled"]
-    'false'
+    >>> conf = s3a_conf({"AWS_ENDPOINT_URL": "http://127.0.0.1:8333", "AWS_REGION": "us-east-1"})
+    >>> conf["spark.hadoop.fs.s3a.connection.ssl.enabled"], conf["spark.hadoop.fs.s3a.endpoint.region"]
+    ('false', 'us-east-1')
     """
     env = os.environ if env is None else env
     conf: dict[str, str] = {}
