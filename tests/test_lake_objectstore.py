@@ -177,15 +177,25 @@ def _quarantine_appends(lake: str, worker: int, rounds: int) -> None:
             append_once(table, arrow_rows(QUARANTINE_COLUMNS, rows), f"kappa:w{worker}@v1:r1/quarantine", batch)
 
 
-def _race_processes(target, lake: str, workers: int, rounds: int, env: dict[str, str]) -> None:
-    """Start ``workers`` processes at the same instant (spawned: a fresh interpreter each, as separate drivers and
-    CLI/Airflow processes are), each running ``target(lake, worker, rounds)``; every one must succeed."""
+def _table_creations(lake: str, worker: int, rounds: int, barrier) -> None:
+    """One process's share: in each round, at the same instant as the others (a barrier), create the round's
+    table as every driver creates the shared quarantine at its start."""
+    from kappa.runtime.deltars import create_table, rs_uri
+    from kappa.runtime.sink import QUARANTINE_COLUMNS
+
+    for n in range(rounds):
+        barrier.wait(120)
+        create_table(rs_uri(f"{lake}/race/quarantine-{n}"), QUARANTINE_COLUMNS, partition_by=("view",))
+
+
+def _race_processes(target, lake: str, workers: int, rounds: int, *, barrier: bool = False) -> None:
+    """Start ``workers`` processes (spawned: a fresh interpreter each, as separate drivers and CLI/Airflow
+    processes are), each running ``target(lake, worker, rounds[, barrier])``; every one must succeed."""
     import multiprocessing
-    import os
 
     ctx = multiprocessing.get_context("spawn")
-    os.environ.update(env)
-    procs = [ctx.Process(target=target, args=(lake, w, rounds)) for w in range(workers)]
+    extra = (ctx.Barrier(workers),) if barrier else ()
+    procs = [ctx.Process(target=target, args=(lake, w, rounds, *extra)) for w in range(workers)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -207,17 +217,23 @@ def test_many_processes_commit_to_one_table_on_the_store_and_lose_nothing(s3_lak
     reg.register("events_raw", 1, code_module="jobs.events_raw.v1", table_path=paths.table,
                  app_id="kappa:events_raw@v1:r1", starting="earliest", triggered_by="test")
     workers, rounds = 4, 5
-    _race_processes(_registry_updates, s3_lake.lake_uri, workers, rounds, object_store.delta_rs_options())
+    _race_processes(_registry_updates, s3_lake.lake_uri, workers, rounds)
     row = reg.get("events_raw", 1)
     assert row.revision == 1 + workers * rounds, "a registry update was lost"
     notes = [e.note for e in reg.events("events_raw", 1)]
     assert sorted(n for n in notes if n and n.startswith("p")) == sorted(f"p{w}-{n}" for w in range(workers)
                                                                       for n in range(rounds))
 
-    _race_processes(_quarantine_appends, s3_lake.lake_uri, workers, rounds, object_store.delta_rs_options())
+    _race_processes(_quarantine_appends, s3_lake.lake_uri, workers, rounds)
     table = DeltaTable(rs_uri(paths.quarantine))
     rows = read_rows(table)
     assert len(rows) == workers * rounds * 3, "a quarantine append was lost or applied twice"
     assert len({(r["view"], r["offset"]) for r in rows}) == len(rows)
     creates = [h for h in table.history() if h["operation"] == "CREATE TABLE"]
     assert len(creates) == 1, creates  # one creator won; the others used its table
+
+    # the creation itself, 4 processes released at the same instant, round after round: one CREATE TABLE each
+    _race_processes(_table_creations, s3_lake.lake_uri, workers, rounds, barrier=True)
+    for n in range(rounds):
+        history = DeltaTable(rs_uri(f"{s3_lake.lake_uri}/race/quarantine-{n}")).history()
+        assert [h["operation"] for h in history] == ["CREATE TABLE"], history

@@ -1,7 +1,7 @@
 """A view version's run, resolved once (kappa.runtime.checkpoint.open_run) for the job and the control plane.
 
-Real Delta tables through delta-rs and real checkpoint folders; the object-store case uses fsspec's in-memory
-file system (a real fsspec backend, the same code path as s3://).
+Real Delta tables through delta-rs and real checkpoint folders; the object-store case runs on the project's S3-API
+store (the ``object_store`` fixture).
 """
 
 from __future__ import annotations
@@ -65,10 +65,14 @@ def test_a_checkpoint_of_another_run_than_the_table_s_is_refused(tmp_path) -> No
         open_run(paths)
 
 
-def test_run_json_is_written_and_read_on_an_object_store_lake_too() -> None:
+def test_run_json_is_written_and_read_on_an_object_store_lake_too(object_store, monkeypatch) -> None:
     # before, run.json was only written on local lakes: a restarted driver on S3 found no checkpoint run and
     # refused its own table (the "checkpoint is gone" branch)
-    paths = ViewPaths("memory://lake-run-identity", "clicks", 2)
+    import uuid
+
+    for key, value in object_store.delta_rs_options().items():
+        monkeypatch.setenv(key, value)
+    paths = ViewPaths(f"s3a://kappa/run-identity-{uuid.uuid4().hex[:8]}", "clicks", 2)
     save_run_info(paths.checkpoint, {"run_id": "s3run", "view": "clicks", "version": 2})
     assert run_info(paths.checkpoint)["run_id"] == "s3run"
 

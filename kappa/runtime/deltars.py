@@ -110,7 +110,11 @@ def arrow_to_rows(data: Any) -> list[dict[str, Any]]:
 def create_table(uri: str, columns: tuple[tuple[str, Any], ...], *, partition_by: tuple[str, ...] = (),
                  storage_options: dict[str, str] | None = None) -> None:
     """Create an empty Delta table at ``uri`` unless one exists, with delta-rs (its first commit is a conditional
-    put on object stores: of several processes creating it at once, one wins and the others use its table)."""
+    put on object stores: of several processes creating it at once, one wins and the others use its table).
+
+    The creation commit is never retried at a later log version: delta-rs would otherwise commit a losing creator's
+    table as version 1 - a second ``CREATE TABLE`` replacing the winner's metadata (seen with 4 processes on an
+    object store); the loser's commit fails instead and it uses the table that exists."""
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     if DeltaTable.is_deltatable(uri, storage_options):
@@ -119,7 +123,7 @@ def create_table(uri: str, columns: tuple[tuple[str, Any], ...], *, partition_by
         Path(local_path(uri)).mkdir(parents=True, exist_ok=True)
     try:
         DeltaTable.create(uri, arrow_schema(columns), mode="ignore", partition_by=list(partition_by) or None,
-                          storage_options=storage_options)
+                          storage_options=storage_options, commit_properties=CommitProperties(max_commit_retries=0))
     except (CommitFailedError, DeltaError):
         # a concurrent creator committed version 0 first: fine as long as the table now exists
         if not DeltaTable.is_deltatable(uri, storage_options):
