@@ -72,6 +72,7 @@ import psutil
 
 from kappa.config import Settings, default_repo_root
 from kappa.errors import KappaError, one_line
+from kappa.process import log_tails, owned_process, port_open, wait_exit
 
 __all__ = ["DEFAULT_BUCKET", "DEFAULT_PORTS", "DEFAULT_REGION", "PROBE_BUCKET", "LocalObjectStore", "ObjectStoreError",
            "Ports", "main", "on_platform_store", "use_platform_store", "weed_binary"]
@@ -167,14 +168,6 @@ def weed_binary(*, build: bool = False, repo_root: Path | None = None) -> Path:
     if not os.access(weed, os.X_OK):
         raise ObjectStoreError(f"{weed} is not built (run `make objectstore-up` or infra/objectstore/build.sh)")
     return weed
-
-
-def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -425,35 +418,16 @@ class LocalObjectStore:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of each process' log (for error messages)."""
-        parts: list[str] = []
-        for role in _ROLES:
-            f = self.log_file(role)
-            if f.exists():
-                text = f.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-                if text:
-                    parts.append(f"--- {f} (last {len(text)} lines)\n" + "\n".join(text))
-        return "\n".join(parts) or f"(no log under {self.home / 'logs'})"
+        return (log_tails((self.log_file(role) for role in _ROLES), lines)
+                or f"(no log under {self.home / 'logs'})")
 
     def _process(self, role: str) -> psutil.Process | None:
         own = self._procs.get(role)
         if own is not None and own.poll() is not None:
             del self._procs[role]  # reaped
-        try:
-            pid = int(self.pid_file(role).read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            cmdline = proc.cmdline()
-        except psutil.Error:
-            return None
         # guard against pid reuse: it must be *our* process (weed <role> on this home's folder)
         folder = self.data_dir if role == "server" else self.volumes_dir
-        if role in cmdline and f"-dir={folder}" in cmdline:
-            return proc
-        return None
+        return owned_process(self.pid_file(role), lambda cmd: role in cmd and f"-dir={folder}" in cmd)
 
     # ------------------------------------------------------------------ start
     def command(self, role: str) -> list[str]:
@@ -500,7 +474,7 @@ class LocalObjectStore:
         if not os.access(weed, os.X_OK):
             raise ObjectStoreError(f"{weed} is not an executable (run infra/objectstore/build.sh)")
         for name, port in self.ports.items():
-            if _port_open(self.host, port):
+            if port_open(self.host, port):
                 raise ObjectStoreError(
                     f"port {self.host}:{port} ({name}) is already in use by another process "
                     "(another object store? stop it or choose other ports)")
@@ -559,7 +533,7 @@ class LocalObjectStore:
             if not self.is_running():
                 raise ObjectStoreError(f"object store process exited during startup; see {self.home / 'logs'}\n"
                                        f"{self.log_tail()}")
-            if _port_open(self.host, self.ports.s3):
+            if port_open(self.host, self.ports.s3):
                 try:
                     last_error = self._not_ready(requests, max(0.5, min(5.0, deadline - time.monotonic())))
                     if last_error is None:
@@ -642,19 +616,10 @@ class LocalObjectStore:
 
     def _wait_exit(self, role: str, proc: psutil.Process, timeout: float) -> bool:
         own = self._procs.get(role)
-        if own is not None and own.pid == proc.pid:
-            try:
-                own.wait(timeout=timeout)  # reaps our own child (no zombie)
-            except subprocess.TimeoutExpired:
-                return False
-            del self._procs[role]
-            return True
-        try:
-            proc.wait(timeout=timeout)
-        except psutil.TimeoutExpired:
+        if not wait_exit(proc, own, timeout):
             return False
-        except psutil.NoSuchProcess:
-            pass
+        if own is not None and own.pid == proc.pid:
+            del self._procs[role]  # reaped
         return True
 
     # ------------------------------------------------------------------ context manager

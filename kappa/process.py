@@ -20,16 +20,18 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
+    import psutil
+
     from kappa.config import Settings
 
-__all__ = ["Daemon", "child_env", "group_members", "interrupt_on_termination", "pid_alive", "spawn",
-           "terminate_group"]
+__all__ = ["Daemon", "child_env", "group_members", "interrupt_on_termination", "log_tails", "owned_process",
+           "pid_alive", "port_open", "spawn", "terminate_group", "wait_exit"]
 
 
 @contextlib.contextmanager
@@ -183,3 +185,66 @@ class Daemon:
         terminate_group(pid, timeout)  # the leader shuts its children down itself
         self.pid_file.unlink(missing_ok=True)
         return True
+
+
+# ------------------------------------------------------------------ local servers (broker, object store)
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def owned_process(pid_file: Path, is_ours: "Callable[[list[str]], bool]") -> "psutil.Process | None":
+    """The live process whose pid ``pid_file`` holds, if its command line passes ``is_ours`` (a guard against pid
+    reuse); None when there is none, it is a zombie, or the pid now belongs to another program."""
+    import psutil
+
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return None
+    return proc if is_ours(cmdline) else None
+
+
+def wait_exit(proc: "psutil.Process", own: subprocess.Popen | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``proc`` to exit; through ``own`` (the Popen that started it, if this process
+    did) so that it is reaped, not left a zombie. True once it is gone."""
+    import psutil
+
+    if own is not None and own.pid == proc.pid:
+        try:
+            own.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        proc.wait(timeout=timeout)
+    except psutil.TimeoutExpired:
+        return False
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+def log_tails(files: "Iterable[Path]", lines: int) -> str:
+    """The last ``lines`` lines of each existing, non-empty file, each under a ``--- <file>`` header (for error
+    messages); empty when there is none."""
+    parts: list[str] = []
+    for f in files:
+        if f.exists():
+            text = f.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+            if text:
+                parts.append(f"--- {f} (last {len(text)} lines)\n" + "\n".join(text))
+    return "\n".join(parts)

@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 
 from kappa.config import Settings
+from kappa.process import log_tails, owned_process, port_open, wait_exit
 from kappa.errors import KappaError
 
 __all__ = ["BrokerError", "LocalBroker", "default_broker", "free_port"]
@@ -73,14 +74,6 @@ def _heap_bytes(heap: str) -> int:
         raise ValueError(f"heap must look like '768m' or '1g', got {heap!r}")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
     return int(m.group(1)) * mult
-
-
-def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _new_cluster_id() -> str:
@@ -218,32 +211,13 @@ class LocalBroker:
 
     def log_tail(self, lines: int = 40) -> str:
         """Last ``lines`` lines of the broker log and of the JVM stdout (for error messages)."""
-        parts: list[str] = []
-        for f in (self.log_file, self.stdout_file):
-            if f.exists():
-                text = f.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-                if text:
-                    parts.append(f"--- {f} (last {len(text)} lines)\n" + "\n".join(text))
-        return "\n".join(parts) or f"(no log under {self.home / 'logs'})"
+        return log_tails((self.log_file, self.stdout_file), lines) or f"(no log under {self.home / 'logs'})"
 
     def _process(self) -> psutil.Process | None:
         if self._proc is not None and self._proc.poll() is not None:
             self._proc = None  # reaped
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            cmdline = proc.cmdline()
-        except psutil.Error:
-            return None
         # guard against pid reuse: it must be *our* broker (same main class and config file)
-        if _MAIN_CLASS in cmdline and str(self.config_file) in cmdline:
-            return proc
-        return None
+        return owned_process(self.pid_file, lambda cmd: _MAIN_CLASS in cmd and str(self.config_file) in cmd)
 
     # ------------------------------------------------------------------ start
     def start(self, wait: bool = True, *, timeout: float | None = None) -> LocalBroker:
@@ -269,7 +243,7 @@ class LocalBroker:
             return self
         self._check_jars()
         for p in (self.port, self.controller_port):
-            if _port_open(self.host, p):
+            if port_open(self.host, p):
                 raise BrokerError(
                     f"port {self.host}:{p} is already in use by another process (another broker? "
                     "stop it, choose other ports, or set KAPPA_KAFKA_BOOTSTRAP to use it as external cluster)"
@@ -313,7 +287,7 @@ class LocalBroker:
         while time.monotonic() < deadline:
             if not self.is_running():
                 raise BrokerError(f"broker process exited during startup\n{self.log_tail()}")
-            if _port_open(self.host, self.port):
+            if port_open(self.host, self.port):
                 try:
                     if admin is None:
                         conf: dict[str, Any] = {
@@ -355,19 +329,10 @@ class LocalBroker:
         return True
 
     def _wait_exit(self, proc: psutil.Process, timeout: float) -> bool:
-        if self._proc is not None and self._proc.pid == proc.pid:
-            try:
-                self._proc.wait(timeout=timeout)  # reaps our own child (no zombie)
-            except subprocess.TimeoutExpired:
-                return False
-            self._proc = None
-            return True
-        try:
-            proc.wait(timeout=timeout)
-        except psutil.TimeoutExpired:
+        if not wait_exit(proc, self._proc, timeout):
             return False
-        except psutil.NoSuchProcess:
-            pass
+        if self._proc is not None and self._proc.pid == proc.pid:
+            self._proc = None  # reaped
         return True
 
     # ------------------------------------------------------------------ context manager
