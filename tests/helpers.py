@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "committed_batches", "delta_txns", "processes_mentioning", "read_table", "recorded_batches",
-           "run_to_end"]
+__all__ = ["FakeRunner", "committed_batches", "delta_log", "delta_txns", "processes_mentioning", "read_table",
+           "recorded_batches", "run_to_end"]
 
 
 def processes_mentioning(path: Path) -> list[str]:
@@ -30,12 +31,35 @@ def read_table(spark: Any, path: str) -> list[Any]:
     return spark.read.format("delta").load(path).collect()
 
 
+def _names_and_read(folder: str) -> tuple[list[str], Any]:
+    """(names in a lake folder, read(name) -> text): a local path, or an object store through plain obstore reads
+    (``s3a://`` / ``s3://``, credentials from the standard AWS environment)."""
+    if "://" not in folder or folder.startswith("file:"):
+        path = Path(folder.removeprefix("file:"))
+        names = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        return names, lambda name: (path / name).read_text()
+    import obstore
+    from obstore.store import from_url
+
+    bucket, _, key = folder.split("://", 1)[1].partition("/")
+    store = from_url(f"s3://{bucket}")
+    names = sorted(o["path"].rsplit("/", 1)[-1] for batch in obstore.list(store, f"{key.rstrip('/')}/")
+                   for o in batch if "/" not in o["path"][len(key.rstrip("/")) + 1:])
+    return names, lambda name: bytes(obstore.get(store, f"{key.rstrip('/')}/{name}").bytes()).decode()
+
+
+def delta_log(table: str) -> dict[int, list[dict]]:
+    """Delta version -> the actions of its JSON commit file (plain file / object reading, not through Delta)."""
+    names, read = _names_and_read(f"{table.rstrip('/')}/_delta_log")
+    return {int(name[:20]): [json.loads(line) for line in read(name).splitlines() if line.strip()]
+            for name in names if re.fullmatch(r"\d{20}\.json", name)}
+
+
 def delta_txns(table: str) -> dict[str, int]:
     """appId -> highest txnVersion recorded in the table's _delta_log JSON commits (plain file reading)."""
     out: dict[str, int] = {}
-    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
+    for _version, actions in sorted(delta_log(table).items()):
+        for action in actions:
             if "txn" in action:
                 app, version = action["txn"]["appId"], int(action["txn"]["version"])
                 out[app] = max(out.get(app, -1), version)
@@ -44,8 +68,8 @@ def delta_txns(table: str) -> dict[str, int]:
 
 def committed_batches(checkpoint: str) -> list[int]:
     """Batch ids committed in a Spark checkpoint (its commits/ folder)."""
-    folder = Path(checkpoint, "commits")
-    return sorted(int(p.name) for p in folder.glob("[0-9]*")) if folder.exists() else []
+    names, _read = _names_and_read(f"{checkpoint.rstrip('/')}/commits")
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def recorded_batches(settings: Any, view: str, version: int) -> list[Any]:

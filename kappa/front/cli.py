@@ -819,18 +819,22 @@ def repair_cmd(
     start: str = typer.Option(..., "--from", help="First window start of the range (epoch ms or ISO 8601, UTC)."),
     end: str = typer.Option(..., "--to", help="End of the range, exclusive (epoch ms or ISO 8601, UTC)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Recompute, stage and verify; do not swap."),
+    wait: float = typer.Option(300.0, "--wait", min=0.0, help="Object-store lakes: seconds to wait for the live "
+                               "job to commit the swap it is handed (exit 3 when it has not yet)."),
 ) -> None:
     """Recompute the serving version's windows that start in [--from, --to) from the whole log (every record on
     time), verify them against the oracle and swap exactly those windows into the serving table in one Delta
-    commit (readers see the old range or the new one)."""
+    commit (readers see the old range or the new one). On an object-store lake the live job commits the swap."""
     from kappa.control.replay.repair import repair_range
 
     settings = _tool_settings()
     result = repair_range(view, settings, start_ms=_time_ms(start, "--from"), end_ms=_time_ms(end, "--to"),
-                          by=_by(), dry_run=dry_run)
+                          by=_by(), dry_run=dry_run, wait_seconds=wait)
     console.print(result.message, highlight=False)
     if result.verified is False:
         raise typer.Exit(1)
+    if result.waiting:
+        raise typer.Exit(3)
 
 
 @app.command("rollback")

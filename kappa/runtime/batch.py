@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -216,6 +217,9 @@ class BatchHandler:
     topic: str = ""
     #: fault injection of the crash tests (``KAPPA_FAULT``, see :func:`fault`)
     fault: str | None = None
+    #: held around the batch's view-table commit: a repair handed to this driver commits between two batches
+    #: (:class:`kappa.runtime.repairs.RepairInbox`)
+    commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -264,9 +268,10 @@ class BatchHandler:
                     lineage = with_expectations(lineage, checked.rows, checked.violations)
                 behind = self.sink.bulk(session) and self.catching_up(session, batch_id)
                 fault(self.fault, "before_write", batch_id)
-                done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
-                                       batch_event_max=stats.event_max, window_ends=stats.window_ends,
-                                       catching_up=behind)
+                with self.commit_lock:
+                    done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
+                                           batch_event_max=stats.event_max, window_ends=stats.window_ends,
+                                           catching_up=behind)
                 if done == "compact":
                     log.info("%s: caught up at batch %s; staged batches compacted into the view table", view.ref,
                              batch_id)

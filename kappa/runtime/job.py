@@ -229,6 +229,7 @@ class ViewJob:
         self._lookup_cache: LookupCache | None = lookups
         self._own_lookups = lookups is None
         self.publisher: Any = None  # kappa.runtime.publish.Publisher of a version that publishes
+        self.repairs: Any = None  # kappa.runtime.repairs.RepairInbox (object-store lakes)
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -405,6 +406,15 @@ class ViewJob:
             self.publisher.start(self.trigger_seconds)
         self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
         self._lag_thread.start()
+        from kappa.runtime.repairs import WINDOW_START, RepairInbox
+
+        if not self.paths.is_local and view.finality is not None and WINDOW_START in view.keys:
+            # on an object store a repair's swap is committed here, in this JVM, between this job's own commits:
+            # one Spark writer per table (kappa.runtime.repairs; only views with windows can be repaired)
+            self.repairs = RepairInbox(self.spark, self.paths.root, self.paths.table, self._files,
+                                       self.handler.commit_lock, applied_by=self.app_id or "", ref=view.ref)
+            threading.Thread(target=self.repairs.run, args=(self._stop, self.lag_poll_seconds),
+                             name=f"repairs-{view.ref}", daemon=True).start()
 
     def _refuse_old_layout(self) -> None:
         """A checkpoint with a separate quarantine query (older layout) cannot be resumed by one query."""

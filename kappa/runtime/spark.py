@@ -312,3 +312,18 @@ class HadoopFiles:
             stream.write(bytearray(text.encode()))
         finally:
             stream.close()
+
+    def list(self, uri: str) -> list[str]:
+        """Names in a directory (empty if it does not exist)."""
+        fs, path = self._fs(uri)
+        try:
+            return sorted(str(status.getPath().getName()) for status in fs.listStatus(path))
+        except Exception as exc:  # noqa: BLE001 - py4j wraps Java's FileNotFoundException
+            if "FileNotFoundException" in str(exc):
+                return []
+            raise
+
+    def delete(self, uri: str) -> None:
+        """Remove one file (nothing if it does not exist)."""
+        fs, path = self._fs(uri)
+        fs.delete(path, False)

@@ -12,7 +12,11 @@ only the windows that start in ``[start, end)`` are rebuilt::
       every record counts) ─> ONE MERGE into the serving table: update matched windows, insert new ones, delete
       the range's windows the recompute no longer has (NOT MATCHED BY SOURCE inside the range only)
 
-Readers see the old range or the new one, never a mix: the swap is one Delta commit. Refused in one line, before
+Readers see the old range or the new one, never a mix: the swap is one Delta commit
+(:func:`kappa.runtime.repairs.swap`). On a local lake this driver commits it beside the live job; on an object
+store it hands it to the live job, which commits it in its own JVM between its own commits (delta-spark excludes
+concurrent commits only inside one JVM there) and answers; with the job stopped the request waits for its next start
+(:mod:`kappa.runtime.repairs`). Refused in one line, before
 anything is written: a view without event-time windows (``finality`` and a ``window_start`` key), a reversed or
 zero-length range, a range without data (no window of the table and no record of the log starts in it: nothing
 to swap, so no empty commit), and a range whose windows are not all final yet (the live job could still change them - wait until the watermark passed).
@@ -34,9 +38,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kappa.errors import one_line
 from kappa.control.replay.request import ReplayError
 from kappa.control.replay.version import ViewVersion, alias_of
+from kappa.runtime.repairs import WINDOW_START, SwapError, SwapRequest, request_uri, result_uri, swap
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
@@ -45,8 +49,8 @@ __all__ = ["Repair", "WINDOW_START", "repair_range"]
 
 log = logging.getLogger("kappa.control.replay")
 
-#: The key column a repairable view's windows start at.
-WINDOW_START = "window_start"
+#: How long ``kappa repair`` waits for the live job to commit a handed-off swap (object-store lakes).
+HAND_OFF_WAIT_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Repair:
         delta_version: The serving table's Delta version holding the swap.
         staging: The staging table.
         message: One human line.
+        waiting: The swap was handed to the live job, which has not committed it yet (its request, see
+            :mod:`kappa.runtime.repairs`, is applied when the job next runs).
     """
 
     view: str
@@ -78,6 +84,7 @@ class Repair:
     delta_version: int | None
     staging: str
     message: str
+    waiting: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,8 +95,10 @@ def _iso(ms: int) -> str:
 
 
 def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, by: str, dry_run: bool = False,
-                 spark: Any = None) -> Repair:
+                 spark: Any = None, wait_seconds: float = HAND_OFF_WAIT_SECONDS) -> Repair:
     """Rebuild the serving version's windows that start in ``[start_ms, end_ms)`` and swap them in atomically.
+
+    ``wait_seconds``: on an object-store lake, how long to wait for the live job to commit the swap it was handed.
 
     Raises:
         ReplayError: Refused (see the module docstring) - nothing was written.
@@ -170,18 +179,59 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
                           delta_version=None, staging=staging, message=f"{summary}; dry run: not swapped")
         meta = json.dumps({"kappa": {"repair": {"id": repair_id, "by": by, "start_ms": start_ms, "end_ms": end_ms,
                                                 "added": added, "changed": changed, "removed": removed}}})
-        delta_version = _swap(session, target.table_path, staged, keys, start_ms, end_ms, meta)
+        request = SwapRequest(id=repair_id, staging=staging, keys=tuple(keys), start_ms=start_ms, end_ms=end_ms,
+                              meta=meta, by=by, requested_at=time.time())
+        if vv.paths.is_local:
+            try:
+                delta_version: int | None = swap(session, target.table_path, request)
+            except SwapError as exc:
+                raise ReplayError(str(exc)) from None
     finally:
         if own:
             from kappa.runtime.spark import stop_spark
 
             stop_spark(session)
-    message = f"{summary}; swapped in Delta version {delta_version}" + (
+    how = "" if vv.paths.is_local else f", committed by {vv.ref}'s live job"
+    if not vv.paths.is_local:
+        delta_version = _hand_off(vv, request, wait_seconds)
+        if delta_version is None:
+            message = (f"{summary}; verified and handed to {vv.ref}'s live job, which has not committed it within "
+                       f"{wait_seconds:.0f} s (is it running? `{settings.cli} status`): it commits the swap when it next "
+                       f"runs (request {request_uri(vv.paths.root, repair_id)})")
+            log.info("repair by %s: %s", by, message)
+            return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows),
+                          added=added, changed=changed, removed=removed, verified=verified, swapped=False,
+                          delta_version=None, staging=staging, message=message, waiting=True)
+    message = f"{summary}; swapped in Delta version {delta_version}{how}" + (
         " (equal to the oracle)" if verified else " (no oracle for this version: not cross-checked)")
     log.info("repair by %s: %s", by, message)
     return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows), added=added,
                   changed=changed, removed=removed, verified=verified, swapped=True, delta_version=delta_version,
                   staging=staging, message=message)
+
+
+def _hand_off(vv: ViewVersion, request: SwapRequest, wait_seconds: float) -> int | None:
+    """Hand the swap to the serving version's live job (object-store lakes) and wait up to ``wait_seconds`` for
+    its answer: the Delta version that holds the swap, or None while it waits for the job.
+
+    Raises:
+        ReplayError: the job answered that it could not commit it.
+    """
+    from kappa.runtime.checkpoint import read_text, write_text
+
+    write_text(request_uri(vv.paths.root, request.id), request.to_json())
+    answer = result_uri(vv.paths.root, request.id)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        text = read_text(answer)
+        if text is not None:
+            result = json.loads(text)
+            if "error" in result:
+                raise ReplayError(f"{vv.ref}: its live job could not commit repair {request.id}: {result['error']}")
+            return int(result["delta_version"])
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1.0)
 
 
 def _recompute_range(spark: Any, settings: Settings, vv: ViewVersion, start_ms: int, in_range: Any) -> Any:
@@ -234,28 +284,3 @@ def _verify(vv: ViewVersion, settings: Settings, rows: list[dict[str, Any]], sta
         return False, (f"{len(wrong)} windows differ, first {k}: staged={actual.get(k)} oracle={expected.get(k)}")
     return True, ""
 
-
-def _swap(spark: Any, table: str, staged: Any, keys: tuple[str, ...], start_ms: int, end_ms: int,
-          meta: str) -> int:
-    """One MERGE commit: update the matched windows, insert the new, delete the range's windows the recompute
-    no longer has. Retried when a concurrent commit (the live job) conflicts; returns the Delta version."""
-    from delta.tables import DeltaTable
-
-    on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
-    gone = (f"t.`{WINDOW_START}` >= timestamp_millis({int(start_ms)}) AND "
-            f"t.`{WINDOW_START}` < timestamp_millis({int(end_ms)})")
-    conf = "spark.databricks.delta.commitInfo.userMetadata"
-    for attempt in range(5):
-        spark.conf.set(conf, meta)
-        try:
-            (DeltaTable.forPath(spark, table).alias("t").merge(staged.alias("s"), on)
-             .whenMatchedUpdateAll().whenNotMatchedInsertAll().whenNotMatchedBySourceDelete(condition=gone)
-             .execute())
-            break
-        except Exception as exc:  # noqa: BLE001 - only Delta's concurrent-commit conflicts are retried
-            if "Concurrent" not in type(exc).__name__ + str(exc)[:300] or attempt == 4:
-                raise ReplayError(f"repair swap into {table} failed: {one_line(exc)}") from None
-            time.sleep(1 + attempt)
-        finally:
-            spark.conf.unset(conf)
-    return int(DeltaTable.forPath(spark, table).history(1).collect()[0]["version"])
