@@ -465,11 +465,73 @@ def test_control_two_spark_drivers_on_the_default_s3_log_store_lose_commits(spar
     assert len(commits) == max(commits) + 1  # no gap: a lost commit leaves no trace but the missing rows
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_sigkill_with_the_lake_on_the_store_loses_and_duplicates_nothing(spark, s3_lake, tmp_path):
     """The exactly-once proof of tests/test_exactly_once.py with every table and checkpoint on the store: the four
     views' drivers SIGKILLed at named phases of a batch (nothing written; view table committed, quarantine not;
-    both committed, checkpoint not) and at random moments, restarted, then every view equal to its oracle."""
+    both committed, checkpoint not) and at random moments, restarted, then every view equal to its oracle.
+
+    A fault loop (``make test-long``). OPEN: it fails - campaign_window_counts ends with a duplicated key after
+    its first driver is killed right after staging its first catch-up batch (docs/lake.md, open items); on
+    failure it prints every table's commits and checkpoint, which is what the diagnosis starts from."""
+    from tests.helpers import committed_batches
     from tests.test_exactly_once import _prove
 
-    _prove(spark, s3_lake, tmp_path, kills=4, seed=24, events=3000, drain_here=True)
+    try:
+        _prove(spark, s3_lake, tmp_path, kills=4, seed=24, events=3000, drain_here=True)
+    except AssertionError:  # what each table's log and checkpoint hold, to tell which commit is extra
+        for view in ("campaign_window_counts", "user_sessions", "events_raw", "campaign_catalog"):
+            paths = ViewPaths(s3_lake.lake_uri, view, 1)
+            for name, table in (("table", paths.table), ("staging", paths.staging)):
+                for version, actions in sorted(delta_log(table).items()):
+                    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+                    print(view, name, version, info.get("operation"), info.get("operationMetrics"),
+                          [(a["txn"]["appId"][-14:], a["txn"]["version"]) for a in actions if "txn" in a],
+                          sum(1 for a in actions if "add" in a), "adds", (info.get("userMetadata") or "")[:160])
+            print(view, "checkpoint commits", committed_batches(f"{paths.checkpoint}/main"))
+        raise
+
+
+def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s3_lake, object_store, monkeypatch):
+    """A lake the store refuses: a view driver and ``kappa up`` stop before Spark or anything else starts, with one
+    line naming what is wrong (the bucket, the access key, the secret, the endpoint); nothing lands in the lake."""
+    import sys
+
+    from kappa.runtime.checkpoint import LakeError, check_lake, tree_exists
+    from tests.conftest import subprocess_env
+    from tests.docs_blocks import ROOT
+
+    good = object_store.delta_rs_options()
+    access = good["AWS_ACCESS_KEY_ID"]
+    cases = {  # what is wrong -> (lake, environment, the line's words)
+        "bucket": (f"s3a://no-such-bucket/{uuid.uuid4().hex[:6]}", {},
+                   "bucket no-such-bucket does not exist at"),
+        "access key": (s3_lake.lake_uri, {"AWS_ACCESS_KEY_ID": "NOBODY"},
+                       "does not know the access key NOBODY (AWS_ACCESS_KEY_ID)"),
+        "secret": (s3_lake.lake_uri, {"AWS_SECRET_ACCESS_KEY": "wrong"},
+                   f"refused the secret key given for {access} (AWS_SECRET_ACCESS_KEY)"),
+        "endpoint": (s3_lake.lake_uri, {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+                     "object store at http://127.0.0.1:9 is not reachable (AWS_ENDPOINT_URL)"),
+    }
+    check_lake(s3_lake.lake_uri)  # the right configuration passes
+    for what, (lake, env, words) in cases.items():
+        with monkeypatch.context() as patched, pytest.raises(LakeError) as refused:
+            for key, value in env.items():
+                patched.setenv(key, value)
+            check_lake(lake)
+        assert words in str(refused.value) and "\n" not in str(refused.value), (what, str(refused.value))
+    for what in ("secret", "bucket"):
+        lake, env, words = cases[what]
+        settings = s3_lake.replace(lake_uri=lake)
+        driver = subprocess.run([sys.executable, "-m", "kappa.runtime.driver", "view", "events_raw"], cwd=ROOT,
+                                env=subprocess_env(settings, **{**good, **env}), capture_output=True, text=True,
+                                timeout=120)
+        up = subprocess.run(["bin/kappa", "up"], cwd=ROOT, env=subprocess_env(settings, **{**good, **env}),
+                            capture_output=True, text=True, timeout=120)
+        for proc in (driver, up):
+            assert proc.returncode == 2, (what, proc.stdout, proc.stderr)
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: "), (what, proc.stderr)
+            assert words in proc.stderr and "Traceback" not in proc.stderr and "Exception" not in proc.stderr
+    assert not tree_exists(s3_lake.lake_uri), "nothing of the lake was created"

@@ -226,7 +226,10 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
 
     from kappa.objectstore import use_platform_store
 
+    from kappa.runtime.checkpoint import check_lake
+
     store = use_platform_store(settings, start=True)  # a lake on the platform's object store (KAPPA_LAKE_URI=s3a://)
+    check_lake(settings.lake_uri)  # a wrong endpoint, bucket or credential: one line, before anything starts
     if store is not None:
         echo(f"lake       {settings.lake_uri}  (object store {store.endpoint}, data in {_short(store.home)})")
     if settings.local_broker:

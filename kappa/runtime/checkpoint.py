@@ -37,7 +37,7 @@ from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
 __all__ = ["LAKE_FILES", "CheckpointError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
-           "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress", "list_names",
+           "LakeError", "check_lake", "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress", "list_names",
            "modified_at", "offsets_of", "open_run", "pending_watermark", "read_text", "run_info", "run_progress",
            "save_run_info", "table_run_id", "tree_exists", "write_text"]
 
@@ -65,6 +65,59 @@ def _object(uri: str) -> tuple[Any, str]:
         return _store(f"{scheme}://{bucket}"), key.strip("/")
     except Exception as exc:  # noqa: BLE001 - obstore's configuration errors: an unknown scheme, a bad option
         raise CheckpointError(f"cannot open {uri}: {one_line(exc)}") from None
+
+
+class LakeError(KappaError, RuntimeError):
+    """The lake's object store cannot be used as configured: which setting is wrong, in one line."""
+
+
+#: S3 error codes -> what they say about the configuration ({bucket}, {key}, {endpoint}).
+_S3_CODES = {
+    "NoSuchBucket": "bucket {bucket} does not exist at {endpoint} (KAPPA_LAKE_URI)",
+    "InvalidAccessKeyId": "the object store at {endpoint} does not know the access key {key} (AWS_ACCESS_KEY_ID)",
+    "SignatureDoesNotMatch": "the object store at {endpoint} refused the secret key given for {key} "
+                             "(AWS_SECRET_ACCESS_KEY)",
+    "AccessDenied": "the object store at {endpoint} denies {key} access to bucket {bucket} (its policy, or "
+                    "the credential)",
+    "InvalidBucketName": "{bucket} is not a valid bucket name (KAPPA_LAKE_URI)",
+}
+
+
+def check_lake(lake_uri: str) -> None:
+    """Whether the lake's object store answers, with this bucket and the credential of the environment (the
+    standard ``AWS_*`` variables): ONE listing of the lake's prefix (two retries), before anything is created. A
+    local lake is not checked.
+
+    Raises:
+        LakeError: one line naming what is wrong - the endpoint (unreachable), the bucket, or the credential.
+    """
+    if is_local_uri(lake_uri):
+        return
+    import os
+    from datetime import timedelta
+
+    import obstore
+    from obstore.store import from_url
+
+    env = os.environ
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+    scheme, _, rest = re.sub(r"^s3a://", "s3://", lake_uri).partition("://")
+    bucket, _, key = rest.partition("/")
+    access = env.get("AWS_ACCESS_KEY_ID") or "(from the AWS default chain)"
+    try:
+        store = from_url(f"{scheme}://{bucket}",
+                         retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=10)})
+        obstore.list_with_delimiter(store, f"{key.strip('/')}/" if key.strip("/") else None)
+    except Exception as exc:  # noqa: BLE001 - obstore's errors carry the S3 error code in their text
+        text = str(exc)
+        code = re.search(r"<Code>(\w+)</Code>", text)
+        if code and code.group(1) in _S3_CODES:
+            raise LakeError(_S3_CODES[code.group(1)].format(bucket=bucket, key=access, endpoint=endpoint)) from None
+        if "error sending request" in text or "Connection refused" in text or "dns error" in text:
+            raise LakeError(f"the lake's object store at {endpoint} is not reachable (AWS_ENDPOINT_URL): no "
+                            "answer to a listing") from None
+        raise LakeError(f"the lake {lake_uri} cannot be listed at {endpoint}: "
+                        f"{code.group(1) if code else one_line(exc)[:300]}") from None
 
 
 def read_text(uri: str) -> str | None:

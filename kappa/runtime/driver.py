@@ -178,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings.from_env()
     code = 0
     try:
+        from kappa.runtime.checkpoint import check_lake
+
+        check_lake(settings.lake_uri)  # a wrong endpoint, bucket or credential: one line, before Spark starts
         if args.form == "view":
             port = args.metrics_port if args.metrics_port is not None else settings.metrics_port
             run_view(settings, args.view, args.version, starting=args.starting, metrics_port=port,
