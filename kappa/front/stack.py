@@ -225,7 +225,6 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     from kappa.log.topics import partition_offsets
 
     from kappa.objectstore import use_platform_store
-
     from kappa.runtime.checkpoint import check_lake
 
     store = use_platform_store(settings, start=True)  # a lake on the platform's object store (KAPPA_LAKE_URI=s3a://)

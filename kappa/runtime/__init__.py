@@ -5,8 +5,8 @@ view host) · ``job`` (one streaming query per view version) · ``host`` (many i
 validate in the JVM) · ``plan`` (stateful views: output and bad records from one plan) · ``lookups`` ·
 ``batch`` (the foreachBatch body) · ``late`` · ``sink`` (idempotent Delta commits) · ``deltars`` (delta-rs
 helpers) · ``lineage`` (offsets and watermark in every commit) · ``checkpoint`` (a run's progress, read without
-Spark) · ``lock`` · ``metrics`` · ``spark`` · ``repairs`` (a repair's swap, committed by the live job on an object store) · ``rerun`` (a transform re-run over recorded micro-batches) ·
-``testing`` (the view authors' kit).
+Spark) · ``lock`` · ``metrics`` · ``spark`` · ``repairs`` (a repair's swap, committed by the live job on an
+object store) · ``rerun`` (a transform re-run over recorded micro-batches) · ``testing`` (the view authors' kit).
 """
 
 from kappa import lazy_exports

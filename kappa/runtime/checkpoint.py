@@ -36,8 +36,9 @@ from kappa.runtime.deltars import is_local_uri, local_path, rs_uri
 from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
-__all__ = ["LAKE_FILES", "CheckpointError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
-           "LakeError", "check_lake", "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress", "list_names",
+__all__ = ["LAKE_FILES", "CheckpointError", "LakeError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
+           "check_lake", "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress",
+           "list_names",
            "modified_at", "offsets_of", "open_run", "pending_watermark", "read_text", "run_info", "run_progress",
            "save_run_info", "table_run_id", "tree_exists", "write_text"]
 

@@ -15,7 +15,7 @@ exactly one Spark writer on an object-store lake.
   stopped the request waits for its next start. One Spark writer per serving table, by construction::
 
       kappa repair ─ stage <version>/repairs/<id> ─ verify ─ PUT repair-requests/<id>.json ─ wait for result
-      live job ── batch commit ── [inbox: MERGE staged range, txn (kappa-repair-<id>, 0)] ── batch commit ──
+      live job ── batch commit ── [inbox: MERGE staged range, txn (kappa-repair-<id>, 0)] ── batch commit
                                    └─ PUT repair-results/<id>.json, DELETE the request
 
 The MERGE is an idempotent Delta transaction (``txnAppId`` ``kappa-repair-<id>``, ``txnVersion`` 0): a driver

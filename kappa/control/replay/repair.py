@@ -15,8 +15,8 @@ only the windows that start in ``[start, end)`` are rebuilt::
 Readers see the old range or the new one, never a mix: the swap is one Delta commit
 (:func:`kappa.runtime.repairs.swap`). On a local lake this driver commits it beside the live job; on an object
 store it hands it to the live job, which commits it in its own JVM between its own commits (delta-spark excludes
-concurrent commits only inside one JVM there) and answers; with the job stopped the request waits for its next start
-(:mod:`kappa.runtime.repairs`). Refused in one line, before
+concurrent commits only inside one JVM there) and answers; with the job stopped the request waits for its next
+start (:mod:`kappa.runtime.repairs`). Refused in one line, before
 anything is written: a view without event-time windows (``finality`` and a ``window_start`` key), a reversed or
 zero-length range, a range without data (no window of the table and no record of the log starts in it: nothing
 to swap, so no empty commit), and a range whose windows are not all final yet (the live job could still change them - wait until the watermark passed).
@@ -196,8 +196,8 @@ def repair_range(view: str, settings: Settings, *, start_ms: int, end_ms: int, b
         delta_version = _hand_off(vv, request, wait_seconds)
         if delta_version is None:
             message = (f"{summary}; verified and handed to {vv.ref}'s live job, which has not committed it within "
-                       f"{wait_seconds:.0f} s (is it running? `{settings.cli} status`): it commits the swap when it next "
-                       f"runs (request {request_uri(vv.paths.root, repair_id)})")
+                       f"{wait_seconds:.0f} s (is it running? `{settings.cli} status`): it commits the swap when it "
+                       f"next runs (request {request_uri(vv.paths.root, repair_id)})")
             log.info("repair by %s: %s", by, message)
             return Repair(view=view, version=vv.version, start_ms=start_ms, end_ms=end_ms, windows=len(rows),
                           added=added, changed=changed, removed=removed, verified=verified, swapped=False,
