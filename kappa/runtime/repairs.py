@@ -169,7 +169,6 @@ class RepairInbox:
                  applied_by: str, ref: str) -> None:
         self.spark, self.root, self.table, self.files = spark, root.rstrip("/"), table, files
         self.commit_lock, self.applied_by, self.ref = commit_lock, applied_by, ref
-        self.applied: list[dict[str, Any]] = []
 
     def pending(self) -> list[str]:
         """Ids of the requests waiting, oldest id first (ids start with their UTC time)."""
@@ -211,7 +210,6 @@ class RepairInbox:
             log.error("%s: repair %s not applied: %s", self.ref, repair_id, result["error"])
         self.files.write(result_uri(self.root, repair_id), json.dumps(result))
         self.files.delete(request_uri(self.root, repair_id))
-        self.applied.append(result)
         return result
 
     def run(self, stop: threading.Event, poll_seconds: float) -> None:
