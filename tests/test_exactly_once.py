@@ -34,7 +34,8 @@ def _prove(spark, settings, tmp_path, kills: int, seed: int, events: int = 6000,
 
 @pytest.mark.timeout(1800)
 def test_sigkill_during_processing_loses_and_duplicates_nothing(spark, kafka, declared_topics, lake, tmp_path):
-    _prove(spark, lake, tmp_path, kills=4, seed=21, events=4000, drain_here=True)
+    # seed 24 kills the window view's first driver during batch 0, which took the path of tests/test_finality.py
+    _prove(spark, lake, tmp_path, kills=4, seed=24, events=3000, drain_here=True)
 
 
 @pytest.mark.slow

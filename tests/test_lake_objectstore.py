@@ -472,10 +472,10 @@ def test_sigkill_with_the_lake_on_the_store_loses_and_duplicates_nothing(spark, 
     views' drivers SIGKILLed at named phases of a batch (nothing written; view table committed, quarantine not;
     both committed, checkpoint not) and at random moments, restarted, then every view equal to its oracle.
 
-    A fault loop (``make test-long``). OPEN: it fails, and so does the local-disk proof with this seed -
-    campaign_window_counts ends with a duplicated key: a MERGE after a restart leaves a stored final window out of
-    its match condition while Spark still updates it (docs/lake.md, open items); on failure it prints every
-    table's commits and checkpoint."""
+    A fault loop (``make test-long``). Seed 24 kills the window view's first driver during batch 0: its restart
+    compacts batch 0 alone, runs it again, and Spark still updates a window of it in batch 1 (what the finality of
+    kappa/runtime/sink.py and tests/test_finality.py are about). On failure it prints every table's commits and
+    checkpoint."""
     from tests.helpers import committed_batches
     from tests.test_exactly_once import _prove
 

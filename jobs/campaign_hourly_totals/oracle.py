@@ -4,14 +4,15 @@ Per micro-batch ``k`` in order (the windows' watermark semantics of v3 of campai
 window as the event): a record whose ``window_start`` the watermark of batch ``k - 1`` reached is late
 (dropped); a window already remembered is a copy (dropped); any other is remembered until a batch's watermark
 passes ``window_start + delay`` and summed into its campaign's hour. An hour is final once it ends at or before
-``max(window_start counted) - delay``.
+``max(window_start counted before the last batch) - delay``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from kappa.verify.oracle import OracleInput, OracleSpec, Validated, epoch_ms, late_watermarks
+from kappa.verify.oracle import (OracleInput, OracleSpec, Validated, counts_for_finality, epoch_ms,
+                                 late_watermarks)
 
 __all__ = ["ORACLES", "expected_hourly_totals", "hourly_totals_of_windows"]
 
@@ -43,11 +44,9 @@ def expected_hourly_totals(inp: OracleInput, *, watermark_ms: int = 60_000) -> d
             slot[0] += v.value["view_count"]
             slot[1] += 1
             slot[2] = max(slot[2], start)
-            max_start = start if max_start is None else max(max_start, start)
-    if max_start is None:
-        return {}
-    final_before = max_start - watermark_ms
-    return {k: (k[1] + HOUR_MS, views, n, last, k[1] + HOUR_MS <= final_before)
+            if counts_for_finality(inp, pos):
+                max_start = start if max_start is None else max(max_start, start)
+    return {k: (k[1] + HOUR_MS, views, n, last, max_start is not None and k[1] + HOUR_MS <= max_start - watermark_ms)
             for k, (views, n, last) in sums.items()}
 
 

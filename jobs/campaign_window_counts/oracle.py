@@ -8,7 +8,8 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from jobs.campaign_catalog.oracle import expected_campaign_catalog
-from kappa.verify.oracle import OracleInput, OracleSpec, Validated, epoch_ms, late_watermarks
+from kappa.verify.oracle import (OracleInput, OracleSpec, Validated, counts_for_finality, epoch_ms,
+                                 late_watermarks)
 
 __all__ = ["ORACLES", "expected_window_counts", "expected_window_counts_v2", "expected_window_counts_v3",
            "late_event_records", "late_window_records"]
@@ -55,8 +56,9 @@ def _windows(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int,
     Per micro-batch ``k`` (in order): valid events of a counted type whose ad has a campaign are dropped as late
     when their window ends at or before the watermark of batch ``k - 1`` (Spark filters late rows with the
     previous batch's watermark and evicts state with the current one); the others are counted. A window is
-    final once it ends at or before ``max(event time of counted rows) - watermark``. Value tuple: one count per
-    type in ``counted``, the window's max event time (ms), ``is_final``.
+    final once it ends at or before ``max(event time of counted rows before the last batch) - watermark`` (the
+    rows the next batch could still change are open). Value tuple: one count per type in ``counted``, the
+    window's max event time (ms), ``is_final``.
     """
     mapping = expected_campaign_catalog(inp.lookups.get("campaigns", ()))
     positions, late_wm = late_watermarks(inp)
@@ -77,11 +79,10 @@ def _windows(inp: OracleInput, *, counted: tuple[str, ...], window_ms: int,
         slot = counts.setdefault(key, [0] * len(counted))
         slot[counted.index(v.value["event_type"])] += 1
         last[key] = max(last.get(key, t), t)
-        max_time = t if max_time is None else max(max_time, t)
-    if max_time is None:
-        return {}
-    final_before = max_time - watermark_ms
-    return {k: (*n, last[k], k[1] + window_ms <= final_before) for k, n in counts.items()}
+        if counts_for_finality(inp, pos):
+            max_time = t if max_time is None else max(max_time, t)
+    return {k: (*n, last[k], max_time is not None and k[1] + window_ms <= max_time - watermark_ms)
+            for k, n in counts.items()}
 
 
 def expected_window_counts_v2(inp: OracleInput, *, window_ms: int = 60_000,
@@ -113,7 +114,8 @@ def expected_window_counts_v3(inp: OracleInput, *, window_ms: int = 60_000, slid
     whose id (``event_id``, else its own partition/offset) is remembered is a duplicate (dropped); any other is
     remembered until the batch that ends with a watermark at or after ``event time + watermark delay`` (then
     forgotten) and counted in each ``window_ms`` window, starting on a multiple of ``slide_ms``, that holds
-    its event time. A window is final once it ends at or before ``max(event time of counted records) - delay``.
+    its event time. A window is final once it ends at or before ``max(event time of counted records before the
+    last batch) - delay``.
     """
     mapping = expected_campaign_catalog(inp.lookups.get("campaigns", ()))
     positions, late_wm = late_watermarks(inp)
@@ -144,11 +146,10 @@ def expected_window_counts_v3(inp: OracleInput, *, window_ms: int = 60_000, slid
                 slot = counts.setdefault((campaign, start), [0, 0])
                 slot[0 if v.value["event_type"] == "view" else 1] += 1
                 last[(campaign, start)] = max(last.get((campaign, start), t), t)
-            max_time = t if max_time is None else max(max_time, t)
-    if max_time is None:
-        return {}
-    final_before = max_time - watermark_ms
-    return {k: (*n, last[k], k[1] + window_ms <= final_before) for k, n in counts.items()}
+            if counts_for_finality(inp, pos):
+                max_time = t if max_time is None else max(max_time, t)
+    return {k: (*n, last[k], max_time is not None and k[1] + window_ms <= max_time - watermark_ms)
+            for k, n in counts.items()}
 
 
 def _window_counts_v1(inp: OracleInput) -> dict[tuple, tuple]:

@@ -395,8 +395,13 @@ class LookupSnapshots:
         self._frames.clear()
 
 
-def apply_writes(view: "ViewDefinition", outputs: "DataFrame") -> "DataFrame":
-    """What the view's write semantics leave in the table after every batch's output, in batch order."""
+def apply_writes(view: "ViewDefinition", outputs: "DataFrame", last: int | None = None) -> "DataFrame":
+    """What the view's write semantics leave in the table after every batch's output, in batch order.
+
+    ``last``: the id of the last batch the table holds (also when it wrote no row). A windowed view's finality
+    flag comes from the event-time maximum of the batches before it (:mod:`kappa.runtime.sink`); None: of every
+    batch (one batch job over the whole range, as a repair's recompute).
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -411,7 +416,8 @@ def apply_writes(view: "ViewDefinition", outputs: "DataFrame") -> "DataFrame":
             rows = rows.where(~F.col("is_tombstone")).drop("is_tombstone")
     fin = view.finality
     if fin is not None and fin.flag_column not in outputs.columns:
-        event_max = outputs.agg(F.max(fin.event_max_column)).collect()[0][0]
+        before = outputs if last is None else outputs.where(F.col(BATCH) < last)
+        event_max = before.agg(F.max(fin.event_max_column)).collect()[0][0]
         flag = F.lit(False) if event_max is None else (
             F.col(fin.window_end_column) <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
         rows = rows.withColumn(fin.flag_column, flag)

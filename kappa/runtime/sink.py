@@ -17,9 +17,20 @@ reading its backlog) are not merged: each is *appended* to the run's staging tab
 its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata``). The first batch that is not
 such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
 staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
-of all of them, tombstones dropped, in ONE append commit to the view table keyed by that batch id. From then on
+of all of them but the last (see **Finality**), tombstones dropped, in ONE append commit to the view table keyed by
+that batch id. From then on
 the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
 a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
+
+**Finality** (windowed views, :class:`kappa.runtime.view.Finality`). Spark drops a late row of micro-batch ``k``
+with the watermark batch ``k - 1`` ran with, ``max(event time through batch k - 2) - delay``, and evicts state with
+its own, one batch later. So the rows batch ``k + 1`` may still emit are the windows ending after ``max(event time
+through batch k - 1) - delay``: after committing batch ``k`` a window is final - its row never changes again -
+when it ends at or before the event-time maximum of the table *before* that commit, minus the delay. The flag
+lags the watermark by one batch; the no-data batch Spark runs when its watermark moves closes the rest, so a
+table at rest is final up to ``max(event time) - delay``. A batch's MERGE joins only stored rows whose window
+ends at or after the batch's earliest window end (exact: a window's end is a function of its key), so a MERGE
+reads the windows the batch touches, not the whole table.
 """
 
 from __future__ import annotations
@@ -187,17 +198,18 @@ def _idempotent_dml(session: "SparkSession", app_id: str, batch_id: int, user_me
 
 
 def _passed(window_end: Any, event_max: Any, fin: Finality) -> bool:
-    """Is a window ending at ``window_end`` final once the event-time maximum is ``event_max``?"""
-    return window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
+    """Is a window ending at ``window_end`` final when the table's event-time maximum before the commit is
+    ``event_max``?"""
+    return event_max is not None and window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
 
 
-def _maybe_open(fin: Finality, previous_max: Any) -> "Column":
-    """Stored rows that may still be open given the table's event-time maximum ``previous_max`` (the watermark
-    passed every other window; a margin of one more delay), over the MERGE target ``t``."""
+def _final_flag(fin: Finality, event_max: Any) -> "Column":
+    """The finality flag of a row given the event-time maximum ``event_max`` of the batches before the commit."""
     from pyspark.sql import functions as F
 
-    return (F.col(f"t.`{fin.window_end_column}`")
-            > F.lit(previous_max) - F.expr(f"INTERVAL {2 * fin.delay_seconds} SECONDS"))
+    if event_max is None:
+        return F.lit(False)
+    return F.col(fin.window_end_column) <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
 
 
 @dataclass
@@ -206,8 +218,8 @@ class DeltaSink:
 
     Every batch id gets exactly one commit, also when it has nothing to write (an empty commit carries the
     batch's ``(appId, txnVersion)`` and lineage, so the table says which slice of the log it holds), and a batch
-    that changes nothing rewrites nothing: no MERGE runs for an empty batch, a MERGE reads only the windows that
-    are still open, and it visits stored rows for finality only when the new watermark closes one of them.
+    that changes nothing rewrites nothing: an empty batch runs a MERGE only to close windows, a MERGE reads only
+    the windows the batch touches, and it visits stored rows for finality only when they become final.
     """
 
     view: ViewDefinition
@@ -220,6 +232,8 @@ class DeltaSink:
     _bulk: bool | None = field(default=None, init=False, repr=False)
     #: distinct window ends of the stored rows that are not final yet (None: not known, read from the table)
     _open_ends: set | None = field(default=None, init=False, repr=False)
+    #: the last batch id the table holds a commit of (None: not known yet, read from the table once)
+    _last_batch: int | None = field(default=None, init=False, repr=False)
 
     def bulk(self, session: "SparkSession") -> bool:
         """True while this run may still stage batches: it has a staging table, its view is not append-only and
@@ -253,7 +267,9 @@ class DeltaSink:
             catching_up: the batch stopped at the micro-batch bound with more of the log waiting; while the run
                 has no commit in the view table yet, it is staged instead of merged (see the module doc).
 
-        Returns what the commit did: ``append``, ``merge``, ``empty`` (a commit without data files), ``stage``
+        Returns what the commit did: ``append``, ``merge``, ``empty`` (a commit without data files), ``close``
+        (an empty batch's MERGE that only flags stored windows final), ``skip`` (a merged batch Spark runs
+        again: the table holds its commit already), ``stage``
         (appended to the staging table) or ``compact`` (the staged batches and this one, in one append).
         """
         if self.bulk(batch.sparkSession):
@@ -313,15 +329,16 @@ class DeltaSink:
         result = latest.persist()
         try:
             if fin is not None:
-                event_max = result.agg(F.max(fin.event_max_column)).collect()[0][0]
-                flag = F.lit(False) if event_max is None else (
-                    F.col(fin.window_end_column)
-                    <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
-                result = result.withColumn(fin.flag_column, flag)
+                # finality from the batches before the last one compacted, as a MERGE of it would have set it
+                before, event_max = rows.agg(
+                    F.max(F.when(F.col(STAGED_BATCH) < batch_id, F.col(fin.event_max_column))),
+                    F.max(fin.event_max_column)).collect()[0]
+                result = result.withColumn(fin.flag_column, _final_flag(fin, before))
             self._append(result, batch_id, user_metadata)
         finally:
             latest.unpersist()
         self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, None
+        self._last_batch = batch_id
 
     def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
         columns = table_columns(self.view, batch.schema).fieldNames()
@@ -341,62 +358,84 @@ class DeltaSink:
 
         session = batch.sparkSession
         fin = self.view.finality
-        if rows == 0:  # nothing to upsert, and finality only moves with new rows: an empty commit
-            if fin is not None:
-                batch = batch.withColumn(fin.flag_column, F.lit(False))
-            self._append(batch, batch_id, user_metadata)
+        if self._committed(session, batch_id):
+            # Spark runs a batch again after a crash or a failure between the Delta commit and its checkpoint
+            # commit: Delta would skip the commit, and the state kept in memory must not move as if it happened
+            return "skip"
+        if fin is None:
+            if rows == 0:
+                self._append(batch, batch_id, user_metadata)
+                return "empty"
+            self._run_merge(batch, batch_id, user_metadata, F.expr(self._cond()))
+            self._last_batch = batch_id
+            return "merge"
+        # the flag of this commit: windows ending at or before the maximum of the batches before it, minus the delay
+        previous_max = self._known_event_max(session, fin)
+        source = batch.withColumn(fin.flag_column, _final_flag(fin, previous_max))
+        closing = self._closing(session, fin, previous_max)
+        if rows == 0 and closing is None:  # nothing to upsert and nothing becomes final: an empty commit
+            self._append(source, batch_id, user_metadata)
+            self._last_batch = batch_id
             return "empty"
-        source, watermark, event_max, moved, previous_max = batch, None, None, False, None
-        if fin is not None:
-            previous_max = self._known_event_max(session, fin)
-            if rows is None:
-                batch_event_max = batch.agg(F.max(fin.event_max_column)).collect()[0][0]
-            event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
-            moved = event_max is not None and event_max != previous_max
-            if event_max is not None:
-                watermark = F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")
-            flag = F.lit(False) if watermark is None else F.col(fin.window_end_column) <= watermark
-            source = batch.withColumn(fin.flag_column, flag)
-        cond, still_open = F.expr(self._cond()), F.lit(True)
-        if fin is not None and previous_max is not None:
-            # stored windows the previous watermark passed are final and no batch row can match them (Spark drops
-            # the late rows of such windows): both the join and the finality clause leave them out - a
-            # target-only predicate Delta skips files with, so a MERGE reads the open windows, not the whole table
-            still_open = _maybe_open(fin, previous_max)
-            cond = cond & still_open
-        merge = (self._table(session).alias("t").merge(source.alias("s"), cond)
-                 .whenMatchedUpdateAll().whenNotMatchedInsertAll())
-        if moved and self._closes_stored_window(session, fin, previous_max, event_max):
-            # stored windows the advanced watermark passed become final in the same commit (only when there
-            # are such windows: the clause makes the MERGE visit the stored rows outside the batch)
-            closing = (still_open & ~F.col(f"t.`{fin.flag_column}`")
-                       & (F.col(f"t.`{fin.window_end_column}`") <= watermark))
-            merge = merge.whenNotMatchedBySourceUpdate(condition=closing, set={fin.flag_column: F.lit(True)})
-        with _idempotent_dml(session, self.app_id, batch_id, user_metadata):
-            merge.execute()
-        if fin is not None:  # only once the commit went through
-            self._event_max = event_max
-            if window_ends is None or self._open_ends is None:
-                self._open_ends = None
-            else:
-                self._open_ends = {end for end in self._open_ends | window_ends if not _passed(end, event_max, fin)}
-        return "merge"
+        if rows is None or (rows and (batch_event_max is None or window_ends is None)):
+            batch_event_max, low = source.agg(F.max(fin.event_max_column), F.min(fin.window_end_column)).collect()[0]
+        else:
+            low = min(window_ends) if window_ends else None
+        cond = F.expr(self._cond())
+        if low is not None:  # a target-only bound Delta skips files with: the stored rows this batch can match
+            cond = cond & (F.col(f"t.`{fin.window_end_column}`") >= F.lit(low))
+        else:  # an empty batch: it matches no stored row
+            cond = cond & F.lit(False)
+        self._run_merge(source, batch_id, user_metadata, cond, closing)
+        # only once the commit went through
+        self._last_batch = batch_id
+        self._event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
+        if window_ends is None or self._open_ends is None:
+            self._open_ends = None
+        else:
+            self._open_ends = {end for end in self._open_ends | window_ends if not _passed(end, previous_max, fin)}
+        return "close" if rows == 0 else "merge"
 
-    def _closes_stored_window(self, session: "SparkSession", fin: Finality, previous_max: Any,
-                              event_max: Any) -> bool:
-        """Does the watermark of ``event_max`` pass the end of a stored window that is not final yet?
+    def _committed(self, session: "SparkSession", batch_id: int) -> bool:
+        """Does the table already hold this run's commit of ``batch_id``? Asked of the table once per sink (a
+        restarted driver runs its last batch again), then known from the commits this sink made."""
+        if self._last_batch is None:
+            last = txn_version(session, self.path, self.app_id)
+            self._last_batch = -1 if last is None else last
+        return batch_id <= self._last_batch
+
+    def _run_merge(self, source: "DataFrame", batch_id: int, user_metadata: str | None, cond: "Column",
+                   closing: "Column | None" = None) -> None:
+        from pyspark.sql import functions as F
+
+        merge = (self._table(source.sparkSession).alias("t").merge(source.alias("s"), cond)
+                 .whenMatchedUpdateAll().whenNotMatchedInsertAll())
+        if closing is not None:
+            merge = merge.whenNotMatchedBySourceUpdate(condition=closing,
+                                                       set={self.view.finality.flag_column: F.lit(True)})
+        with _idempotent_dml(source.sparkSession, self.app_id, batch_id, user_metadata):
+            merge.execute()
+
+    def _closing(self, session: "SparkSession", fin: Finality, previous_max: Any) -> "Column | None":
+        """The condition of the stored rows this commit makes final, or None when it closes none.
 
         The ends of the open windows are read from the table once, then tracked in memory from each batch's
-        window ends; a tumbling window view crosses a window end every window length, not every batch.
+        window ends; a tumbling window view closes a window every window length, not every batch. The condition
+        is bounded below by the earliest end it closes (a target-only predicate Delta skips files with).
         """
         from pyspark.sql import functions as F
 
+        if previous_max is None:
+            return None
         if self._open_ends is None:
-            stored = self._table(session).toDF().alias("t").where(~F.col(f"t.`{fin.flag_column}`"))
-            if previous_max is not None:
-                stored = stored.where(_maybe_open(fin, previous_max))
+            stored = self._table(session).toDF().where(~F.col(fin.flag_column))
             self._open_ends = {r[0] for r in stored.select(fin.window_end_column).distinct().collect()}
-        return any(_passed(end, event_max, fin) for end in self._open_ends)
+        passed = [end for end in self._open_ends if _passed(end, previous_max, fin)]
+        if not passed:
+            return None
+        end = F.col(f"t.`{fin.window_end_column}`")
+        return (~F.col(f"t.`{fin.flag_column}`") & (end >= F.lit(min(passed)))
+                & (end <= F.lit(previous_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS")))
 
     def _known_event_max(self, session: "SparkSession", fin: Finality) -> Any:
         """max(event_max_column) of the table: read once per driver, then carried forward in memory.

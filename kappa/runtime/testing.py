@@ -142,7 +142,7 @@ def run_view(view: "ViewDefinition", batches: Sequence[Sequence[Any]], *,
                                                          lookups_for=lookups_for, per_batch=True)
         outputs = spark.read.schema(StructType([*out_schema.fields, StructField(BATCH, IntegerType())])).parquet(
             str(out))
-        table = apply_writes(view, outputs)
+        table = apply_writes(view, outputs, last=steps[-1].pos)
         order = list(view.keys) or table.columns
         rows = [r.asDict(recursive=True) for r in table.orderBy(*order).collect()]
         per_batch: list[list[dict[str, Any]]] = [[] for _ in steps]

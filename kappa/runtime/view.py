@@ -81,8 +81,10 @@ class Expectation:
 class Finality:
     """How a windowed view marks rows whose window the watermark has passed.
 
-    A row is final once ``window_end <= max(event_max_column over the table) - delay``; Spark's own watermark
-    for the next batch is the same value, so a final row never changes again.
+    After committing micro-batch ``k``, a row is final when ``window_end <= max(event_max_column through batch
+    k - 1) - delay``: the watermark Spark filters batch ``k + 1``'s late rows with, so a final row never changes
+    again (:mod:`kappa.runtime.sink`). ``window_end_column`` must be a function of the view's keys (a tumbling
+    or sliding window keyed by its start).
     """
 
     window_end_column: str

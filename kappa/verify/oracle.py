@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
 
 __all__ = ["MAX_VALUE_BYTES", "LogRecord", "OracleInput", "OracleSpec", "Validated", "batch_index", "epoch_ms",
-           "late_watermarks", "oracle_for", "read_log", "validate_records"]
+           "counts_for_finality", "late_watermarks", "oracle_for", "read_log", "validate_records"]
 
 #: Size limits of the platform's record contract (schemas/README.md).
 MAX_VALUE_BYTES = {"ad_event": 16 * 1024, "campaign": 4 * 1024, "campaign_window": 4 * 1024}
@@ -213,6 +213,14 @@ def late_watermarks(inp: OracleInput) -> tuple[list[int | None], list[int]]:
     if batches:
         late_wm = [0] + [b.watermark_ms for b in batches[:-1]]
     return batch_index(inp.events, batches), late_wm
+
+
+def counts_for_finality(inp: OracleInput, pos: int | None) -> bool:
+    """Does an event of batch position ``pos`` move a windowed table's finality yet? After committing batch ``k``
+    a window is final when it ends at or before ``max(event time through batch k - 1) - delay``
+    (:mod:`kappa.runtime.sink`): the events of the last recorded batch do not count yet. Without recorded
+    batches (one batch job over the range) every event counts."""
+    return pos is not None and (not inp.batches or pos < len(inp.batches) - 1)
 
 
 def oracle_for(view: str, version: int) -> OracleSpec | None:

@@ -26,7 +26,7 @@ What the stream was allowed to see is reproduced from the lineage every Delta co
       ▼
     every batch's output, tagged with its batch -> the view's write semantics in one batch job
       (append: all rows; merge: the last batch's row per key; upsert_delete: latest per key, tombstones
-       delete; finality flag from the event-time maximum)
+       delete; finality flag from the event-time maximum before the last batch)
       ▼
     compared with the table at the verified Delta version: same keys, same values, no duplicated key;
     a failure names the first differing key.
@@ -159,7 +159,7 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
             (F.col(f"`{f.name}`") if f.name in seeded.columns else F.lit(False) if f.name == "is_tombstone"
              else F.lit(None)).cast(f.dataType).alias(f.name) for f in out_schema.fields],
             F.lit(-1).cast("int").alias(BATCH)).unionByName(outputs)
-    expected = apply_writes(view, outputs)
+    expected = apply_writes(view, outputs, last=steps[-1].pos if steps else None)
     table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
     check = compare(expected, table, keys=view.keys, name="recompute")
     details: dict[str, Any] = {"batches": len(steps), "batches_run": batches_run,
