@@ -85,6 +85,34 @@ def _local_cores(master: str) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _jvm_output_to(log_file: str | None) -> Iterator[None]:
+    """While pyspark starts the JVM, point this process's stdout/stderr at ``log_file`` (the JVM inherits them):
+    what the JVM prints itself, before or beside log4j (``WARNING: Using incubator modules``, a crash report),
+    goes to the file too. Nothing changes without a log file or when a JVM is already running."""
+    from pyspark import SparkContext
+
+    if not log_file or SparkContext._active_spark_context is not None:
+        yield
+        return
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    target = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = (os.dup(1), os.dup(2))
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+
+
 def build_spark(
     app_name: str,
     settings: "Settings",
@@ -164,7 +192,8 @@ def build_spark(
         builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _jvm_output_to(settings.spark_log_file):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.spark_log_level)
     # Delta's MERGE checkpoints its source locally and Spark warns at each unpersist that the lineage is gone:
     # one line per live micro-batch, nothing to act on
