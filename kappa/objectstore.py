@@ -94,6 +94,14 @@ class ObjectStoreError(KappaError, RuntimeError):
     """The local object store could not be built, started, stopped or asked; a failed start carries its log tail."""
 
 
+def _ephemeral_low() -> int:
+    """First port of the kernel's ephemeral (outgoing connection) range; Linux's default when unknown."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ports:
     """The store's listening ports on 127.0.0.1: an HTTP and a gRPC port for each of its four servers."""
@@ -121,14 +129,26 @@ class Ports:
 
     @classmethod
     def free(cls, host: str = "127.0.0.1") -> Ports:
-        """Eight distinct ports that are free right now on ``host`` (for tests; racy by nature)."""
+        """Eight distinct ports that are free right now on ``host`` (for tests; racy by nature), below the kernel's
+        ephemeral range: the store keeps its ports across a stop and a restart, and a port in that range can be
+        taken meanwhile as the local end of any process's outgoing connection (the restart then fails to bind)."""
+        import random
+
+        below = _ephemeral_low()
+        candidates = random.sample(range(max(1024, below - 8000), below), 400)
         socks: list[socket.socket] = []
         try:
-            for _ in range(8):  # held open together: the kernel hands out eight different ports
+            for port in candidates:  # held open together until eight are found
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    s.close()
+                    continue
                 socks.append(s)
-                s.bind((host, 0))
-            return cls(*(int(s.getsockname()[1]) for s in socks))
+                if len(socks) == 8:
+                    return cls(*(int(s.getsockname()[1]) for s in socks))
+            raise ObjectStoreError(f"no eight free ports on {host} in {max(1024, below - 8000)}..{below - 1}")
         finally:
             for s in socks:
                 s.close()
