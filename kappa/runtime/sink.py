@@ -18,8 +18,7 @@ its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata`
 such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
 staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
 of all of them but the last (see **Finality**), tombstones dropped, in ONE append commit to the view table keyed by
-that batch id. From then on
-the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
+that batch id. From then on the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
 a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
 
 **Finality** (windowed views, :class:`kappa.runtime.view.Finality`). Spark drops a late row of micro-batch ``k``
@@ -440,8 +439,8 @@ class DeltaSink:
     def _known_event_max(self, session: "SparkSession", fin: Finality) -> Any:
         """max(event_max_column) of the table: read once per driver, then carried forward in memory.
 
-        A window is final when its end is at or before that maximum minus the delay (Spark evicts its state and
-        drops later rows for it at that same point).
+        Taken before a commit, it bounds that commit's finality: a window ending at or before it minus the delay
+        is final (the watermark that filters the next batch's late rows; see **Finality** in the module doc).
         """
         from pyspark.sql import functions as F
 
