@@ -285,6 +285,25 @@ def _caught_up(settings, checkpoint: str, topic: str, proc, log_path, timeout: f
         time.sleep(1)
 
 
+def _final(spark, table: str, ranges, proc, log_path, timeout: float = 120.0) -> None:
+    """Wait until the table has rows in every range and none of them open (``is_final``)."""
+    import time
+
+    from pyspark.sql import functions as F
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = spark.read.format("delta").load(table)
+        counts = [rows.where((F.col("window_start") >= F.timestamp_millis(F.lit(a)))
+                             & (F.col("window_start") < F.timestamp_millis(F.lit(b))))
+                  .agg(F.count(F.lit(1)), F.sum((~F.col("is_final")).cast("int"))).collect()[0] for a, b in ranges]
+        if all(n and not open_ for n, open_ in counts):
+            return
+        assert proc.poll() is None, f"the live driver exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the ranges did not become final: {counts}"
+        time.sleep(1)
+
+
 @pytest.mark.timeout(1500)
 def test_a_repair_is_committed_by_the_live_job_between_its_own_commits(spark, s3_lake, object_store, tmp_path):
     """Two repairs while the live job (its own JVM) commits a micro-batch every second, then one while it is
@@ -326,6 +345,9 @@ def test_a_repair_is_committed_by_the_live_job_between_its_own_commits(spark, s3
 
         producer = threading.Thread(target=traffic, daemon=True)
         producer.start()
+        # a repair of an open range is refused: the ranges are final once the live job committed a batch after
+        # the one whose watermark passed them (the traffic moves it past the last range)
+        _final(spark, paths.table, ranges, driver, log_path)
         results = []
         for start, end in ranges[:2]:
             results.append(repair_range(REPAIRED, s3_lake, start_ms=start, end_ms=end, by="test", spark=spark,

@@ -606,10 +606,15 @@ def test_oracle_drops_late_events_with_the_previous_batchs_watermark():
     assert expected_window_counts_v2(OracleInput(events, campaigns, batches))[("c", 60_000)] == (1, 0, 100_000, True)
     batches[1] = BatchBoundary(1, {0: 3, 1: 1}, 0)
     assert expected_window_counts_v2(OracleInput(events, campaigns, batches)) == one_batch
-    # records after the last recorded batch are not in the table yet, so not in the oracle either
+    # records after the last recorded batch are not in the table yet, so not in the oracle either; and after the
+    # first batch nothing is final: the next one filters its late rows with the watermark batch 0 ran with (none)
     partial = expected_window_counts_v2(OracleInput(events, campaigns, batches[:1]))
-    assert partial == {("c", 60_000): (1, 0, 100_000, True), ("c", 120_000): (1, 0, 130_000, False),
+    assert partial == {("c", 60_000): (1, 0, 100_000, False), ("c", 120_000): (1, 0, 130_000, False),
                        ("c", 180_000): (0, 1, 200_000, False)}
+    # after batch 1, the windows batch 0's maximum (200 s) minus the delay (30 s) passed are final: [60, 120) s
+    after_two = expected_window_counts_v2(OracleInput(events, campaigns, batches[:2]))
+    assert {k: v[-1] for k, v in after_two.items()} == {("c", 60_000): True, ("c", 120_000): False,
+                                                        ("c", 180_000): False}
 
 
 @pytest.mark.integration
