@@ -416,9 +416,9 @@ def apply_writes(view: "ViewDefinition", outputs: "DataFrame", last: int | None 
             rows = rows.where(~F.col("is_tombstone")).drop("is_tombstone")
     fin = view.finality
     if fin is not None and fin.flag_column not in outputs.columns:
+        from kappa.runtime.sink import final_flag
+
         before = outputs if last is None else outputs.where(F.col(BATCH) < last)
         event_max = before.agg(F.max(fin.event_max_column)).collect()[0][0]
-        flag = F.lit(False) if event_max is None else (
-            F.col(fin.window_end_column) <= F.lit(event_max) - F.expr(f"INTERVAL {fin.delay_seconds} SECONDS"))
-        rows = rows.withColumn(fin.flag_column, flag)
+        rows = rows.withColumn(fin.flag_column, final_flag(fin, event_max))
     return rows.drop(BATCH)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql.types import StructType
 
 __all__ = ["CHANGE_FEED", "DeltaSink", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH",
-           "SeedError", "enable_change_feed", "ensure_table", "seed_table", "table_columns", "txn_version"]
+           "SeedError", "enable_change_feed", "ensure_table", "final_flag", "seed_table", "table_columns",
+           "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -202,7 +203,7 @@ def _passed(window_end: Any, event_max: Any, fin: Finality) -> bool:
     return event_max is not None and window_end.timestamp() <= event_max.timestamp() - fin.delay_seconds
 
 
-def _final_flag(fin: Finality, event_max: Any) -> "Column":
+def final_flag(fin: Finality, event_max: Any) -> "Column":
     """The finality flag of a row given the event-time maximum ``event_max`` of the batches before the commit."""
     from pyspark.sql import functions as F
 
@@ -332,7 +333,7 @@ class DeltaSink:
                 before, event_max = rows.agg(
                     F.max(F.when(F.col(STAGED_BATCH) < batch_id, F.col(fin.event_max_column))),
                     F.max(fin.event_max_column)).collect()[0]
-                result = result.withColumn(fin.flag_column, _final_flag(fin, before))
+                result = result.withColumn(fin.flag_column, final_flag(fin, before))
             self._append(result, batch_id, user_metadata)
         finally:
             latest.unpersist()
@@ -370,7 +371,7 @@ class DeltaSink:
             return "merge"
         # the flag of this commit: windows ending at or before the maximum of the batches before it, minus the delay
         previous_max = self._known_event_max(session, fin)
-        source = batch.withColumn(fin.flag_column, _final_flag(fin, previous_max))
+        source = batch.withColumn(fin.flag_column, final_flag(fin, previous_max))
         closing = self._closing(session, fin, previous_max)
         if rows == 0 and closing is None:  # nothing to upsert and nothing becomes final: an empty commit
             self._append(source, batch_id, user_metadata)

@@ -95,7 +95,6 @@ def _jvm_output_to(log_file: str | None) -> Iterator[None]:
     if not log_file or SparkContext._active_spark_context is not None:
         yield
         return
-    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     target = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
