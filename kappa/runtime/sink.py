@@ -320,20 +320,26 @@ class DeltaSink:
         order = [F.col(STAGED_BATCH).desc()]
         if self.view.write == "upsert_delete" and self.view.order_column:
             order.append(F.col(self.view.order_column).desc())
-        latest = (rows.withColumn("_rn", F.row_number().over(Window.partitionBy(*self.view.keys).orderBy(*order)))
+        by_key = Window.partitionBy(*self.view.keys)
+        fin = self.view.finality
+        if fin is not None:
+            # the event-time maxima of each key's rows - of all its staged rows, and of those before the last batch
+            # compacted - ride along the same window (no second pass over the staged rows); their maxima over the
+            # latest rows are the maxima over every staged row
+            rows = (rows.withColumn("_max", F.max(fin.event_max_column).over(by_key))
+                    .withColumn("_before", F.max(F.when(F.col(STAGED_BATCH) < batch_id,
+                                                         F.col(fin.event_max_column))).over(by_key)))
+        latest = (rows.withColumn("_rn", F.row_number().over(by_key.orderBy(*order)))
                   .where("_rn = 1").drop("_rn", STAGED_BATCH))
         if self.view.write == "upsert_delete":
             latest = latest.where(~F.col("is_tombstone"))
-        fin = self.view.finality
         event_max = None
         result = latest.persist()
         try:
             if fin is not None:
                 # finality from the batches before the last one compacted, as a MERGE of it would have set it
-                before, event_max = rows.agg(
-                    F.max(F.when(F.col(STAGED_BATCH) < batch_id, F.col(fin.event_max_column))),
-                    F.max(fin.event_max_column)).collect()[0]
-                result = result.withColumn(fin.flag_column, final_flag(fin, before))
+                before, event_max = result.agg(F.max("_before"), F.max("_max")).collect()[0]
+                result = result.drop("_before", "_max").withColumn(fin.flag_column, final_flag(fin, before))
             self._append(result, batch_id, user_metadata)
         finally:
             latest.unpersist()
