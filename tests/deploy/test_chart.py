@@ -491,6 +491,27 @@ def test_valid_s3_combinations_render(helm: Path, tmp_path: Path) -> None:
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "AWS_SECRET_ACCESS_KEY"}
 
 
+def test_a_non_aws_store_reaches_every_reader_of_the_lake(helm: Path, tmp_path: Path) -> None:
+    """lake.s3.endpoint/region become the standard AWS variables the platform's code reads: Spark's s3a settings
+    (kappa.runtime.spark.s3a_conf) and the delta-rs/obstore environment (plain HTTP allowed for an http:// store)."""
+    from kappa.runtime.spark import s3a_conf
+
+    endpoint = "http://seaweedfs.store.svc:8333"
+    objs = h.render({"lake": {"type": "s3", "s3": {"uri": "s3a://lake-bucket/kappa", "existingSecret": "creds",
+                                                   "endpoint": endpoint, "region": "us-east-1"}}}, tmp_dir=tmp_path)
+    env = h.configmap_data(objs, "kappa-platform-env")
+    assert (env["AWS_ENDPOINT_URL"], env["AWS_ALLOW_HTTP"], env["AWS_REGION"]) == (endpoint, "true", "us-east-1")
+    conf = s3a_conf(env)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == endpoint
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "us-east-1"
+    tls = h.configmap_data(h.render({"lake": {"type": "s3", "s3": {"uri": "s3a://lake-bucket/k", "existingSecret": "creds",
+                                                                    "endpoint": "https://s3.example.com"}}},
+                                    tmp_dir=tmp_path), "kappa-platform-env")
+    assert tls["AWS_ENDPOINT_URL"] == "https://s3.example.com" and "AWS_ALLOW_HTTP" not in tls
+    assert s3a_conf(tls)["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+
+
 # ------------------------------------------------------------------------------------------ Airflow
 def test_airflow_components_and_runner_rbac(all_renders: dict[str, list[dict]]) -> None:
     objs = all_renders["defaults"]
