@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run", "replay_run"]
+__all__ = ["main", "run", "replay_run", "run_interruptible"]
 
 #: Processing-time trigger of the live measurement (c).
 LIVE_TRIGGER_SECONDS = 1.0
@@ -653,14 +653,20 @@ def main() -> None:
     parser.add_argument("--stack-minutes", type=float, default=5.0,
                         help="minutes of the local stack's producer before (g) measures it (0: skip)")
     args = parser.parse_args()
+    run_interruptible(lambda: run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds,
+                                  out=args.out, stack_minutes=args.stack_minutes), "the broker")
+
+
+def run_interruptible(bench: Any, started: str) -> None:
+    """Run ``bench()``; SIGTERM unwinds like Ctrl-C (its finally blocks stop what it started: ``started``), and an
+    interrupted run exits 130 with one line instead of a traceback."""
     from kappa.process import interrupt_on_termination
 
     try:
-        with interrupt_on_termination():  # SIGTERM unwinds like Ctrl-C: the finally blocks stop it all
-            run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds, out=args.out,
-                stack_minutes=args.stack_minutes)
+        with interrupt_on_termination():
+            bench()
     except KeyboardInterrupt as exc:
-        print(f"bench interrupted ({exc.args[0] if exc.args else 'SIGINT'}): stopped the broker and every process "
+        print(f"bench interrupted ({exc.args[0] if exc.args else 'SIGINT'}): stopped {started} and every process "
               "it had started; no report written", file=sys.stderr)
         sys.exit(130)
 
