@@ -272,5 +272,6 @@ def main() -> None:
     run_interruptible(lambda: run(events=args.events, live_rate=args.live_rate, live_seconds=args.live_seconds,
                                   commits=args.commits, rounds=args.rounds, out=args.out), "the broker, the store")
 
+
 if __name__ == "__main__":
     main()
