@@ -517,8 +517,9 @@ def test_sigkill_with_the_lake_on_the_store_loses_and_duplicates_nothing(spark, 
 
 
 def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s3_lake, object_store, monkeypatch):
-    """A lake the store refuses: a view driver and ``kappa up`` stop before Spark or anything else starts, with one
-    line naming what is wrong (the bucket, the access key, the secret, the endpoint); nothing lands in the lake."""
+    """A lake the store refuses: a view driver, ``kappa up`` and ``kappa lake check`` (the chart's pre-install check)
+    stop before Spark or anything else starts, with one line naming what is wrong (the bucket, the access key, the
+    secret, the endpoint, a plain-HTTP endpoint not allowed); nothing lands in the lake."""
     import sys
 
     from kappa.runtime.checkpoint import LakeError, check_lake, tree_exists
@@ -536,6 +537,8 @@ def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s
                    f"refused the secret key given for {access} (AWS_SECRET_ACCESS_KEY)"),
         "endpoint": (s3_lake.lake_uri, {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
                      "object store at http://127.0.0.1:9 is not reachable (AWS_ENDPOINT_URL)"),
+        "plain http": (s3_lake.lake_uri, {"AWS_ALLOW_HTTP": "false"},
+                       "is plain HTTP, which delta-rs and obstore refuse unless AWS_ALLOW_HTTP=true"),
     }
     check_lake(s3_lake.lake_uri)  # the right configuration passes
     for what, (lake, env, words) in cases.items():
@@ -552,11 +555,17 @@ def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s
                                 timeout=120)
         up = subprocess.run(["bin/kappa", "up"], cwd=ROOT, env=subprocess_env(settings, **{**good, **env}),
                             capture_output=True, text=True, timeout=120)
-        for proc in (driver, up):
+        check = subprocess.run(["bin/kappa", "lake", "check"], cwd=ROOT,
+                               env=subprocess_env(settings, **{**good, **env}), capture_output=True, text=True,
+                               timeout=120)
+        for proc in (driver, up, check):
             assert proc.returncode == 2, (what, proc.stdout, proc.stderr)
             lines = proc.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), (what, proc.stderr)
             assert words in proc.stderr and "Traceback" not in proc.stderr and "Exception" not in proc.stderr
+    ok = subprocess.run(["bin/kappa", "lake", "check"], cwd=ROOT, env=subprocess_env(s3_lake, **good),
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and f"the store at {good['AWS_ENDPOINT_URL']} lists it" in ok.stdout, ok.stdout + ok.stderr
     assert not tree_exists(s3_lake.lake_uri), "nothing of the lake was created"
 
 

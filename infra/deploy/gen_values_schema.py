@@ -270,6 +270,7 @@ OBJECT_DOCS = {
     "lake": "Where Delta tables, checkpoints and the view registry live",
     "lake.persistence": "PersistentVolumeClaim of the lake (lake.type=pvc)",
     "lake.s3": "S3 location and credentials of the lake (lake.type=s3)",
+    "lake.check": "The lake check hook Job before each install/upgrade (`kappa lake check`, lake.type=s3)",
     "viewJobs": "Settings shared by every view-version driver",
     "viewJobs.serviceAccount": "ServiceAccount of the drivers (and Spark executors)",
     "viewJobs.rbac": "RBAC of the drivers",

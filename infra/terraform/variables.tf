@@ -67,9 +67,9 @@ variable "namespace" {
 }
 
 variable "service_accounts" {
-  description = "ServiceAccounts allowed to assume the jobs role: the chart's view drivers/executors and Airflow (<fullname>-view, <fullname>-airflow)."
+  description = "ServiceAccounts allowed to assume the jobs role: the chart's view drivers/executors, Airflow and the lake check hook (<fullname>-view, <fullname>-airflow, <fullname>-lake-check)."
   type        = list(string)
-  default     = ["kappa-view", "kappa-airflow"]
+  default     = ["kappa-view", "kappa-airflow", "kappa-lake-check"]
 }
 
 variable "tags" {

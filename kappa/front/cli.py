@@ -38,6 +38,8 @@ app.add_typer(view_app, name="view")
 app.add_typer(host_app, name="host")
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
+lake_app = typer.Typer(help="The lake (KAPPA_LAKE_URI).", no_args_is_help=True)
+app.add_typer(lake_app, name="lake")
 
 
 class UserError(KappaError):
@@ -216,6 +218,24 @@ def topics_leases() -> None:
                       highlight=False, markup=False)
     if not everything:
         console.print("no retention leases: no replay has taken one", highlight=False)
+
+
+@lake_app.command("check")
+def lake_check() -> None:
+    """Whether the lake's object store answers with this bucket and the environment's credential (the standard
+    AWS_* variables): one listing of the lake's prefix, nothing created. Exit 0, or 2 with one line naming what is
+    wrong - the endpoint, the bucket, the access key or the secret. The chart runs it before it installs or
+    upgrades a release whose lake is on S3."""
+    from kappa.runtime.checkpoint import check_lake, lake_endpoint
+    from kappa.runtime.deltars import is_local_uri
+
+    settings = _settings()
+    if is_local_uri(settings.lake_uri):
+        console.print(f"lake {settings.lake_uri}: a local directory, nothing to check", highlight=False)
+        return
+    check_lake(settings.lake_uri)
+    console.print(f"lake {settings.lake_uri}: the store at {lake_endpoint()} lists it with the credential given",
+                  highlight=False)
 
 
 # -------------------------------------------------------------------------------------------- data

@@ -37,8 +37,8 @@ from kappa.runtime.lineage import parse_offset_log
 from kappa.runtime.lineage import BatchBoundary
 
 __all__ = ["LAKE_FILES", "CheckpointError", "LakeError", "LakeFiles", "RunMismatch", "RunProgress", "batch_ids",
-           "check_lake", "checkpoint_batches", "current_run_id", "delete_tree", "last_commit", "last_progress",
-           "list_names",
+           "check_lake", "checkpoint_batches", "current_run_id", "delete_tree", "lake_endpoint", "last_commit",
+           "last_progress", "list_names",
            "modified_at", "offsets_of", "open_run", "pending_watermark", "read_text", "run_info", "run_progress",
            "save_run_info", "table_run_id", "tree_exists", "write_text"]
 
@@ -84,6 +84,14 @@ _S3_CODES = {
 }
 
 
+def lake_endpoint(env: Mapping[str, str] | None = None) -> str:
+    """The object store the environment names (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``), or ``AWS S3``."""
+    import os
+
+    env = os.environ if env is None else env
+    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+
+
 def check_lake(lake_uri: str) -> None:
     """Whether the lake's object store answers, with this bucket and the credential of the environment (the
     standard ``AWS_*`` variables): ONE listing of the lake's prefix (two retries), before anything is created. A
@@ -101,7 +109,7 @@ def check_lake(lake_uri: str) -> None:
     from obstore.store import from_url
 
     env = os.environ
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+    endpoint = lake_endpoint(env)
     scheme, _, rest = re.sub(r"^s3a://", "s3://", lake_uri).partition("://")
     bucket, _, key = rest.partition("/")
     access = env.get("AWS_ACCESS_KEY_ID") or "(from the AWS default chain)"
@@ -114,6 +122,9 @@ def check_lake(lake_uri: str) -> None:
         code = re.search(r"<Code>(\w+)</Code>", text)
         if code and code.group(1) in _S3_CODES:
             raise LakeError(_S3_CODES[code.group(1)].format(bucket=bucket, key=access, endpoint=endpoint)) from None
+        if "builder error" in text and endpoint.startswith("http://") and env.get("AWS_ALLOW_HTTP") != "true":
+            raise LakeError(f"the lake's object store at {endpoint} is plain HTTP, which delta-rs and obstore refuse unless "
+                            "AWS_ALLOW_HTTP=true") from None
         if "error sending request" in text or "Connection refused" in text or "dns error" in text:
             raise LakeError(f"the lake's object store at {endpoint} is not reachable (AWS_ENDPOINT_URL): no "
                             "answer to a listing") from None

@@ -512,6 +512,42 @@ def test_a_non_aws_store_reaches_every_reader_of_the_lake(helm: Path, tmp_path: 
     assert s3a_conf(tls)["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
 
 
+def _hook(obj: dict) -> tuple[str, int, str]:
+    ann = obj["metadata"]["annotations"]
+    return ann["helm.sh/hook"], int(ann["helm.sh/hook-weight"]), ann["helm.sh/hook-delete-policy"]
+
+
+def test_an_s3_lake_is_checked_before_install_and_upgrade(all_renders: dict[str, list[dict]], helm: Path,
+                                                          tmp_path: Path) -> None:
+    """With lake.type=s3 a pre-install/pre-upgrade hook Job runs `kappa lake check` with exactly the lake settings
+    the release's pods get (inline: the ConfigMap does not exist yet), under a hook ServiceAccount created before it
+    with the lake's IAM role; a PVC lake, or the check turned off, renders none."""
+    prod = all_renders["production"]
+    job, sa = h.named(prod, "Job", "kappa-lake-check"), h.named(prod, "ServiceAccount", "kappa-lake-check")
+    assert _hook(job)[0] == _hook(sa)[0] == "pre-install,pre-upgrade"
+    assert _hook(sa)[1] < _hook(job)[1], "the ServiceAccount must exist before the Job"
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(":role/kappa-prod-jobs")
+    spec = h.pod_spec(job)
+    assert spec["serviceAccountName"] == "kappa-lake-check" and job["spec"]["backoffLimit"] == 0
+    container = spec["containers"][0]
+    assert container["args"] == ["kappa", "lake", "check"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    pods = h.configmap_data(prod, "kappa-platform-env")
+    assert {k: v for k, v in env.items() if k == "KAPPA_LAKE_URI" or k.startswith("AWS_")} == \
+        {k: v for k, v in pods.items() if k == "KAPPA_LAKE_URI" or k.startswith("AWS_")}
+
+    static = h.render({"lake": {"type": "s3", "s3": {"uri": "s3a://lake-bucket/kappa", "existingSecret": "creds",
+                                                     "endpoint": "http://store.svc:8333"}}}, tmp_dir=tmp_path)
+    env = {e["name"]: e for e in h.pod_spec(h.named(static, "Job", "kappa-lake-check"))["containers"][0]["env"]}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://store.svc:8333" and env["AWS_ALLOW_HTTP"]["value"] == "true"
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "AWS_ACCESS_KEY_ID"}
+    assert "eks.amazonaws.com/role-arn" not in h.named(static, "ServiceAccount", "kappa-lake-check")["metadata"][
+        "annotations"]
+    off = h.render({"lake": {"type": "s3", "s3": {"uri": "s3a://lake-bucket/kappa", "existingSecret": "creds"},
+                             "check": {"enabled": False}}}, tmp_dir=tmp_path)
+    for objs in (all_renders["defaults"], off):
+        assert not [o for o in objs if o["metadata"]["name"] == "kappa-lake-check"]
+
 # ------------------------------------------------------------------------------------------ Airflow
 def test_airflow_components_and_runner_rbac(all_renders: dict[str, list[dict]]) -> None:
     objs = all_renders["defaults"]
