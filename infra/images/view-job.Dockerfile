@@ -41,9 +41,9 @@ ARG KAFKA_VERSION=4.1.1
 ARG LOG4J2_VERSION=2.24.3
 ARG MAVEN_DEPENDENCY_PLUGIN_VERSION=3.8.1
 ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.2.0
+ARG AWS_SDK_V2_VERSION=2.35.4
 COPY infra/local/pom.xml /build/pom.xml
 COPY infra/local/maven-settings.xml /build/maven-settings.xml
-COPY infra/images/s3a.pom.xml /build/s3a.pom.xml
 COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
 # Only what pyspark does not ship: every artifactId prefix of pyspark/jars is excluded (same rule as
 # infra/local/bootstrap.sh), so no library lands on the classpath twice in two versions. Hadoop and Jackson
@@ -67,8 +67,8 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
         -Djackson.version="$jackson" \
         -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
         -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
-    mvn -B -q -s /build/maven-settings.xml -f /build/s3a.pom.xml -Dhadoop.version="$hadoop" \
-        -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
+    mvn -B -q -s /build/maven-settings.xml -f /build/pom.xml -P s3a -Dhadoop.version="$hadoop" \
+        -Dawssdk.version="${AWS_SDK_V2_VERSION}" -Dmaven.dependency.plugin.version="${MAVEN_DEPENDENCY_PLUGIN_VERSION}" \
         -DexcludeArtifactIds="$excludes" -DoutputDirectory=/jars dependency:copy-dependencies; \
     for jar in "spark-sql-kafka-0-10_${SCALA_BINARY}-${SPARK_VERSION}.jar" "${DELTA_SPARK_ARTIFACT}-${DELTA_VERSION}.jar" \
                "delta-storage-${DELTA_VERSION}.jar" "hadoop-aws-$hadoop.jar"; do \

@@ -3,7 +3,8 @@ the chart's user, a read-only root filesystem, every capability dropped, and onl
 (emptyDirs as tmpfs, PVCs as host folders owned like an fsGroup volume).
 
 - view-job (10001): the default command (`kappa --help`), Java 17, a local Spark session that must map the image's
-  class-data sharing archive (-Xshare:on) writing and reading a Delta table;
+  class-data sharing archive (-Xshare:on) writing and reading a Delta table; with the platform's object store (host
+  network): `kappa lake check` and a Delta table written and read over s3a, read back by delta-rs on the host;
 - airflow (50000:0): `airflow version` through the entrypoint (both `airflow version` and the bare `version`),
   the runner's imports (kappa, kubernetes, psycopg2), Java, the DAGs import without errors, the user/umask the
   entrypoint sets, an arbitrary uid of group 0;
@@ -190,6 +191,38 @@ def test_view_job_image_runs_kappa_java_and_spark_with_delta_as_10001(images: di
     assert "rows 7" in res.stdout, res.stdout + res.stderr[-3000:]
     jars = int(res.stdout.split("jars", 1)[1].split()[0])
     assert jars >= 5, res.stdout  # spark-sql-kafka, kafka-clients, delta-spark, delta-storage, hadoop-aws, ...
+
+
+SPARK_S3 = """
+from kappa.config import Settings
+from kappa.runtime.spark import build_spark
+settings = Settings.from_env()
+spark = build_spark("image-s3-test", settings, master="local[1]")
+path = settings.lake_uri + "/image-check"
+spark.range(5).write.format("delta").save(path)
+print("rows", spark.read.format("delta").load(path).count())
+spark.stop()
+"""
+
+
+def test_view_job_image_reaches_a_lake_on_the_object_store(images: dict[str, str], object_store) -> None:
+    """The image's S3A jars (hadoop-aws with the AWS SDK modules, no bundle) against the platform's real store, with
+    the variables the chart sets: `kappa lake check` answers, and a Spark session writes and reads a Delta table
+    there, which delta-rs on the host then reads back."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime.deltars import read_rows, rs_uri
+
+    lake = f"s3a://kappa/image-{uuid.uuid4().hex[:8]}"
+    env = {**object_store.delta_rs_options(), "KAPPA_LAKE_URI": lake, "KAPPA_HOME": "/tmp/kappa", "HOME": "/tmp"}
+    opts = (*_tmpfs("/tmp"), "--network", "host", *[f"--env={k}={v}" for k, v in env.items()])
+    image, user = images["view-job"], "10001:10001"
+    res = run(image, "kappa", "lake", "check", user=user, opts=opts)
+    assert f"the store at {object_store.endpoint} lists it" in res.stdout, res.stdout + res.stderr
+    res = run(image, "python", "-c", SPARK_S3, user=user, opts=opts, timeout=600)
+    assert "rows 5" in res.stdout, res.stdout + res.stderr[-3000:]
+    rows = read_rows(DeltaTable(rs_uri(f"{lake}/image-check"), storage_options=object_store.delta_rs_options()))
+    assert sorted(r["id"] for r in rows) == list(range(5))
 
 
 # ------------------------------------------------------------------------------------------ airflow
