@@ -516,7 +516,8 @@ def test_sigkill_with_the_lake_on_the_store_loses_and_duplicates_nothing(spark, 
         raise
 
 
-def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s3_lake, object_store, monkeypatch):
+def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s3_lake, object_store, monkeypatch,
+                                                                              tmp_path):
     """A lake the store refuses: a view driver, ``kappa up`` and ``kappa lake check`` (the chart's pre-install check)
     stop before Spark or anything else starts, with one line naming what is wrong (the bucket, the access key, the
     secret, the endpoint, a plain-HTTP endpoint not allowed); nothing lands in the lake."""
@@ -563,6 +564,20 @@ def test_a_wrong_endpoint_bucket_or_credential_is_one_line_and_creates_nothing(s
             lines = proc.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), (what, proc.stderr)
             assert words in proc.stderr and "Traceback" not in proc.stderr and "Exception" not in proc.stderr
+    # no credential at all (the SDK's chain falls through to the instance metadata service, refused here)
+    with monkeypatch.context() as patched, pytest.raises(LakeError) as refused:
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            patched.delenv(key, raising=False)
+        check_lake("s3a://kappa/no-credential")
+    assert "no credential for the lake's object store at AWS S3: set AWS_ACCESS_KEY_ID" in str(refused.value)
+    # a home whose own store is down, no other named: the command says to start it
+    (tmp_path / "home" / "objectstore").mkdir(parents=True)
+    bare = {k: v for k, v in subprocess_env(s3_lake.replace(home=tmp_path / "home")).items()
+            if k not in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    down = subprocess.run(["bin/kappa", "lake", "check"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=bare)
+    assert down.returncode == 2 and "platform's own object store" in down.stderr and "not running" in down.stderr, \
+        down.stderr
     ok = subprocess.run(["bin/kappa", "lake", "check"], cwd=ROOT, env=subprocess_env(s3_lake, **good),
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and f"the store at {good['AWS_ENDPOINT_URL']} lists it" in ok.stdout, ok.stdout + ok.stderr

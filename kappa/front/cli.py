@@ -229,11 +229,22 @@ def lake_check() -> None:
     from kappa.runtime.checkpoint import check_lake, lake_endpoint
     from kappa.runtime.deltars import is_local_uri
 
+    from kappa.objectstore import LocalObjectStore, on_platform_store
+
     settings = _settings()
     if is_local_uri(settings.lake_uri):
         console.print(f"lake {settings.lake_uri}: a local directory, nothing to check", highlight=False)
         return
-    check_lake(settings.lake_uri)
+    try:
+        check_lake(settings.lake_uri)
+    except KappaError:
+        store = LocalObjectStore.from_settings(settings)
+        # no endpoint named and this home has run the platform's store (never so in a pod on AWS): it is down
+        if on_platform_store(settings) and store.home.exists() and not store.is_running():
+            raise UserError(f"the lake {settings.lake_uri} is on the platform's own object store (no "
+                            "AWS_ENDPOINT_URL names another), which is not running: `make objectstore-up` or "
+                            "`make run` starts it") from None
+        raise
     console.print(f"lake {settings.lake_uri}: the store at {lake_endpoint()} lists it with the credential given",
                   highlight=False)
 

@@ -122,6 +122,9 @@ def check_lake(lake_uri: str) -> None:
         code = re.search(r"<Code>(\w+)</Code>", text)
         if code and code.group(1) in _S3_CODES:
             raise LakeError(_S3_CODES[code.group(1)].format(bucket=bucket, key=access, endpoint=endpoint)) from None
+        if "169.254.169.254" in text:  # no credential in the environment: the SDK chain fell through to the IMDS
+            raise LakeError(f"no credential for the lake's object store at {endpoint}: set AWS_ACCESS_KEY_ID and "
+                            "AWS_SECRET_ACCESS_KEY (or a profile, or a role: IRSA, an instance role)") from None
         if "builder error" in text and endpoint.startswith("http://") and env.get("AWS_ALLOW_HTTP") != "true":
             raise LakeError(f"the lake's object store at {endpoint} is plain HTTP, which delta-rs and obstore refuse unless "
                             "AWS_ALLOW_HTTP=true") from None
