@@ -91,6 +91,9 @@ def test_example_installs_upgrades_rolls_back_and_uninstalls(cluster: Cluster, e
     waited = log.index("wait for resources succeeded")
     hook = log.index("Watching for changes to Job kappa-topics")
     assert waited < hook < log.rindex('Starting delete for "kappa-topics" Job'), log[-3000:]
+    if example == "production":  # an S3 lake: its check ran as a pre-install hook, before any workload
+        check = log.index("Watching for changes to Job kappa-lake-check")
+        assert check < log.rindex('Starting delete for "kappa-lake-check" Job') < waited, log[-3000:]
     assert "kappa-airflow-migrate" in cluster.run("helm", "get", "manifest", "kappa", "-n", ns).stdout
     deployments = cluster.get("deployments", "-n", ns)["items"]
     assert deployments and all(d["status"].get("readyReplicas") == d["spec"]["replicas"] for d in deployments)
