@@ -56,6 +56,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import string
@@ -79,6 +80,8 @@ __all__ = ["DEFAULT_BUCKET", "DEFAULT_PORTS", "DEFAULT_REGION", "PROBE_BUCKET", 
 
 _log = logging.getLogger(__name__)
 
+#: Free space under which a store that does not come up says how little there is.
+LOW_DISK_BYTES = 10 * 2**30
 #: The platform's bucket (``make objectstore-up`` creates it).
 DEFAULT_BUCKET = "kappa"
 #: The bucket :meth:`LocalObjectStore.wait_ready` writes its probe object to (``probe``) on every start.
@@ -551,8 +554,8 @@ class LocalObjectStore:
         last_error = "S3 port not open yet"
         while time.monotonic() < deadline:
             if not self.is_running():
-                raise ObjectStoreError(f"object store process exited during startup; see {self.home / 'logs'}\n"
-                                       f"{self.log_tail()}")
+                raise ObjectStoreError(f"object store process exited during startup{self._low_disk()}; see "
+                                       f"{self.home / 'logs'}\n{self.log_tail()}")
             if port_open(self.host, self.ports.s3):
                 try:
                     last_error = self._not_ready(requests, max(0.5, min(5.0, deadline - time.monotonic())))
@@ -561,8 +564,17 @@ class LocalObjectStore:
                 except (OSError, ValueError) as exc:  # requests' errors are OSErrors; a bad JSON a ValueError
                     last_error = one_line(exc)
             time.sleep(0.2)
-        raise ObjectStoreError(f"object store at {self.endpoint} not ready after {limit:.0f}s ({last_error}); "
-                               f"see {self.home / 'logs'}\n{self.log_tail()}")
+        raise ObjectStoreError(f"object store at {self.endpoint} not ready after {limit:.0f}s ({last_error})"
+                               f"{self._low_disk()}; see {self.home / 'logs'}\n{self.log_tail()}")
+
+    def _low_disk(self) -> str:
+        """`` - only N GiB free on the disk of <home>`` when under :data:`LOW_DISK_BYTES` (a volume server on a
+        nearly full disk is a common reason a store does not come up), else empty."""
+        try:
+            free = shutil.disk_usage(self.home).free
+        except OSError:
+            return ""
+        return f" - only {free / 2**30:.1f} GiB free on the disk of {self.home}" if free < LOW_DISK_BYTES else ""
 
     def _not_ready(self, requests: Any, timeout: float) -> str | None:
         """What keeps the store from taking writes right now, or None when nothing does."""
