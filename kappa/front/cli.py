@@ -226,10 +226,9 @@ def lake_check() -> None:
     AWS_* variables): one listing of the lake's prefix, nothing created. Exit 0, or 2 with one line naming what is
     wrong - the endpoint, the bucket, the access key or the secret. The chart runs it before it installs or
     upgrades a release whose lake is on S3."""
+    from kappa.objectstore import LocalObjectStore, on_platform_store
     from kappa.runtime.checkpoint import check_lake, lake_endpoint
     from kappa.runtime.deltars import is_local_uri
-
-    from kappa.objectstore import LocalObjectStore, on_platform_store
 
     settings = _settings()
     if is_local_uri(settings.lake_uri):

@@ -126,8 +126,8 @@ def check_lake(lake_uri: str) -> None:
             raise LakeError(f"no credential for the lake's object store at {endpoint}: set AWS_ACCESS_KEY_ID and "
                             "AWS_SECRET_ACCESS_KEY (or a profile, or a role: IRSA, an instance role)") from None
         if "builder error" in text and endpoint.startswith("http://") and env.get("AWS_ALLOW_HTTP") != "true":
-            raise LakeError(f"the lake's object store at {endpoint} is plain HTTP, which delta-rs and obstore refuse unless "
-                            "AWS_ALLOW_HTTP=true") from None
+            raise LakeError(f"the lake's object store at {endpoint} is plain HTTP, which delta-rs and obstore "
+                            "refuse unless AWS_ALLOW_HTTP=true") from None
         if "error sending request" in text or "Connection refused" in text or "dns error" in text:
             raise LakeError(f"the lake's object store at {endpoint} is not reachable (AWS_ENDPOINT_URL): no "
                             "answer to a listing") from None
