@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,68 @@ def test_view_stop_ends_the_lease_of_the_replay_it_stops_and_status_says_the_job
     out = kappa("topics", "leases")
     assert re.match(rf"{view}@v2 on {re.escape(topic)}: ended \S+ \S+: its job was stopped \(view stop\) \(taken ",
                     out) and "holds retention" not in out, out
+
+
+def _register(settings: Settings, view: str, version: int) -> None:
+    vv = replay.ViewVersion.resolve(view, version, settings)
+    Registry(settings.lake_uri).register(view, version, code_module=vv.module, table_path=vv.paths.table,
+                                         app_id=f"kappa:{view}@v{version}:t", starting="earliest", triggered_by="test")
+
+
+def test_a_relaunch_racing_the_expiry_of_its_lease_always_ends_up_holding_it(kafka, lake, tmp_path):
+    """A replay relaunched (its launch takes the lease again) while the scheduled convergence ends the same lease
+    as expired: whichever commits first, the relaunch holds its lease afterwards and the topic keeps the lease's
+    retention. Each round starts from a lease past its TTL that nothing ended yet (its driver died)."""
+    import threading
+
+    settings = lake.replace(home=tmp_path / "home", lease_ttl_seconds=4)
+    view, topic = "events_raw", settings.topic("ad-events")
+    _register(settings, view, 1)
+    take(settings, topic, view, 1, by="launch")
+    for round_ in range(4):
+        time.sleep(4.5)  # past the TTL: no run ever committed, the lease is expired but not ended yet
+        barrier = threading.Barrier(2)
+        out: dict[str, object] = {}
+
+        def run(name: str, fn) -> None:
+            barrier.wait()
+            try:
+                out[name] = fn()
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                out[name] = exc
+
+        threads = [threading.Thread(target=run, args=("relaunch", lambda: take(settings, topic, view, 1,
+                                                                              by=f"relaunch-{round_}"))),
+                   threading.Thread(target=run, args=("retire", lambda: converge_topics(settings)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(isinstance(v, Exception) for v in out.values()), out
+        assert out["relaunch"].released_at is None, out["relaunch"]
+        (lease,) = leases(settings)
+        assert lease.released_at is None, f"round {round_}: the relaunch's lease was ended under it: {lease}"
+        assert [held.key for held in active_leases(settings, end_expired=False)] == [lease.key]
+        assert _retention(settings, topic)[:2] == HELD, f"round {round_}: retention came back under the lease"
+
+
+def test_leases_an_earlier_release_wrote_only_to_the_history_are_read_from_it(kafka_settings, tmp_path):
+    """A lake whose leases were kept only in the append-only history (earlier releases): its lease table is created
+    from the history's latest event per lease, so a replay in flight during the upgrade keeps its lease."""
+    from deltalake import write_deltalake
+
+    from kappa.control.leases import _HISTORY, _uri
+    from kappa.runtime.deltars import arrow_rows, create_table
+
+    settings = kafka_settings.replace(lake_uri=str(tmp_path / "lake"))
+    uri = _uri(settings, "leases")
+    create_table(uri, _HISTORY)
+    at = [datetime(2026, 1, 1, 0, minute, tzinfo=UTC) for minute in range(4)]
+    rows = [("t1", "a", 1, "taken", at[0], None), ("t1", "b", 2, "taken", at[1], None),
+            ("t1", "b", 2, "released", at[2], "caught up"), ("t2", "a", 1, "taken", at[3], None)]
+    write_deltalake(uri, arrow_rows(_HISTORY, [dict(zip(("topic", "view", "version", "event", "at", "note"), r),
+                                                    by="old") for r in rows]), mode="append")
+    got = {(lease.topic, lease.view, lease.version): (lease.taken_at, lease.released_at, lease.note)
+           for lease in leases(settings)}
+    assert got == {("t1", "a", 1): (at[0], None, None), ("t1", "b", 2): (at[1], at[2], "caught up"),
+                   ("t2", "a", 1): (at[3], None, None)}

@@ -326,6 +326,26 @@ def _ensure_table(uri: str, columns: tuple[tuple[str, Any], ...], storage_option
     create_table(uri, columns, storage_options=storage_options)
 
 
+def commit_row(uri: str, columns: tuple[tuple[str, Any], ...], row: Mapping[str, Any], *, key_match: str,
+               expected_revision: int | None, storage_options: dict[str, str] | None = None) -> None:
+    """Commit one row of a table keyed by ``key_match`` (a MERGE predicate over ``t``/``s``) as a compare-and-set:
+    inserted only while no row has its key (``expected_revision`` None), or updated only while the row's
+    ``revision`` is still ``expected_revision``. When another writer got there first, the MERGE changes nothing
+    (``_Lost``) or delta-rs refuses its commit (``CommitFailedError``); :func:`_retrying` re-reads and re-decides."""
+    source = arrow_rows(columns, [{**row, "expected_revision": expected_revision}],
+                        extra=(("expected_revision", I64),))
+    merger = DeltaTable(uri, storage_options=storage_options).merge(
+        source, predicate=key_match, source_alias="s", target_alias="t")
+    setters = {_q(c): f"s.{_q(c)}" for c, _ in columns}
+    if expected_revision is None:
+        metrics, counted = merger.when_not_matched_insert(setters).execute(), "num_target_rows_inserted"
+    else:
+        metrics, counted = (merger.when_matched_update(setters, predicate='t."revision" = s."expected_revision"')
+                            .execute(), "num_target_rows_updated")
+    if metrics.get(counted) != 1:
+        raise _Lost()
+
+
 # ------------------------------------------------------------------------------------------------ registry
 class Registry:
     """Registry of view versions (Delta tables under ``<lake>/_registry``).
@@ -449,15 +469,8 @@ class Registry:
                 created_at=now, updated_at=now, state_changed_by=triggered_by, note=None, delete_after=None,
                 deleted_at=None, revision=1,
             )
-            source = arrow_rows(_VERSION_COLUMNS, [dataclasses.asdict(rec)])
-            metrics = (
-                self._table()
-                .merge(source, predicate=_KEY_MATCH, source_alias="s", target_alias="t")
-                .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c, _ in _VERSION_COLUMNS})
-                .execute()
-            )
-            if metrics.get("num_target_rows_inserted") != 1:
-                raise _Lost()
+            commit_row(self.versions_uri, _VERSION_COLUMNS, dataclasses.asdict(rec), key_match=_KEY_MATCH,
+                       expected_revision=None, storage_options=self.storage_options)
             return rec, True
 
         rec, created = _retrying(attempt, f"register {view_ref(view, version)}")
@@ -527,7 +540,8 @@ class Registry:
                 delta["note"] = note
             new = dataclasses.replace(current, **delta, state=state, updated_at=utcnow(), state_changed_by=by,
                                       revision=current.revision + 1)
-            self._compare_and_set(current.revision, new)
+            commit_row(self.versions_uri, _VERSION_COLUMNS, dataclasses.asdict(new), key_match=_KEY_MATCH,
+                       expected_revision=current.revision, storage_options=self.storage_options)
             return new, current
 
         new, old = _retrying(attempt, f"set {view_ref(view, version)} to {state}")
@@ -536,23 +550,6 @@ class Registry:
         return new
 
     # -------------------------------------------------------------------------------- internals
-    def _table(self) -> DeltaTable:
-        return DeltaTable(self.versions_uri, storage_options=self.storage_options)
-
-    def _compare_and_set(self, expected_revision: int, new: VersionRecord) -> None:
-        row = dataclasses.asdict(new)
-        row["expected_revision"] = expected_revision
-        source = arrow_rows(_VERSION_COLUMNS, [row], extra=(("expected_revision", I64),))
-        metrics = (
-            self._table()
-            .merge(source, predicate=_KEY_MATCH, source_alias="s", target_alias="t")
-            .when_matched_update({_q(c): f"s.{_q(c)}" for c, _ in _VERSION_COLUMNS},
-                                 predicate='t."revision" = s."expected_revision"')
-            .execute()
-        )
-        if metrics.get("num_target_rows_updated") != 1:
-            raise _Lost()
-
     def _log(self, rec: VersionRecord, from_state: str | None, *, by: str, note: str | None) -> None:
         row = {"view": rec.view, "version": rec.version, "from_state": from_state, "to_state": rec.state,
                "by": by, "at": rec.updated_at, "note": note}
