@@ -81,6 +81,7 @@ __all__ = [
     "RUNNERS",
     "ConfigError",
     "Settings",
+    "aws_endpoint",
     "default_repo_root",
 ]
 
@@ -105,6 +106,14 @@ _JAAS_MODULES = {
 
 class ConfigError(KappaError, ValueError):
     """Inconsistent or invalid settings (message names the environment variable)."""
+
+
+def aws_endpoint(env: Mapping[str, str] | None = None) -> str | None:
+    """The S3 endpoint the environment names (``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, the AWS SDKs'
+    order); None for AWS S3 itself. The one lookup of the lake's readers and writers (Spark's S3A, delta-rs, obstore,
+    the lake check)."""
+    env = os.environ if env is None else env
+    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
 def default_repo_root() -> Path:

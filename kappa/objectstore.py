@@ -71,7 +71,7 @@ from urllib.parse import quote
 
 import psutil
 
-from kappa.config import Settings, default_repo_root
+from kappa.config import Settings, aws_endpoint, default_repo_root
 from kappa.errors import KappaError, one_line
 from kappa.process import log_tails, owned_process, port_open, wait_exit
 
@@ -680,7 +680,7 @@ def on_platform_store(settings: Settings, env: Mapping[str, str] | None = None) 
     if not settings.lake_uri.startswith(("s3a://", "s3://")):
         return False
     return (env.get(PLATFORM_STORE_VAR) == str(settings.home)  # set by use_platform_store (here or in a parent)
-            or not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")))
+            or not aws_endpoint(env))
 
 
 def use_platform_store(settings: Settings, *, start: bool = False) -> LocalObjectStore | None:

@@ -86,10 +86,9 @@ _S3_CODES = {
 
 def lake_endpoint(env: Mapping[str, str] | None = None) -> str:
     """The object store the environment names (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``), or ``AWS S3``."""
-    import os
+    from kappa.config import aws_endpoint
 
-    env = os.environ if env is None else env
-    return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+    return aws_endpoint(env) or "AWS S3"
 
 
 def check_lake(lake_uri: str) -> None:

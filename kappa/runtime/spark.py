@@ -62,9 +62,11 @@ def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     >>> conf["spark.hadoop.fs.s3a.connection.ssl.enabled"], conf["spark.hadoop.fs.s3a.endpoint.region"]
     ('false', 'us-east-1')
     """
+    from kappa.config import aws_endpoint
+
     env = os.environ if env is None else env
     conf: dict[str, str] = {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    endpoint = aws_endpoint(env)
     if endpoint:
         conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
         conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
