@@ -50,6 +50,9 @@ Operating it:
   reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
 - ``KAPPA_LEASE_TTL_SECONDS`` -- a replay's retention lease expires when its job committed nothing for this long
   (900 s: a crashed driver's lease does not hold the topic's retention forever).
+- ``KAPPA_DRIVER_LEASE_SECONDS`` -- on an object-store lake, how long a view version's driver lease outlives its
+  last renewal (120 s; renewed every third of it): a driver on another machine takes over a crashed one's after
+  this long, and a driver that could not renew it for two thirds of it stops (kappa.runtime.lock.LakeLease).
 - ``KAPPA_BENCH_EVENTS`` -- the largest replay of ``make bench`` (2,000,000 events).
 - ``KAPPA_FAULT`` -- fault injection for the crash tests (``<phase>:<batch>``; never set in production).
 
@@ -146,8 +149,9 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds,
-        lease_ttl_seconds, kafka_outage_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, replay_poke_seconds,
+        replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
+        bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -185,6 +189,7 @@ class Settings:
     replay_timeout_seconds: float = 24 * 3600.0
     watch_poll_seconds: float = 15.0
     lease_ttl_seconds: float = 900.0
+    driver_lease_seconds: float = 120.0
     kafka_outage_seconds: float = 1800.0
     bench_events: int = 2_000_000
     fault: str | None = None
@@ -261,6 +266,7 @@ class Settings:
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),
             watch_poll_seconds=number("KAPPA_WATCH_POLL_SECONDS", float, 15.0),
             lease_ttl_seconds=number("KAPPA_LEASE_TTL_SECONDS", float, 900.0),
+            driver_lease_seconds=number("KAPPA_DRIVER_LEASE_SECONDS", float, 120.0),
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
             fault=get("KAPPA_FAULT"),
@@ -373,6 +379,9 @@ class Settings:
                 "KAPPA_KAFKA_SASL_*: SASL settings given but KAPPA_KAFKA_SECURITY_PROTOCOL is "
                 f"{proto or 'unset'} (use SASL_PLAINTEXT or SASL_SSL)"
             )
+        if not self.driver_lease_seconds >= 3:
+            raise ConfigError(f"KAPPA_DRIVER_LEASE_SECONDS={self.driver_lease_seconds:g}: at least 3 (it is renewed "
+                              "every third of it)")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:
             raise ConfigError(
                 f"KAPPA_KAFKA_SSL_CA_LOCATION: set but KAPPA_KAFKA_SECURITY_PROTOCOL is {proto or 'unset'} "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "committed_batches", "delta_log", "delta_txns", "processes_mentioning", "read_table",
+__all__ = ["FakeRunner", "Walk", "committed_batches", "delta_log", "delta_txns", "processes_mentioning", "read_table",
            "recorded_batches", "run_to_end"]
 
 
@@ -130,3 +132,26 @@ class FakeRunner:
         from kappa.control.runners.base import JobStatus
 
         return JobStatus(f"{view}@v{version}", "running" if version in self.running else "stopped")
+
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+class Walk:
+    """Runs shell commands as a user of the checkout would (bash, repository folder), keeps a transcript."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.transcript: list[str] = []
+
+    def run(self, script: str, *, where: str, timeout: float = 900.0, ok: bool = True) -> str:
+        started = time.monotonic()
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=_REPO, env=self.env, text=True,
+                              capture_output=True, timeout=timeout)
+        took = time.monotonic() - started
+        self.transcript.append(f"$ {script.strip()}   [{where}, {took:.0f} s, exit {proc.returncode}]\n{proc.stdout}")
+        out = proc.stdout + proc.stderr
+        if ok:
+            assert proc.returncode == 0, f"{where} failed (exit {proc.returncode}):\n{script}\n{out[-4000:]}"
+        assert "Traceback (most recent call last)" not in out, f"{where} printed a stack trace:\n{out[-4000:]}"
+        return proc.stdout

@@ -61,6 +61,7 @@ def test_sasl_ssl() -> None:
          "KAPPA_KAFKA_SASL_USERNAME"),
         ({"KAPPA_KAFKA_SASL_USERNAME": "u"}, "SASL settings given"),
         ({"KAPPA_KAFKA_SSL_CA_LOCATION": "/ca.pem"}, "KAPPA_KAFKA_SSL_CA_LOCATION"),
+        ({"KAPPA_DRIVER_LEASE_SECONDS": "1"}, "KAPPA_DRIVER_LEASE_SECONDS=1: at least 3"),
     ],
 )
 def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:

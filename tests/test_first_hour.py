@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from tests.docs_blocks import ROOT, shell_blocks
-from tests.helpers import processes_mentioning
+from tests.helpers import Walk, processes_mentioning
 from kappa.control import replay
 from kappa.log.broker import free_port
 from kappa.config import Settings
@@ -46,26 +46,6 @@ def test_every_command_block_runs_in_the_walk_or_says_why_not():
         assert block.skip is None or len(block.skip) > 10, f"{block.where}: a skipped block must say why"
     runnable = [b.where for b in blocks if b.skip is None]
     assert any(w.startswith("README.md") for w in runnable) and any(w.startswith("docs/replay.md") for w in runnable)
-
-
-class Walk:
-    """Runs shell commands as a user of the checkout would (bash, repository folder), keeps a transcript."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.transcript: list[str] = []
-
-    def run(self, script: str, *, where: str, timeout: float = 900.0, ok: bool = True) -> str:
-        started = time.monotonic()
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=self.env, text=True,
-                              capture_output=True, timeout=timeout)
-        took = time.monotonic() - started
-        self.transcript.append(f"$ {script.strip()}   [{where}, {took:.0f} s, exit {proc.returncode}]\n{proc.stdout}")
-        out = proc.stdout + proc.stderr
-        if ok:
-            assert proc.returncode == 0, f"{where} failed (exit {proc.returncode}):\n{script}\n{out[-4000:]}"
-        assert "Traceback (most recent call last)" not in out, f"{where} printed a stack trace:\n{out[-4000:]}"
-        return proc.stdout
 
 
 def _stack_rss(settings: Settings) -> float:

@@ -596,6 +596,77 @@ def _at_end(settings: Settings, view: str) -> bool:
     return last_commit(f"{ViewPaths(settings.lake_uri, view, 1).checkpoint}/main", topic)[0] == ends
 
 
+def test_a_second_driver_of_a_version_on_another_machine_is_refused_and_a_crashed_one_is_taken_over(
+        spark, s3_lake, tmp_path):
+    """Two machines' drivers of one view version on a lake on the store (each its own home, so their local locks
+    do not see each other: only the lease on the lake does). The second is refused, naming the first, which keeps
+    committing; the first SIGKILLed, a driver of this machine takes the lease over at once and finishes the log:
+    every record in the table once."""
+    import os
+    import signal
+    import time
+
+    from deltalake import DeltaTable
+
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.checkpoint import last_commit
+    from kappa.runtime.deltars import rs_uri
+    from tests.crashloop import _start
+    from tests.helpers import committed_batches
+
+    topic = s3_lake.topic("ad-events")
+    sent = 0
+
+    def produce(n: int, seed: int) -> None:
+        nonlocal sent
+        stream = generator.events(n, seed=seed, start_ms=1_700_200_000_000 + seed * 60_000, rate_per_s=50)
+        assert generator.produce(s3_lake, topic, stream).delivered == n
+        sent += n
+
+    produce(600, 1)
+    paths = ViewPaths(s3_lake.lake_uri, "events_raw", 1)
+    checkpoint = f"{paths.checkpoint}/main"
+    env = {"KAPPA_DRIVER_LEASE_SECONDS": "6", "KAPPA_CRASH_BATCH": "100"}
+    first = _start(s3_lake, "events_raw", tmp_path / "first.log", **env)
+    procs = [first]
+    try:
+        deadline = time.monotonic() + 300
+        while len(committed_batches(checkpoint)) < 2:
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.5)
+        second = _start(s3_lake.replace(home=tmp_path / "machine-b"), "events_raw", tmp_path / "second.log", **env)
+        procs.append(second)
+        assert second.wait(timeout=300) != 0
+        said = (tmp_path / "second.log").read_text()
+        assert f"events_raw@v1 is already running (pid {first.pid} on " in said, said[-3000:]
+        assert "Traceback" not in said, said[-3000:]
+        before = len(committed_batches(checkpoint))
+        produce(300, 2)
+        while len(committed_batches(checkpoint)) <= before:  # the first one kept committing
+            assert first.poll() is None and time.monotonic() < deadline + 300, "the first driver stopped"
+            time.sleep(0.5)
+
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+        produce(300, 3)
+        third = _start(s3_lake.replace(home=tmp_path / "machine-b"), "events_raw", tmp_path / "third.log", **env)
+        procs.append(third)
+        ends = {p: hi for p, (_lo, hi) in partition_offsets(s3_lake, topic).items()}
+        deadline = time.monotonic() + 400
+        while last_commit(checkpoint, topic)[0] != ends:
+            assert third.poll() is None and time.monotonic() < deadline, (tmp_path / "third.log").read_text()[-3000:]
+            time.sleep(1)
+        assert f"took over the driver lease of pid {first.pid} on " in (tmp_path / "third.log").read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=120)
+    rows = DeltaTable(rs_uri(paths.table)).scan().read_all()
+    keys = list(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist()))
+    assert len(keys) == len(set(keys)) == sent
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_store_outage_mid_stream_is_waited_out(spark, s3_lake, object_store, tmp_path):
@@ -657,3 +728,60 @@ def test_a_store_outage_mid_stream_is_waited_out(spark, s3_lake, object_store, t
             proc.wait(timeout=120)
     stats = assert_views_match(spark, s3_lake)
     print(f"outage: every view equals its oracle after the store restart: {stats}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_make_run_and_an_airflow_replay_promote_and_rollback_with_the_lake_on_the_store(kafka, object_store,
+                                                                                       tmp_path, monkeypatch):
+    """The local platform with its lake on an S3-API store, as an operator uses it: ``make run`` (view host,
+    producer, Airflow standalone - every process given the store only through the standard AWS variables), the
+    docs' Airflow replay of campaign_window_counts v2 with its cascade (replay, strict verification, promotion of
+    both views), queries through the alias, the rollback, ``make down``. Nothing of the lake is on the local disk;
+    the registry and the alias read back from the store say what the commands said."""
+    import os
+
+    from kappa.control.registry import Registry
+    from kappa.control.serving import ServingAlias
+    from kappa.log.broker import free_port
+    from tests.docs_blocks import ROOT
+    from tests.helpers import Walk
+
+    home = tmp_path / "home"
+    lake = f"s3a://kappa/make-run-{uuid.uuid4().hex[:8]}"
+    store_env = object_store.delta_rs_options()
+    env = {**os.environ, **kafka.env, **store_env, "KAPPA_HOME": str(home), "KAPPA_LAKE_URI": lake,
+           "KAPPA_TOPIC_PREFIX": f"store{uuid.uuid4().hex[:6]}-", "KAPPA_AIRFLOW_PORT": str(free_port()),
+           "KAPPA_CLI": "bin/kappa"}
+    env.pop("KAPPA_LOCAL_DRIVER", None)
+    for key, value in store_env.items():  # this process reads the registry and alias back from the store
+        monkeypatch.setenv(key, value)
+    walk = Walk(env)
+    view = "campaign_window_counts"
+    try:
+        out = walk.run("make run", where="make run", timeout=1500)
+        assert re.search(r"ready in \d+ s: every view has committed rows", out), out
+        out = walk.run("bin/kappa airflow trigger kappa_replay --conf '{\"view\": \"%s\", \"version\": 2, "
+                       "\"auto_promote\": true, \"cascade\": true, \"watch_minutes\": 0.2}' --wait" % view,
+                       where="airflow replay", timeout=1800)
+        assert re.search(r"^success ", out, re.M), out
+        status = walk.run("bin/kappa status", where="status")
+        assert re.search(rf"{view}@v2\s+serving", status) and re.search(rf"{view}@v1\s+retired", status), status
+        assert re.search(r"campaign_hourly_totals@v2\s+serving", status), status
+        rows = walk.run(f'bin/kappa query "SELECT count(*) AS n FROM {view}"', where="query v2")
+        assert int(re.search(r"│\s*(\d+)\s*│", rows).group(1)) > 0, rows
+        registry, alias = Registry(lake), ServingAlias(lake)
+        assert registry.get(view, 2).state == "serving" and registry.get(view, 1).state == "retired"
+        assert (alias.target(view).version, alias.target("campaign_hourly_totals").version) == (2, 2)
+        assert alias.target(view).table_path.startswith(lake), alias.target(view)
+
+        walk.run(f"bin/kappa rollback {view} --to 1 --cascade", where="rollback")
+        assert (alias.target(view).version, alias.target("campaign_hourly_totals").version) == (1, 1)
+        assert registry.get(view, 1).state == "serving" and registry.get(view, 2).state == "retired"
+        status = walk.run("bin/kappa status", where="status after the rollback")
+        assert re.search(rf"{view}@v1\s+running", status), status
+    finally:
+        down = subprocess.run(["make", "down"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+        print("\n".join(walk.transcript))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not (home / "lake").exists(), "part of the lake was written to the local disk"

@@ -220,6 +220,9 @@ class BatchHandler:
     #: held around the batch's view-table commit: a repair handed to this driver commits between two batches
     #: (:class:`kappa.runtime.repairs.RepairInbox`)
     commit_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: called under ``commit_lock`` right before the view-table commit; raises to fail the micro-batch instead (an
+    #: object-store lake's driver lease lost: :meth:`kappa.runtime.lock.LakeLease.check`)
+    guard: Callable[[], None] = lambda: None
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -269,6 +272,7 @@ class BatchHandler:
                 behind = self.sink.bulk(session) and self.catching_up(session, batch_id)
                 fault(self.fault, "before_write", batch_id)
                 with self.commit_lock:
+                    self.guard()
                     done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
                                            batch_event_max=stats.event_max, window_ends=stats.window_ends,
                                            catching_up=behind)

@@ -32,7 +32,7 @@ from kappa.runtime.checkpoint import RunMismatch, last_commit, offsets_of, open_
 from kappa.errors import one_line
 from kappa.identity import RUN_ID_PROPERTY, ViewPaths, app_id
 from kappa.runtime.lineage import batch_metadata, parse_offset_log
-from kappa.runtime.lock import DriverLock
+from kappa.runtime.lock import DriverLock, LakeLease
 from kappa.runtime.late import dropped_by_watermark, late_records
 from kappa.runtime.lookups import LookupCache
 from kappa.runtime.metrics import ViewMetrics
@@ -157,11 +157,15 @@ def failure_line(text: str) -> str:
 def _lock_path(paths: ViewPaths, settings: "Settings") -> Path:
     """The driver lock of a view version: beside its checkpoint on a local lake; on an object store (no file locks
     there) under ``<home>/locks/``, keyed by the lake's URI - drivers on one machine exclude each other as on a
-    local lake; across machines the deployment runs one driver per version (Kubernetes: 1 replica, Recreate)."""
+    local lake; across machines, the driver's lease on the lake (:class:`kappa.runtime.lock.LakeLease`)."""
     if paths.is_local:
         return paths.local("driver.lock")
     lake = hashlib.sha256(paths.lake.encode()).hexdigest()[:12]
     return Path(settings.home) / "locks" / lake / paths.name / f"v{paths.version}" / "driver.lock"
+
+
+def _no_guard() -> None:
+    """A local lake's commits need no check: the driver lock beside the checkpoint excludes every other driver."""
 
 
 class ViewJob:
@@ -210,6 +214,9 @@ class ViewJob:
         self._spark = spark
         self._own_spark = spark is None
         self._lock = DriverLock(_lock_path(self.paths, settings), owner=view.ref)
+        # on an object store the lock above excludes this machine's drivers only; the lease, every machine's
+        self._lease = None if self.paths.is_local else LakeLease(
+            f"{self.paths.checkpoint}/driver.lease", owner=view.ref, ttl_seconds=settings.driver_lease_seconds)
         self.queries: list[StreamingQuery] = []
         self._listener: Any = None
         self._stop = threading.Event()
@@ -334,6 +341,8 @@ class ViewJob:
         if self._lock is not None:
             self._lock.acquire()
         try:
+            if self._lease is not None:
+                self._lease.acquire()
             if wait_for_topics:
                 self._wait_for_topics()
             self._start()
@@ -389,7 +398,8 @@ class ViewJob:
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
                                     catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
                                     late_rows=self._late_rows, topic=self.settings.topic(view.stream_topic),
-                                    fault=self.settings.fault)
+                                    fault=self.settings.fault,
+                                    guard=self._lease.check if self._lease is not None else _no_guard)
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
 
         if self.metrics_port is not None and self.bound_port is None:
@@ -788,6 +798,8 @@ class ViewJob:
         if self._lookup_cache is not None and self._own_lookups:
             self._lookup_cache.close()
             self._lookup_cache = None
+        if self._lease is not None:
+            self._lease.release()
         if self._lock is not None:
             self._lock.release()
         if self._own_spark and self._spark is not None:
