@@ -74,6 +74,7 @@ def test_one_holder_across_machines_crashes_and_pauses(lease_env):
         assert "events_raw@v1 is already running" in refused["message"], refused
         assert f"pid {a.proc.pid} on " in refused["message"] and "renews its lease" in refused["message"], refused
         assert refused["after"] < TTL, refused
+        figures = {"a live holder's lease refused after": refused["after"]}
         assert b.proc.wait(timeout=30) == 3
 
         # A crashes: a driver started on the same machine takes over at once (A's process is gone)
@@ -84,6 +85,7 @@ def test_one_holder_across_machines_crashes_and_pauses(lease_env):
         held = c.next_event()
         assert held["event"] == "held" and held["took_over"].startswith(f"pid {a.proc.pid} on "), held
         assert held["after"] < TTL / 2, held
+        figures["taken over on its own machine after"] = held["after"]
 
         # C's machine is lost (C killed there is the same to the others): another machine takes over after a TTL
         c.kill()
@@ -92,6 +94,7 @@ def test_one_holder_across_machines_crashes_and_pauses(lease_env):
         held = d.next_event(timeout=TTL * 4)
         assert held["event"] == "held" and held["took_over"].startswith(f"pid {c.proc.pid} on "), held
         assert TTL * 0.9 <= held["after"] < TTL * 3, held
+        figures["taken over from another machine after"] = held["after"]
 
         # D pauses longer than its TTL (a stalled process, a partition): E takes over; D, resumed, stops committing
         time.sleep(TTL / 2)
@@ -112,6 +115,8 @@ def test_one_holder_across_machines_crashes_and_pauses(lease_env):
         holders.append(f)
         held = f.next_event()
         assert held["event"] == "held" and held["took_over"] is None and held["after"] < TTL / 2, held
+        print(f"TTL {TTL:.0f} s: " + "; ".join(f"{name} {seconds:.2f} s" for name, seconds in figures.items())
+              + f"; after a release {held['after']:.2f} s")
     finally:
         for holder in holders:
             holder.kill(signal.SIGCONT)
