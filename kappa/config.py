@@ -51,8 +51,9 @@ Operating it:
 - ``KAPPA_LEASE_TTL_SECONDS`` -- a replay's retention lease expires when its job committed nothing for this long
   (900 s: a crashed driver's lease does not hold the topic's retention forever).
 - ``KAPPA_DRIVER_LEASE_SECONDS`` -- on an object-store lake, how long a view version's driver lease outlives its
-  last renewal (120 s; renewed every third of it): a driver on another machine takes over a crashed one's after
-  this long, and a driver that could not renew it for two thirds of it stops (kappa.runtime.lock.LakeLease).
+  last renewal (120 s; renewed every quarter of it): a driver on another machine takes over a crashed one's after
+  this long, and a driver that cannot renew it when a commit comes due five sixths of it after the last renewal
+  fails that micro-batch (kappa.runtime.lock.LakeLease).
 - ``KAPPA_BENCH_EVENTS`` -- the largest replay of ``make bench`` (2,000,000 events).
 - ``KAPPA_FAULT`` -- fault injection for the crash tests (``<phase>:<batch>``; never set in production).
 
@@ -381,7 +382,7 @@ class Settings:
             )
         if not self.driver_lease_seconds >= 3:
             raise ConfigError(f"KAPPA_DRIVER_LEASE_SECONDS={self.driver_lease_seconds:g}: at least 3 (it is renewed "
-                              "every third of it)")
+                              "every quarter of it)")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:
             raise ConfigError(
                 f"KAPPA_KAFKA_SSL_CA_LOCATION: set but KAPPA_KAFKA_SECURITY_PROTOCOL is {proto or 'unset'} "

@@ -7,22 +7,24 @@ beside the checkpoint; on an object store (no file locks there) it is local to t
 
 :class:`LakeLease`: across machines, on an object-store lake, one object beside the checkpoint
 (``<checkpoint>/driver.lease``) says which driver holds the version. It is taken with a conditional create
-(``If-None-Match: *``: of two drivers starting at once exactly one gets it) and kept by renewals every third of its
-time-to-live, each conditional on the ETag of the driver's own last write (``If-Match``), so a driver notices at
-once when another took it over. A starting driver finding the lease held
+(``If-None-Match: *``: of two drivers starting at once exactly one gets it) and kept by renewals every quarter of
+its time-to-live (every 2 s while the store does not answer), each conditional on the ETag of the driver's own last
+write (``If-Match``), so a driver notices at once when another took it over. A starting driver finding the lease held
 
 - by a stopped driver (its release left a ``released`` marker) takes it at once;
 - by a driver of this machine whose process is gone (a crash, a container restarted in its pod) takes it at once;
-- otherwise watches it: a live holder renews it within a third of its time-to-live, and the newcomer is refused
+- otherwise watches it: a live holder renews it within a quarter of its time-to-live, and the newcomer is refused
   (:class:`DriverAlreadyRunning`, naming the holder); a lease unchanged for a whole time-to-live belonged to a
   driver that died (a lost node) and is taken over, conditional on the ETag watched.
 
-Time is only ever measured on the watcher's own monotonic clock, never compared across machines. A holder that
-could not renew for two thirds of the time-to-live (the store unreachable, the process paused) or finds its lease
-taken stops committing: :meth:`LakeLease.check`, called before every micro-batch commit, raises
-:class:`DriverLeaseLost`, and the query fails. What a lease cannot fence is a driver paused for longer than the
-time-to-live *between* that check and its commit: its table stays exactly-once all the same (Delta's transaction ids
-make a micro-batch committed twice a no-op).
+Time is only ever measured on the watcher's own monotonic clock, never compared across machines. Before every
+micro-batch commit the holder calls :meth:`LakeLease.check`: a lease it renewed within five sixths of the
+time-to-live is still its own (no one takes over before a whole one); an older one is renewed there and then, and
+when that fails - the lease was taken, or the store does not answer - :class:`DriverLeaseLost` fails the
+micro-batch and the query. A store outage is waited out as long as no commit comes due more than five sixths of the
+time-to-live after the last renewal (at least 70 s at the default 120 s). What a lease cannot fence is a driver
+paused for longer than the time-to-live *between* that check and its commit: its table stays exactly-once all the
+same (Delta's transaction ids make a micro-batch committed twice a no-op).
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ class LakeLease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._io = threading.Lock()  # one conditional write at a time (two with one ETag: the second would fail)
         self._since = ""
         self.took_over: str | None = None  # whose lease it took at its start, for the log
 
@@ -241,23 +244,26 @@ class LakeLease:
         self._thread.start()
 
     # ------------------------------------------------------------------ keeping it
+    def _renew(self) -> None:
+        """One renewal, conditional on this driver's last write (``PreconditionError`` when another took it)."""
+        with self._io:
+            self._etag = self._put({**self.me, "since": self._since, "renewed": _now()}, {"e_tag": self._etag})
+            self._renewed = time.monotonic()
+
     def _renew_loop(self) -> None:
         from obstore.exceptions import PreconditionError
 
-        while not self._stop.wait(self.ttl / 3):
+        interval = self.ttl / 4
+        while not self._stop.wait(interval):
             try:
-                self._etag = self._put({**self.me, "since": self._since, "renewed": _now()},
-                                       {"e_tag": self._etag})
-                self._renewed = time.monotonic()
-                continue
+                self._renew()
+                interval = self.ttl / 4
             except PreconditionError:
                 self._lose("another driver took over its lease on the lake")
                 return
-            except Exception as exc:  # noqa: BLE001 - the store unreachable: retried at the next tick
+            except Exception as exc:  # noqa: BLE001 - the store unreachable: tried again every 2 s until it answers
                 log.warning("%s: cannot renew the driver lease: %s", self.owner, one_line(exc))
-            if time.monotonic() - self._renewed > self.ttl * 2 / 3:
-                self._lose(f"its lease on the lake could not be renewed for {time.monotonic() - self._renewed:.0f} s")
-                return
+                interval = min(2.0, self.ttl / 4)
 
     def _lose(self, why: str) -> None:
         self._lost = why
@@ -266,13 +272,24 @@ class LakeLease:
             self.on_lost(why)
 
     def check(self) -> None:
-        """Before a commit: raise :class:`DriverLeaseLost` unless the lease is held and was renewed recently."""
+        """Before a commit: raise :class:`DriverLeaseLost` unless the lease is this driver's. A lease not renewed for
+        five sixths of its TTL (others may take it over after a whole TTL) is renewed here first: a conditional
+        write that succeeds proves no other driver wrote it since."""
+        from obstore.exceptions import PreconditionError
+
         if self._etag is None:
             return
-        if self._lost is None and time.monotonic() - self._renewed > self.ttl * 2 / 3:
-            self._lost = f"its lease on the lake was last renewed {time.monotonic() - self._renewed:.0f} s ago"
+        stale = time.monotonic() - self._renewed
+        if self._lost is None and stale > self.ttl * 5 / 6:
+            try:
+                self._renew()
+            except PreconditionError:
+                self._lose("another driver took over its lease on the lake")
+            except Exception as exc:  # noqa: BLE001 - cannot tell: do not commit
+                raise DriverLeaseLost(f"{self.owner}: its lease on the lake was last renewed {stale:.0f} s ago and "
+                                      f"cannot be renewed now ({one_line(exc)}); another driver may hold it") from None
         if self._lost is not None:
-            raise DriverLeaseLost(f"{self.owner}: {self._lost}; another driver may hold it now")
+            raise DriverLeaseLost(f"{self.owner}: {self._lost}; another driver holds it now")
 
     def release(self) -> None:
         """Stop renewing and mark the lease released (conditional on it still being this driver's)."""
@@ -284,7 +301,8 @@ class LakeLease:
             self._thread = None
         if self._etag is not None and self._lost is None:
             try:
-                self._put({**self.me, "released": _now()}, {"e_tag": self._etag})
+                with self._io:
+                    self._put({**self.me, "released": _now()}, {"e_tag": self._etag})
             except PreconditionError:
                 pass  # taken over meanwhile: it is not this driver's to release
             except Exception as exc:  # noqa: BLE001 - the store unreachable: the lease expires by itself
