@@ -37,7 +37,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +134,12 @@ class LakeLease:
         uri: The lease object (``<checkpoint>/driver.lease``, an ``s3a://``/``s3://`` URL).
         owner: What holds it (``view@vN``), for messages.
         ttl_seconds: How long the lease outlives its holder's last renewal (``KAPPA_DRIVER_LEASE_SECONDS``).
-        on_lost: Called once, from the renewal thread, when the lease is lost (with the reason); the holder stops.
     """
 
-    def __init__(self, uri: str, *, owner: str, ttl_seconds: float = 120.0,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+    def __init__(self, uri: str, *, owner: str, ttl_seconds: float = 120.0) -> None:
         self.uri = uri
         self.owner = owner
         self.ttl = float(ttl_seconds)
-        self.on_lost = on_lost
         self.me = {"holder": uuid.uuid4().hex, "pid": os.getpid(), "host": socket.gethostname(), "owner": owner,
                    "ttl_seconds": self.ttl}
         self._etag: str | None = None
@@ -268,8 +264,6 @@ class LakeLease:
     def _lose(self, why: str) -> None:
         self._lost = why
         log.error("%s: %s; this driver stops committing", self.owner, why)
-        if self.on_lost is not None:
-            self.on_lost(why)
 
     def check(self) -> None:
         """Before a commit: raise :class:`DriverLeaseLost` unless the lease is this driver's. A lease not renewed for
