@@ -464,6 +464,7 @@ def _spark_appends(lake: str, worker: int, rounds: int, barrier, lost) -> None:
         spark.stop()
 
 
+@pytest.mark.slow  # a control: it runs a configuration the platform never uses (make test-long)
 @pytest.mark.timeout(900)
 def test_control_two_spark_drivers_on_the_default_s3_log_store_lose_commits(spark, s3_lake):
     """The unsafe configuration the platform never uses, run on purpose: two drivers append at the same instants,
