@@ -155,3 +155,19 @@ class Walk:
             assert proc.returncode == 0, f"{where} failed (exit {proc.returncode}):\n{script}\n{out[-4000:]}"
         assert "Traceback (most recent call last)" not in out, f"{where} printed a stack trace:\n{out[-4000:]}"
         return proc.stdout
+
+
+def alias_pairs(settings: Any, upstream: str, downstream: str) -> list[tuple[int, int]]:
+    """(upstream version, downstream version) a reader of the serving alias resolved at every Delta version of the
+    alias table (1 while a view has no row: its default version)."""
+    from deltalake import DeltaTable
+
+    from kappa.control.serving import ServingAlias
+    from kappa.runtime.deltars import read_rows
+
+    uri = ServingAlias(settings.lake_uri).uri
+    pairs = []
+    for version in range(DeltaTable(uri).version() + 1):
+        rows = {r["view"]: r["version"] for r in read_rows(DeltaTable(uri, version=version))}
+        pairs.append((rows.get(upstream, 1), rows.get(downstream, 1)))
+    return pairs

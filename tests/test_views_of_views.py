@@ -9,7 +9,8 @@ campaign_hourly_totals reads it; a cascading replay rebuilds and switches both t
 * ``kappa replay campaign_window_counts --version 2 --cascade --promote`` (the CLI, LocalRunner: the real view host
   runs the jobs) builds v2 and campaign_hourly_totals v2 over it, verifies both strictly and switches the pair in
   one alias commit: a reader of the alias table never sees v2 of one with v1 of the other; ``kappa rollback
-  --cascade`` switches the pair back the same way. Refusals are one line.
+  --cascade`` switches the pair back the same way. Refusals are one line. (``make test-long``: ``make test``'s
+  first-hour walk runs the documented cascading replay through Airflow and checks the alias the same way.)
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
-
 from jobs.campaign_hourly_totals.oracle import HOUR_MS, hourly_totals_of_windows
 from kappa.identity import ViewPaths
 from kappa.log import generator
 from kappa.runtime.view import load_view
 from kappa.verify import oracle
 from kappa.verify.oracle import OracleInput, epoch_ms
-from tests.helpers import recorded_batches, run_to_end
+from tests.helpers import alias_pairs, recorded_batches, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -63,22 +62,14 @@ def _hourly(rows: list[dict]) -> dict[tuple[str, int], int]:
     return {(r["campaign_id"], epoch_ms(r["hour_start"])): r["view_count"] for r in rows}
 
 
-def _alias_pairs(settings) -> list[tuple[int, int]]:
-    """(upstream version, hourly version) readers resolved at every Delta version of the alias table."""
-    from kappa.control.serving import ServingAlias
-    from kappa.runtime.deltars import read_rows
-
-    uri = ServingAlias(settings.lake_uri).uri
-    pairs = []
-    for version in range(DeltaTable(uri).version() + 1):
-        rows = {r["view"]: r["version"] for r in read_rows(DeltaTable(uri, version=version))}
-        pairs.append((rows.get(UPSTREAM, 1), rows.get(HOURLY, 1)))
-    return pairs
-
-
-def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
+def test_two_stages_equal_their_oracles_and_the_raw_log(spark, kafka, lake):
     """v1 of both views, run over the log in small micro-batches: what the upstream published, the hourly table,
     and the hourly table again after every window was published a second time."""
+    _load(lake, 1500, seed=31)
+    _two_stages(spark, lake)
+
+
+def _two_stages(spark, lake) -> None:
     from kappa.runtime.publish import PROGRESS_FILE, Publisher
 
     run_to_end(spark, lake, "jobs.campaign_window_counts.v1", batch=500)
@@ -118,6 +109,7 @@ def _two_stages_equal_their_oracles_and_the_raw_log(spark, lake) -> None:
     assert 0 < late.count() <= len(final), "the copies behind the watermark are kept as late, once each"
 
 
+@pytest.mark.slow  # make test-long: make test's first-hour walk runs the docs' cascading replay through Airflow
 @pytest.mark.timeout(1200)
 def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, kafka, lake, tmp_path, monkeypatch,
                                                                        capsys):
@@ -134,7 +126,7 @@ def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, k
     monkeypatch.setenv("KAPPA_RUNNER", "local")
     monkeypatch.setenv("KAPPA_LOCAL_DRIVER", "host")  # the jobs run in the view host, as under `make run`
     _load(settings, 1500, seed=31)
-    _two_stages_equal_their_oracles_and_the_raw_log(spark, settings)  # v1 of both serve (by default)
+    _two_stages(spark, settings)  # v1 of both serve (by default)
 
     def kappa(*argv: str) -> tuple[int, str]:
         with pytest.raises(SystemExit) as exited:
@@ -158,7 +150,7 @@ def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, k
         states = {(r.view, r.version): r.state for r in registry.list()}
         assert states == {(UPSTREAM, 1): "retired", (UPSTREAM, 2): "serving", (HOURLY, 1): "retired",
                           (HOURLY, 2): "serving"}, states
-        pairs = _alias_pairs(settings)
+        pairs = alias_pairs(settings, UPSTREAM, HOURLY)
         assert pairs[-1] == (2, 2) and set(pairs) <= {(1, 1), (2, 2)}, f"readers saw a mixed chain: {pairs}"
         # end to end: the new chain equals plain Python over the raw ad events
         hourly = _hourly(_rows(spark, settings, HOURLY, 2))
@@ -166,7 +158,7 @@ def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, k
 
         code, out = kappa("rollback", UPSTREAM, "--to", "1", "--cascade")
         assert code == 0 and "(one alias commit)" in out, out
-        pairs = _alias_pairs(settings)
+        pairs = alias_pairs(settings, UPSTREAM, HOURLY)
         assert pairs[-1] == (1, 1) and set(pairs) <= {(1, 1), (2, 2)}, f"readers saw a mixed chain: {pairs}"
         runner = LocalRunner(settings, mode="host")
         assert {(v, n): runner.status(v, n).state for v, n in ((UPSTREAM, 1), (HOURLY, 1), (UPSTREAM, 2),

@@ -38,6 +38,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,8 +147,11 @@ class ViewHost:
 
         catalog = load_catalog()
         view = load_view(catalog.views[spec.view].versions[spec.version])
+        spark = self.spark  # the first start builds the session: ~15 s on 2 cores, a stop may arrive meanwhile
+        if self._stop.is_set():
+            return
         if self._lookups is None:
-            self._lookups = LookupCache(self.spark, self.settings)
+            self._lookups = LookupCache(spark, self.settings)
         # the pool is a property of the thread that starts the query; Spark's stream thread inherits it
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", spec.ref)
         job = ViewJob(view, self.settings, spark=self.spark, starting=spec.starting,
@@ -196,6 +200,8 @@ class ViewHost:
                     continue
                 if time.monotonic() < self._restart_at.get(ref, 0.0):
                     continue
+                if self._stop.is_set():  # SIGTERM while versions start: start no more (each start takes seconds)
+                    return
                 self._restart_at.pop(ref, None)
                 self._start(spec)
         for ref, job in list(self.jobs.items()):
@@ -246,8 +252,12 @@ class ViewHost:
                 self.reconcile()
                 self._stop.wait(self.settings.host_poll_seconds)
         finally:
-            for ref in list(self.jobs):
-                self._stop_job(ref, "stopped", "host stopped")
+            # every version drains its micro-batch in flight at the same time: one after another, a host of five
+            # busy views took the sum of five batches to stop
+            refs = list(self.jobs)
+            if refs:
+                with ThreadPoolExecutor(max_workers=len(refs), thread_name_prefix="host-stop") as pool:
+                    list(pool.map(lambda ref: self._stop_job(ref, "stopped", "host stopped"), refs))
             if self._lookups is not None:
                 self._lookups.close()
             if self._spark is not None:
