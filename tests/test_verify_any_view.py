@@ -440,8 +440,10 @@ def test_a_promoted_version_that_breaks_is_rolled_back_automatically(kafka, lake
 
     settings = lake.replace(home=tmp_path / "home")
     _platform_env(monkeypatch, settings)
+    # the versions run in the view host, as under `make run`: one JVM for v1, v2 and v1 again after the rollback
+    monkeypatch.setenv("KAPPA_LOCAL_DRIVER", "host")
     _produce(settings, seed=53)
-    runner = LocalRunner(settings)
+    runner = LocalRunner(settings, mode="host")
     registry, alias = Registry(settings.lake_uri), ServingAlias(settings.lake_uri)
     paths = {v: replay.ViewVersion.resolve(VIEW, v, settings).paths.table for v in (1, 2)}
     stop = threading.Event()
@@ -497,3 +499,6 @@ def test_a_promoted_version_that_breaks_is_rolled_back_automatically(kafka, lake
         breaker.join(timeout=10)
         for version in (1, 2):
             runner.stop(VIEW, version)
+        from kappa.runtime.host import stop_host
+
+        stop_host(settings)
