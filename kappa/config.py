@@ -226,6 +226,16 @@ class Settings:
             except ValueError:
                 raise ConfigError(f"{name}={value!r}: not a{'n integer' if kind is int else ' number'}") from None
 
+        def flag(name: str, default: bool) -> bool:
+            value = get(name)
+            if value is None:
+                return default
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{name}={value!r}: not a yes/no setting (1/true/yes/on or 0/false/no/off)")
+
         repo_root = Path(get("KAPPA_REPO_ROOT") or default_repo_root()).resolve()
         home = Path(get("KAPPA_HOME") or repo_root / ".kappa").expanduser().resolve()
         bootstrap = get("KAPPA_KAFKA_BOOTSTRAP")
@@ -258,10 +268,10 @@ class Settings:
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
             spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
-            spark_ui=(get("KAPPA_SPARK_UI") or "false").lower() in ("1", "true", "yes"),
+            spark_ui=flag("KAPPA_SPARK_UI", False),
             spark_log_level=get("KAPPA_SPARK_LOG_LEVEL") or "WARN",
             spark_log_file=get("KAPPA_SPARK_LOG_FILE"),
-            spark_cds=(get("KAPPA_SPARK_CDS") or "true").lower() not in ("0", "false", "no"),
+            spark_cds=flag("KAPPA_SPARK_CDS", True),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),

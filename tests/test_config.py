@@ -62,11 +62,19 @@ def test_sasl_ssl() -> None:
         ({"KAPPA_KAFKA_SASL_USERNAME": "u"}, "SASL settings given"),
         ({"KAPPA_KAFKA_SSL_CA_LOCATION": "/ca.pem"}, "KAPPA_KAFKA_SSL_CA_LOCATION"),
         ({"KAPPA_DRIVER_LEASE_SECONDS": "1"}, "KAPPA_DRIVER_LEASE_SECONDS=1: at least 3"),
+        ({"KAPPA_SPARK_CDS": "maybe"}, "KAPPA_SPARK_CDS='maybe': not a yes/no setting"),
     ],
 )
 def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("off", False), ("0", False), ("No", False), ("on", True),
+                                               ("TRUE", True), ("", True)])
+def test_yes_no_settings_take_every_usual_spelling(value: str, expected: bool) -> None:
+    assert Settings.from_env({"KAPPA_SPARK_CDS": value}).spark_cds is expected
+    assert Settings.from_env({"KAPPA_SPARK_UI": value}).spark_ui is (expected and value != "")
 
 
 # ------------------------------------------------------------------------------------- versions
