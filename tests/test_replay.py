@@ -124,7 +124,9 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
     # Spark itself purges the checkpoint's offset log down to the last 2 batches: the strict check must get
     # every batch boundary from the Delta commits (kappa.runtime.lineage), not from the checkpoint
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.sql.streaming.minBatchesToRetain=2 pyspark-shell")
-    runner = LocalRunner(settings)
+    # the versions run in the view host, as under `make run` (the DAG's tasks join it): one JVM start, not three
+    monkeypatch.setenv("KAPPA_LOCAL_DRIVER", "host")
+    runner = LocalRunner(settings, mode="host")
     registry = Registry(settings.lake_uri)
     alias = ServingAlias(settings.lake_uri)
     paths = {v: replay.ViewVersion.resolve(VIEW, v, settings).paths.table for v in (1, 2)}
@@ -281,6 +283,9 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         reader.stop.set()
         for version in (1, 2):
             runner.stop(VIEW, version)
+        from kappa.runtime.host import stop_host
+
+        stop_host(settings)
 
 
 # ==================================================================================================== bounded
