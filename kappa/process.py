@@ -229,13 +229,20 @@ def wait_exit(proc: "psutil.Process", own: subprocess.Popen | None, timeout: flo
         except subprocess.TimeoutExpired:
             return False
         return True
-    try:
-        proc.wait(timeout=timeout)
-    except psutil.TimeoutExpired:
-        return False
-    except psutil.NoSuchProcess:
-        pass
-    return True
+    # not our child: gone, or a zombie its own parent has not reaped yet (e.g. the broker of a `make run` still
+    # waiting in another terminal) - dead either way; waiting for the pid to vanish would wait for that parent
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+            proc.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            return True
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return False
 
 
 def log_tails(files: "Iterable[Path]", lines: int) -> str:

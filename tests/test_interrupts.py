@@ -36,6 +36,28 @@ def test_sigterm_unwinds_like_ctrl_c_inside_the_block_only():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def test_a_killed_process_another_process_has_not_reaped_yet_counts_as_exited():
+    """`make down` in one terminal while `make run` still waits in another: the broker `make run` started dies as a
+    zombie of that command until it reaps it. Stopping it is done then, not a failure after a long wait."""
+    import sys
+
+    from kappa.process import wait_exit
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "child = subprocess.Popen(['sleep', '300'])\n"
+                               "print(child.pid, flush=True)\n"
+                               "time.sleep(300)  # never reaps it"], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert not wait_exit(child, None, 0.5), "a live process is not counted as exited"
+        child.kill()
+        assert wait_exit(child, None, 30.0), "a zombie is counted as a live process"
+        assert child.status() == psutil.STATUS_ZOMBIE  # still unreaped: the case under test
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_make_bench_interrupted_stops_its_broker(tmp_path):
