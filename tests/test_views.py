@@ -103,7 +103,10 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
         assert len(staged) >= 3, f"{name}: only batches {sorted(staged)} were staged"
         assert max(staged) < batches[-1], f"{name}: the last batch must not be staged"
         ops = _operations(paths.table)
-        assert "MERGE" not in ops, f"{name} merged while catching up: {ops}"
+        # written once when it caught up (the compaction), never merged before: a MERGE may follow the compaction
+        # within this run (a no-data batch that closes windows once the watermark moved), as after catching up
+        assert [op for op in ops if op != "MERGE"] == ["CREATE TABLE", "WRITE"], f"{name}: {ops}"
+        assert "MERGE" not in ops[:ops.index("WRITE")], f"{name} merged while catching up: {ops}"
         app = next(a for a in delta_txns(paths.table) if a.startswith(f"kappa:{name}@v1:") and "/" not in a)
         assert delta_txns(paths.table)[app] == batches[-1]
         assert not (set(_operations(paths.staging)) - {"WRITE", "CREATE TABLE"})
