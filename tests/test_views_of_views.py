@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from jobs.campaign_hourly_totals.oracle import HOUR_MS, hourly_totals_of_windows
 from kappa.identity import ViewPaths
 from kappa.log import generator
