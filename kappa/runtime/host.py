@@ -153,8 +153,8 @@ class ViewHost:
         if self._lookups is None:
             self._lookups = LookupCache(spark, self.settings)
         # the pool is a property of the thread that starts the query; Spark's stream thread inherits it
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", spec.ref)
-        job = ViewJob(view, self.settings, spark=self.spark, starting=spec.starting,
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", spec.ref)
+        job = ViewJob(view, self.settings, spark=spark, starting=spec.starting,
                       available_now=spec.end_timestamp_ms is not None, end_timestamp_ms=spec.end_timestamp_ms,
                       max_offsets_per_trigger=spec.max_offsets_per_trigger, metrics_port=spec.metrics_port,
                       lookups=self._lookups)
@@ -164,7 +164,7 @@ class ViewHost:
             self._failed(spec.ref, f"cannot start: {one_line(exc)}")
             return
         finally:
-            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+            spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         self.jobs[spec.ref], self.specs[spec.ref] = job, spec
         self._started_at[spec.ref] = time.monotonic()
         url = f"http://127.0.0.1:{job.bound_port}/metrics" if job.bound_port else None
