@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from airflow.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from kappa.catalog import platform_file

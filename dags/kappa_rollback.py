@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from airflow.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Param, dag, task
 
 from kappa.catalog import platform_file

@@ -145,6 +145,7 @@ class Walk:
         self.transcript: list[str] = []
 
     def run(self, script: str, *, where: str, timeout: float = 900.0, ok: bool = True) -> str:
+        """Run ``script``; ``ok=False``: it must fail (one-line refusal, no trace), and its output is returned."""
         started = time.monotonic()
         proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=_REPO, env=self.env, text=True,
                               capture_output=True, timeout=timeout)
@@ -153,8 +154,10 @@ class Walk:
         out = proc.stdout + proc.stderr
         if ok:
             assert proc.returncode == 0, f"{where} failed (exit {proc.returncode}):\n{script}\n{out[-4000:]}"
+        else:  # a refusal: it fails, and what it says is returned (stdout and stderr)
+            assert proc.returncode != 0, f"{where} should have been refused:\n{script}\n{out[-4000:]}"
         assert "Traceback (most recent call last)" not in out, f"{where} printed a stack trace:\n{out[-4000:]}"
-        return proc.stdout
+        return proc.stdout if ok else out
 
 
 def alias_pairs(settings: Any, upstream: str, downstream: str) -> list[tuple[int, int]]:

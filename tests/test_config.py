@@ -81,6 +81,7 @@ def test_yes_no_settings_take_every_usual_spelling(value: str, expected: bool) -
 def test_versions_env_parsed() -> None:
     v = read_versions()
     for key in ("SPARK_VERSION", "DELTA_VERSION", "DELTA_SPARK_ARTIFACT", "KAFKA_VERSION", "AIRFLOW_VERSION",
+                "AIRFLOW_CLIENT_VERSION",
                 "CONFLUENT_KAFKA_VERSION", "PROMETHEUS_CLIENT_VERSION", "PYTHON_VERSION", "SCALA_BINARY"):
         assert v[key], key
     assert parse_versions('# c\nA=1\nexport B="x y"\nC=2 # trailing\n') == {"A": "1", "B": "x y", "C": "2"}
@@ -99,6 +100,7 @@ def test_lock_matches_pins() -> None:
     assert lock["pyspark"] == v["SPARK_VERSION"]
     assert lock["delta-spark"] == v["DELTA_VERSION"]
     assert lock["apache-airflow"] == v["AIRFLOW_VERSION"]
+    assert lock["apache-airflow-client"] == v["AIRFLOW_CLIENT_VERSION"]
     assert lock["confluent-kafka"] == v["CONFLUENT_KAFKA_VERSION"]
     assert lock["prometheus-client"] == v["PROMETHEUS_CLIENT_VERSION"]
     assert "kappa" not in lock

@@ -28,13 +28,14 @@ def _no_network(*_args: Any, **_kwargs: Any) -> None:
 
 
 def _dagbag() -> Any:
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(DAGS), include_examples=False)
+    return DagBag(dag_folder=str(DAGS))
 
 
 def test_dagbag_imports_without_errors_and_without_network(airflow_home, monkeypatch):
-    from airflow.timetables.simple import NullTimetable
+    # the DAGs' own (Task SDK) timetable class since Airflow 3.2
+    from airflow.sdk.definitions.timetables.simple import NullTimetable
 
     monkeypatch.setattr(socket.socket, "connect", _no_network)
     monkeypatch.setattr(socket.socket, "connect_ex", _no_network)
@@ -48,7 +49,7 @@ def test_dagbag_imports_without_errors_and_without_network(airflow_home, monkeyp
         assert dag.doc_md and dag_id in dag.doc_md
         assert dag.is_paused_upon_creation is False, f"{dag_id}: must run without being unpaused first"
         if dag_id == "kappa_retire":  # the only scheduled one: hourly, never catching up on missed hours
-            assert (dag.timetable.summary, dag.catchup, dag.max_active_runs) == ("0 * * * *", False, 1)
+            assert (dag.timetable.expression, dag.catchup, dag.max_active_runs) == ("0 * * * *", False, 1)
         else:
             assert isinstance(dag.timetable, NullTimetable), f"{dag_id} must only run when triggered"
 
@@ -58,8 +59,8 @@ def test_dag_files_import_nothing_heavy_at_parse_time(airflow_home):
         "import json, socket, sys\n"
         "def no(*a, **k): raise AssertionError('network at parse time')\n"
         "socket.socket.connect = no; socket.create_connection = no\n"
-        "from airflow.models.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={str(DAGS)!r}, include_examples=False)\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print(json.dumps({'errors': {k: str(v)[:300] for k, v in bag.import_errors.items()}, 'heavy': heavy, "
         "'dags': sorted(bag.dags)}))\n"
@@ -105,7 +106,7 @@ def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
 
 
 def test_invalid_params_are_refused_before_any_task_runs(airflow_home):
-    from airflow.exceptions import ParamValidationError
+    from airflow.sdk.exceptions import ParamValidationError
 
     dag = _dagbag().dags["kappa_replay"]
     with pytest.raises(ParamValidationError, match="less than the minimum of 1"):

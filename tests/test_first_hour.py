@@ -214,6 +214,14 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
                 caught = next(e.note for e in registry.events(VIEW, 2) if e.to_state == "caught_up")
                 assert caught.startswith("caught up: lag"), caught
                 figures["Airflow run: verify + promote, then rollback (s)"] = round(took)
+                # misuse of the same command gets Airflow's own reason in one line (apache-airflow-client's errors)
+                refused = walk.run("bin/kappa airflow trigger kappa_replay --conf '{\"view\": \"%s\", "
+                                   "\"version\": \"two\"}'" % VIEW, where="airflow trigger, bad Params", ok=False)
+                assert re.search(r"Airflow answered 400 to trigger kappa_replay: .*version", refused), refused
+                assert len(refused.strip().splitlines()) == 1, refused
+                refused = walk.run("bin/kappa airflow trigger kappa_replays", where="airflow trigger, no such DAG",
+                                   ok=False)
+                assert re.search(r"Airflow answered 404 to trigger kappa_replays: .*kappa_replays", refused), refused
                 walk.run("bin/kappa producer start", where="producer start (after the replay)")
 
         # ---- afterwards the README still holds: same commands, v1's metrics URL unchanged

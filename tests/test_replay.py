@@ -69,9 +69,9 @@ def _platform_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> None:
 
 
 def _dag(dag_id: str) -> Any:
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"), include_examples=False)
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"))
     assert bag.import_errors == {}
     return bag.dags[dag_id]
 

@@ -156,9 +156,9 @@ def _plain_python_counts(settings: Settings) -> dict[tuple[str, int], tuple[int,
 
 
 def _dag(dag_id: str) -> Any:
-    from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(REPO / "dags"), include_examples=False)
+    bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     return bag.dags[dag_id]
 

@@ -13,7 +13,7 @@
 # (`make images`) passes a local equivalent of the official image (infra/images/bases/airflow.Dockerfile) and
 # localhost/kappa/view-job:KAPPA_VERSION.
 
-ARG AIRFLOW_VERSION=3.1.8
+ARG AIRFLOW_VERSION=3.3.2
 ARG PYTHON_VERSION=3.11
 ARG KAPPA_VERSION=0.1.0
 ARG AIRFLOW_IMAGE=apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
@@ -22,7 +22,7 @@ ARG VIEW_JOB_IMAGE=kappa/view-job:${KAPPA_VERSION}
 FROM ${VIEW_JOB_IMAGE} AS viewjob
 
 FROM ${AIRFLOW_IMAGE}
-ARG AIRFLOW_VERSION=3.1.8
+ARG AIRFLOW_VERSION=3.3.2
 
 USER root
 RUN set -eu; \

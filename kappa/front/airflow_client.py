@@ -1,23 +1,35 @@
 """The local Airflow's REST API (v2) for operators: trigger a DAG with its Params and follow the run.
 
 ``kappa airflow trigger kappa_replay --conf '{...}'`` is the documented way to start a replay through Airflow from
-a shell: it logs in with the stack's ``admin`` user (``POST /auth/token`` of Airflow's simple auth manager; the
-password Airflow generated at first start), triggers the run (``POST /api/v2/dags/<dag>/dagRuns``; Airflow
-validates the conf against the DAG's Params) and prints the run's URL in the UI. ``--wait`` follows the run's
-task states until it ends. It needs no Airflow on the client side - only HTTP - and answers in one line when
-Airflow is not up or refuses the request.
+a shell: it logs in with the stack's ``admin`` user, triggers the run (Airflow validates the conf against the DAG's
+Params) and prints the run's URL in the UI. ``--wait`` follows the run's task states until it ends. It needs no
+Airflow on the client side, and answers in one line when Airflow is not up or refuses the request.
+
+The calls go through the official client, ``apache-airflow-client`` (``airflow_client.client``: ``DAGApi``,
+``DagRunApi``, ``TaskInstanceApi``), released in step with Airflow and generated from its OpenAPI spec. What the
+library lacks is kept here, and only that:
+
+- the login: Airflow 3's simple auth manager hands out a JWT at ``POST /auth/token`` (outside ``/api/v2``); the
+  client only takes the token (``Configuration(access_token=...)``), so this module asks for it - with urllib3, the
+  library's own HTTP stack - and asks again once when Airflow rejects an expired one;
+- one-line errors: the library raises ``ApiException`` subclasses (status, reason, JSON body) for answers and
+  urllib3's ``MaxRetryError`` when nothing answers; both become :class:`AirflowError` with Airflow's detail;
+- the polling loop of ``--wait`` (the library's ``wait_dag_run_until_finished`` is an experimental stream without
+  the task states the CLI prints).
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import urllib3
+from airflow_client import client as af
+from airflow_client.client.exceptions import ApiException, ForbiddenException, UnauthorizedException
 
 from kappa.errors import KappaError
 
@@ -25,10 +37,18 @@ __all__ = ["AirflowAPI", "AirflowError", "RunState"]
 
 #: Run states after which nothing changes any more.
 FINISHED = frozenset({"success", "failed"})
+#: Task instances listed per request (a platform DAG has about ten tasks).
+_TASKS_PAGE = 100
+
+T = TypeVar("T")
 
 
 class AirflowError(KappaError, RuntimeError):
-    """Airflow is unreachable or refused the request (one line)."""
+    """Airflow is unreachable or refused the request (one line); ``status`` is Airflow's HTTP answer, if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -46,13 +66,14 @@ class RunState:
 
 
 class AirflowAPI:
-    """A small client of Airflow 3's REST API (``/api/v2``) with a token from ``/auth/token``."""
+    """Airflow 3's REST API (``/api/v2``) through ``apache-airflow-client``, with a token from ``/auth/token``."""
 
     def __init__(self, base_url: str, username: str, password: str, *, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.username, self.password = username, password
         self.timeout = timeout
         self._token: str | None = None
+        self._client: af.ApiClient | None = None
 
     @classmethod
     def local(cls, settings: Any) -> AirflowAPI:
@@ -66,38 +87,56 @@ class AirflowAPI:
         return cls(airflow_url(settings), "admin", password)
 
     # ------------------------------------------------------------------------------------------- HTTP
-    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
-                 auth: bool = True) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token()}"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                text = resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            raise AirflowError(f"Airflow answered {exc.code} to {method} {path}: {_detail(exc)}") from None
-        except OSError as exc:
-            raise AirflowError(f"Airflow is not reachable at {self.base_url} ({exc}); start it with `make run`"
-                               ) from None
-        return json.loads(text) if text else {}
+    def _unreachable(self, exc: Exception) -> AirflowError:
+        reason = getattr(exc, "reason", None) or exc
+        return AirflowError(f"Airflow is not reachable at {self.base_url} ({reason}); start it with `make run`")
 
     def token(self) -> str:
-        """A JWT for the API (cached for this client)."""
+        """A JWT for the API (cached for this client): ``POST /auth/token``, which the library does not wrap."""
         if self._token is None:
-            answer = self._request("POST", "/auth/token", {"username": self.username, "password": self.password},
-                                   auth=False)
-            self._token = str(answer["access_token"])
+            try:
+                resp = urllib3.request("POST", f"{self.base_url}/auth/token", retries=1, timeout=self.timeout,
+                                       json={"username": self.username, "password": self.password})
+            except urllib3.exceptions.HTTPError as exc:
+                raise self._unreachable(exc) from None
+            if resp.status not in (200, 201):
+                raise AirflowError(f"Airflow answered {resp.status} to POST /auth/token: "
+                                   f"{_detail(resp.data.decode(errors='replace'), resp.reason)}", resp.status)
+            self._token = str(resp.json()["access_token"])
         return self._token
+
+    def _api(self) -> af.ApiClient:
+        if self._client is None:
+            self._client = af.ApiClient(af.Configuration(host=self.base_url, access_token=self.token(), retries=1))
+        return self._client
+
+    def _call(self, what: str, call: Callable[[af.ApiClient], T]) -> T:
+        """``call`` with the library's API client; Airflow's refusals and silence become one-line errors."""
+        for attempt in (1, 2):
+            try:
+                return call(self._api())
+            except (UnauthorizedException, ForbiddenException) as exc:
+                if attempt == 1 and "token" in str(exc.body or "").lower():  # expired: log in again, once
+                    self._token = self._client = None
+                    continue
+                raise self._answered(what, exc) from None
+            except ApiException as exc:
+                raise self._answered(what, exc) from None
+            except urllib3.exceptions.HTTPError as exc:
+                raise self._unreachable(exc) from None
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _answered(what: str, exc: ApiException) -> AirflowError:
+        return AirflowError(f"Airflow answered {exc.status} to {what}: {_detail(exc.body, exc.reason)}", exc.status)
 
     # ------------------------------------------------------------------------------------------- runs
     def has_dag(self, dag_id: str) -> bool:
         """Whether Airflow has parsed ``dag_id`` (it can be triggered)."""
         try:
-            self._request("GET", f"/api/v2/dags/{urllib.parse.quote(dag_id)}")
+            self._call(f"GET dag {dag_id}", lambda c: af.DAGApi(c).get_dag(dag_id, _request_timeout=self.timeout))
         except AirflowError as exc:
-            if " 404 " in str(exc):
+            if exc.status == 404:
                 return False
             raise
         return True
@@ -108,19 +147,19 @@ class AirflowAPI:
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, *, note: str | None = None) -> str:
         """Trigger ``dag_id`` now with ``conf`` (checked against its Params by Airflow); returns the run id."""
-        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
-        if note:
-            body["note"] = note
-        answer = self._request("POST", f"/api/v2/dags/{urllib.parse.quote(dag_id)}/dagRuns", body)
-        return str(answer["dag_run_id"])
+        body = af.TriggerDAGRunPostBody(logical_date=None, conf=dict(conf or {}), note=note)
+        run = self._call(f"trigger {dag_id}", lambda c: af.DagRunApi(c).trigger_dag_run(
+            dag_id, body, _request_timeout=self.timeout))
+        return str(run.dag_run_id)
 
     def state(self, dag_id: str, run_id: str) -> RunState:
         """The run's state and the state of each of its tasks."""
-        dag, run = urllib.parse.quote(dag_id), urllib.parse.quote(run_id, safe="")
-        info = self._request("GET", f"/api/v2/dags/{dag}/dagRuns/{run}")
-        tasks = self._request("GET", f"/api/v2/dags/{dag}/dagRuns/{run}/taskInstances")
-        return RunState(dag_id, run_id, str(info.get("state")), {
-            t["task_id"]: str(t.get("state")) for t in tasks.get("task_instances", [])})
+        info = self._call(f"GET {dag_id} run {run_id}", lambda c: af.DagRunApi(c).get_dag_run(
+            dag_id, run_id, _request_timeout=self.timeout))
+        tasks = self._call(f"GET {dag_id} run {run_id} tasks", lambda c: af.TaskInstanceApi(c).get_task_instances(
+            dag_id, run_id, limit=_TASKS_PAGE, _request_timeout=self.timeout))
+        return RunState(dag_id, run_id, _value(info.state), {
+            t.task_id: _value(t.state) for t in tasks.task_instances})
 
     def wait(self, dag_id: str, run_id: str, *, timeout: float = 3600.0, poll: float = 5.0,
              on_change: Callable[[RunState], None] | None = None) -> RunState:
@@ -140,12 +179,20 @@ class AirflowAPI:
             time.sleep(poll)
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def _value(state: Any) -> str:
+    """A state enum of the library as Airflow spells it (``str()`` of the enum gives ``DagRunState.QUEUED``);
+    a task not scheduled yet has none."""
+    return "none" if state is None else str(getattr(state, "value", state))
+
+
+def _detail(body: str | bytes | None, reason: str | None) -> str:
     """Airflow's error detail, one line."""
     try:
-        detail = json.loads(exc.read().decode()).get("detail")
-    except (ValueError, OSError, AttributeError):
-        return exc.reason or "error"
+        detail = json.loads(body or "").get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if not detail:
+        return reason or "error"
     if isinstance(detail, list):  # pydantic validation errors
         detail = "; ".join(str(d.get("msg", d)) for d in detail if isinstance(d, dict)) or str(detail)
     return " ".join(str(detail).split())

@@ -238,8 +238,8 @@ def _airflow_opts() -> tuple[str, ...]:
 
 
 DAGBAG = """
-from airflow.models.dagbag import DagBag
-bag = DagBag(dag_folder="/opt/kappa/dags", include_examples=False)
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder="/opt/kappa/dags")
 assert not bag.import_errors, bag.import_errors
 print("dags", " ".join(sorted(bag.dag_ids)))
 """

@@ -21,7 +21,7 @@ ARG MAVEN_IMAGE=maven:${MAVEN_IMAGE_TAG}
 # --------------------------------------------------------------------------------------------- jars
 FROM ${MAVEN_IMAGE} AS jars
 ARG SCALA_BINARY=2.13
-ARG KAFKA_VERSION=4.1.1
+ARG KAFKA_VERSION=4.4.0
 ARG LOG4J2_VERSION=2.24.3
 ARG MAVEN_DEPENDENCY_PLUGIN_VERSION=3.8.1
 COPY infra/local/pom.xml /build/pom.xml
@@ -45,7 +45,7 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
 
 # --------------------------------------------------------------------------------------------- runtime
 FROM ${DEBIAN_IMAGE}
-ARG KAFKA_VERSION=4.1.1
+ARG KAFKA_VERSION=4.4.0
 RUN set -eu; \
     apt-get update; \
     apt-get install -y --no-install-recommends openjdk-17-jre-headless; \
