@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ topics_app = typer.Typer(help="Topics declared in kappa/platform.yaml.", no_args
 host_app = typer.Typer(help="The view host: many view versions in one Spark application.", no_args_is_help=True)
 producer_app = typer.Typer(help="The live producer of the local stack.", no_args_is_help=True)
 app.add_typer(producer_app, name="producer")
-airflow_app = typer.Typer(help="The local stack's Airflow, through its REST API.", no_args_is_help=True)
+airflow_app = typer.Typer(help="Airflow through its REST API: the local stack's, or any other with --url.",
+                          no_args_is_help=True)
 app.add_typer(airflow_app, name="airflow")
 app.add_typer(view_app, name="view")
 app.add_typer(host_app, name="host")
@@ -920,8 +922,11 @@ def airflow_trigger(
                              "\"version\": 2}'."),
     wait: bool = typer.Option(False, "--wait", help="Follow the run's tasks until it ends (a failed run exits non-zero)."),
     timeout: float = typer.Option(3600.0, min=1.0, help="With --wait: give up after this many seconds."),
+    url: str = typer.Option("", help="Another Airflow than the local stack's (e.g. the chart's, through "
+                            "`kubectl port-forward`): its base URL; the password is read from KAPPA_AIRFLOW_PASSWORD."),
+    user: str = typer.Option("admin", help="With --url: the user to log in as."),
 ) -> None:
-    """Trigger a DAG of the local Airflow with Params and print the run's URL (REST API, no Airflow CLI)."""
+    """Trigger a DAG with Params and print the run's URL (REST API, no Airflow CLI)."""
     from kappa.front.airflow_client import AirflowAPI
 
     try:
@@ -930,7 +935,14 @@ def airflow_trigger(
         raise UserError(f"--conf is not JSON: {exc}") from None
     if not isinstance(params, dict):
         raise UserError("--conf must be a JSON object of Params")
-    api = AirflowAPI.local(_settings())
+    if url:
+        password = os.environ.get("KAPPA_AIRFLOW_PASSWORD", "")
+        if not password:
+            raise UserError(f"--url {url}: set KAPPA_AIRFLOW_PASSWORD to {user}'s password (it is never taken from "
+                            "the command line)")
+        api = AirflowAPI(url, user, password)
+    else:
+        api = AirflowAPI.local(_settings())
     run_id = api.trigger(dag, params, note=f"triggered by {_by()}")
     console.print(f"{dag}: run {run_id}\n{api.run_url(dag, run_id)}", highlight=False)
     if not wait:
