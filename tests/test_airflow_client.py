@@ -17,7 +17,7 @@ from kappa.log.broker import free_port
 
 def test_an_airflow_that_does_not_answer_is_one_line_that_says_where_and_what_to_do() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    api = AirflowAPI(url, "admin", "secret", timeout=5)
+    api = AirflowAPI(url, "admin", "secret", timeout=5, unreachable_hint="start it with `make run`")
     started = time.monotonic()
     with pytest.raises(AirflowError) as caught:
         api.trigger("kappa_replay", {"view": "campaign_window_counts", "version": 2})
@@ -46,6 +46,7 @@ def test_the_cli_says_it_in_one_line_too(tmp_path) -> None:
     port = free_port()
     line = _cli({"KAPPA_HOME": str(home), "KAPPA_AIRFLOW_PORT": str(port)}, "kappa_replay")
     assert f"Airflow is not reachable at http://127.0.0.1:{port} (" in line, line
+    assert line.endswith("start it with `make run`"), line  # the local stack's Airflow is started that way
 
 
 def test_another_airflow_is_reached_with_url_and_the_password_from_the_environment_only(tmp_path) -> None:
@@ -56,3 +57,4 @@ def test_another_airflow_is_reached_with_url_and_the_password_from_the_environme
                    "the command line)", line
     line = _cli({**env, "KAPPA_AIRFLOW_PASSWORD": "secret"}, "kappa_replay", "--url", url, "--user", "ops")
     assert f"Airflow is not reachable at {url} (" in line, line
+    assert "make run" not in line and line.endswith("port-forward (if any) running?"), line  # not the local stack

@@ -68,10 +68,12 @@ class RunState:
 class AirflowAPI:
     """Airflow 3's REST API (``/api/v2``) through ``apache-airflow-client``, with a token from ``/auth/token``."""
 
-    def __init__(self, base_url: str, username: str, password: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, username: str, password: str, *, timeout: float = 30.0,
+                 unreachable_hint: str = "is the URL right, and the port-forward (if any) running?") -> None:
         self.base_url = base_url.rstrip("/")
         self.username, self.password = username, password
         self.timeout = timeout
+        self.unreachable_hint = unreachable_hint
         self._token: str | None = None
         self._client: af.ApiClient | None = None
 
@@ -84,12 +86,12 @@ class AirflowAPI:
         if password is None:
             raise AirflowError(f"no Airflow password under {settings.home}/airflow yet: is Airflow running "
                                f"(`make run`, `{settings.cli} status`)?")
-        return cls(airflow_url(settings), "admin", password)
+        return cls(airflow_url(settings), "admin", password, unreachable_hint="start it with `make run`")
 
     # ------------------------------------------------------------------------------------------- HTTP
     def _unreachable(self, exc: Exception) -> AirflowError:
         reason = getattr(exc, "reason", None) or exc
-        return AirflowError(f"Airflow is not reachable at {self.base_url} ({reason}); start it with `make run`")
+        return AirflowError(f"Airflow is not reachable at {self.base_url} ({reason}); {self.unreachable_hint}")
 
     def token(self) -> str:
         """A JWT for the API (cached for this client): ``POST /auth/token``, which the library does not wrap."""
