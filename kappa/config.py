@@ -43,6 +43,8 @@ Running view versions:
 Operating it:
 
 - ``KAPPA_AIRFLOW_PORT`` -- the local Airflow's port (default 8080).
+- ``KAPPA_AIRFLOW_PASSWORD`` -- the password ``kappa airflow trigger --url`` logs in with at another Airflow (the
+  local stack's own is read from its home); never taken from the command line.
 - ``KAPPA_REPLAY_POKE_SECONDS`` / ``KAPPA_REPLAY_TIMEOUT_SECONDS`` -- how often ``kappa_replay`` checks a
   running replay (default 60 s; the local stack sets 10) and when it gives up (default 24 h).
 - ``KAPPA_WATCH_POLL_SECONDS`` -- how often the watch after a switch reads the new version's metrics (15 s).
@@ -150,7 +152,7 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, replay_poke_seconds,
+        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
         bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
@@ -186,6 +188,7 @@ class Settings:
     spark_log_file: str | None = None
     spark_cds: bool = True
     airflow_port: int = 8080
+    airflow_password: str | None = field(default=None, repr=False)
     replay_poke_seconds: float | None = None
     replay_timeout_seconds: float = 24 * 3600.0
     watch_poll_seconds: float = 15.0
@@ -273,6 +276,7 @@ class Settings:
             spark_log_file=get("KAPPA_SPARK_LOG_FILE"),
             spark_cds=flag("KAPPA_SPARK_CDS", True),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
+            airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
             replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),
             watch_poll_seconds=number("KAPPA_WATCH_POLL_SECONDS", float, 15.0),

@@ -936,7 +936,7 @@ def airflow_trigger(
     if not isinstance(params, dict):
         raise UserError("--conf must be a JSON object of Params")
     if url:
-        password = os.environ.get("KAPPA_AIRFLOW_PASSWORD", "")
+        password = _settings().airflow_password
         if not password:
             raise UserError(f"--url {url}: set KAPPA_AIRFLOW_PASSWORD to {user}'s password (it is never taken from "
                             "the command line)")
