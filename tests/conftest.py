@@ -162,11 +162,11 @@ def consume_all(kafka: KafkaCluster) -> Callable[..., list[Any]]:
 @pytest.fixture(scope="session")
 def spark(kafka: KafkaCluster):
     """One SparkSession (local[2], Delta + Kafka connector from .cache/jars) for every in-process test."""
-    from kappa.runtime.spark import build_spark
+    from kappa.runtime.spark import build_spark, stop_spark
 
     session = build_spark("kappa-tests", kafka.settings)
     yield session
-    session.stop()
+    stop_spark(session)  # the state stores first, as the platform stops its own sessions (no ERROR at exit)
 
 
 @pytest.fixture(scope="session")

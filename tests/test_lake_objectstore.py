@@ -445,7 +445,7 @@ def _spark_appends(lake: str, worker: int, rounds: int, barrier, lost) -> None:
     at the same instant as the other driver's (Delta retries the appends it sees conflict; none fails), until a
     round ends with fewer rows in the table than appends made (worker 0 counts; both stop together)."""
     from kappa.config import Settings
-    from kappa.runtime.spark import build_spark
+    from kappa.runtime.spark import build_spark, stop_spark
 
     spark = build_spark(f"control-{worker}", Settings.from_env().replace(lake_uri=lake), driver_memory="512m")
     try:
@@ -461,7 +461,7 @@ def _spark_appends(lake: str, worker: int, rounds: int, barrier, lost) -> None:
             if lost.is_set():
                 return
     finally:
-        spark.stop()
+        stop_spark(spark)
 
 
 @pytest.mark.slow  # a control: it runs a configuration the platform never uses (make test-long)

@@ -252,7 +252,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     from kappa.log.broker import LocalBroker, free_port
     from kappa.config import Settings
     from kappa.runtime.job import ViewJob
-    from kappa.runtime.spark import build_spark
+    from kappa.runtime.spark import build_spark, stop_spark
     from kappa.log.topics import create_topic, delete_topics
     from kappa.runtime.view import load_view
 
@@ -376,7 +376,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   f"p99 {_secs(result['live']['p99_s'])}; after {LIVE_WARMUP_SECONDS:.0f} s: "
                   f"p50 {_secs(result['live']['steady_p50_s'])}, p99 {_secs(result['live']['steady_p99_s'])}")
         result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
-        spark.stop()
+        stop_spark(spark)
         if stack_minutes > 0:
             result["stack"] = stack_steady_state(settings, minutes=stack_minutes,
                                                  broker_pid=broker.pid if broker is not None else None)

@@ -123,7 +123,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, commits: int, rou
     from kappa.log.broker import LocalBroker, free_port
     from kappa.log.topics import create_topic, declared_topics, ensure_topics
     from kappa.objectstore import LocalObjectStore, Ports, weed_binary
-    from kappa.runtime.spark import build_spark
+    from kappa.runtime.spark import build_spark, stop_spark
     from kappa.runtime.view import load_view
 
     base = Settings.from_env()
@@ -195,7 +195,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, commits: int, rou
             for lat in S3_LATENCIES}
     finally:
         if spark is not None:
-            spark.stop()
+            stop_spark(spark)
         store.stop()
         broker.stop()
     _report(result, out)
