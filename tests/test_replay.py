@@ -17,6 +17,8 @@ micro-batch semantics in plain Python.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -513,7 +515,11 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     # no replay measured on this platform yet: the ETA is unknown, not a made-up figure
     assert pre.throughput is None and pre.eta_seconds is None
     assert replay.Preflight.from_dict(pre.to_dict()) == pre
-    assert "replay 400 records" in pre.summary() and "ETA unknown until its first micro-batches" in pre.summary()
+    assert "replay 400 records" in pre.summary() and "ETA unknown (no replay of >= 10,000 records measured here " \
+        "yet): it reads these records in one micro-batch" in pre.summary(), pre.summary()
+    # with a micro-batch bound smaller than the replay, its first batches give the follow a rate
+    bounded = dataclasses.replace(pre, request=dataclasses.replace(req, max_offsets_per_trigger=100))
+    assert "ETA unknown until its first micro-batches of at most 100 records" in bounded.summary(), bounded.summary()
 
     _delete_records(settings, topic, {0: ends[0] // 2, 2: ends[2]})
     from_zero = ReplayRequest(view=VIEW, version=2, start="offsets", start_offsets={str(p): 0 for p in ends},

@@ -99,8 +99,14 @@ class Preflight:
             what += (f" (upgrade=continue: seeded with v{self.seed['from_version']}'s rows at Delta version "
                      f"{self.seed['delta_version']})")
         end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
+        bound = self.request.max_offsets_per_trigger
         if self.throughput is None or self.eta_seconds is None:
-            eta = f"; ETA unknown until its first micro-batches ({self.throughput_source})"
+            if bound and bound < self.records:  # the follow's rate comes from the first bounded micro-batches
+                eta = (f"; ETA unknown until its first micro-batches of at most {bound:,} records "
+                       f"({self.throughput_source})")
+            else:  # one micro-batch reads them all: there is no rate to show before it commits
+                eta = (f"; ETA unknown ({self.throughput_source}): it reads these records in one micro-batch, so "
+                       "progress shows when that commits; its rate gives later replays an ETA")
         else:
             eta = (f"; ETA ~{_human_seconds(self.eta_seconds)} at {self.throughput:,.0f} rec/s "
                    f"({self.throughput_source})")
