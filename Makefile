@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 KAPPA := bin/kappa
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-long test-deploy test-cluster bench bench-lake clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-long test-deploy test-cluster bench bench-verify bench-lake clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
 
 help: ## list targets
@@ -35,6 +35,9 @@ test-deploy: setup ## only the offline Kubernetes checks (helm lint/template, sc
 
 bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench
+
+bench-verify: setup ## benchmark: a strict verification of a version that followed a live stream for an hour (and again 10 min later); JSON + PNG in reports/
+	@$(PY) -m kappa.front.bench_verify
 
 bench-lake: setup objectstore-build ## benchmark: the lake on the object store beside a local disk (replay, live, one commit, S3 requests); JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_lake

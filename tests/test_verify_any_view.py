@@ -47,7 +47,7 @@ MODULE = '''
 from pyspark.sql import functions as F
 
 from kappa.runtime.parsing import AD_EVENTS
-from kappa.runtime.view import ViewDefinition
+from kappa.runtime.view import ViewDefinition, tumbling_window_end
 
 
 def transform(events):
@@ -65,7 +65,7 @@ def transform(events):
 VIEW = ViewDefinition(name="ad_type_counts", version={version}, description="Events and clicks per ad type per 10 s",
                       stream_topic="ad-events", stream_format=AD_EVENTS, transform=transform,
                       output_mode="append", write="append", keys=("ad_type", "window_start"), stateful=True,
-                      latency_column="last_event_time")
+                      latency_column="last_event_time", late_bound=lambda: tumbling_window_end("event_ts", 10))
 '''
 
 
@@ -255,7 +255,7 @@ class _FirstBatchWithRows:
 
 
 def _run_version(spark: Any, settings: Settings, version: int, cut: int, *, view_name: str = VIEW,
-                 on_done: Any = None) -> str | None:
+                 on_done: Any = None, max_offsets: int = 400) -> str | None:
     """Run the version's real job, bounded, in this process; register it caught up as a replay would.
     Returns the job's failure (None when it completed); ``on_done(job)`` runs before the job stops."""
     from kappa.runtime.job import ViewJob
@@ -264,7 +264,7 @@ def _run_version(spark: Any, settings: Settings, version: int, cut: int, *, view
     module = f"teamviews.{view_name}_v{version}"
     view = load_view(module)
     job = ViewJob(view, settings, spark=spark, starting="earliest", available_now=True, end_timestamp_ms=cut,
-                  max_offsets_per_trigger=400, metrics_port=0 if on_done else None)
+                  max_offsets_per_trigger=max_offsets, metrics_port=0 if on_done else None)
     try:
         job.start()
         assert job.await_termination(300)
@@ -298,6 +298,8 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
     assert _run_version(spark, settings, 1, cut) is None
     good = replay.verify(VIEW, 1, settings, "strict", by="test", end_timestamp_ms=cut)
     assert good.passed, good.message
+    # a windowed count that declares its late bound is re-run coalesced: the faults below are caught that way
+    assert good.recompute["details"]["rerun"].startswith("coalesced: "), good.recompute["details"]
     alias.promote(VIEW, 1, by="test")
     serving = alias.resolve(VIEW)
 
@@ -311,6 +313,7 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
 
         result = replay.verify(VIEW, version, settings, "strict", by="test", end_timestamp_ms=cut)
         assert not result.passed, (fault, result.message)
+        assert result.recompute["details"]["rerun"].startswith("coalesced: "), result.recompute["details"]
         assert result.first_difference.startswith(key), (fault, key, result.first_difference)
         assert key in result.message, (fault, result.message)
         what = {"drop": "missing from the table", "twice": "2 rows in the table",
@@ -347,6 +350,64 @@ def test_dropped_doubled_or_corrupted_batches_fail_verification_naming_the_first
     assert exited.value.code == 1 and "first differing key (ad_type=" in bad.out, bad.out + bad.err
     assert "diff v4 vs serving v1: 0 keys added, 0 removed, 1 changed" in bad.out, bad.out
     assert "Traceback" not in bad.out + bad.err
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_many_small_batches_with_late_rows_verify_coalesced_as_one_at_a_time_does(kafka, lake, spark, team_view,
+                                                                                   tmp_path, monkeypatch):
+    """A run of many micro-batches whose watermark dropped late rows in several of them. The coalesced re-run
+    (runs of recorded batches as one micro-batch, the rows the original dropped left out when staging) finds the
+    table the run wrote, as the re-run of one recorded batch at a time does, in fewer micro-batches. Without the
+    rows left out (a late bound that never drops) the coalesced re-run differs: the cuts it gave up mattered only
+    through them."""
+    import dataclasses
+
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    from kappa.runtime import rerun
+    from kappa.runtime.late import LATE_REASON
+    from kappa.runtime.view import load_view
+    from kappa.verify.recompute import recompute
+
+    settings = lake.replace(home=tmp_path / "home")
+    _platform_env(monkeypatch, settings)
+    u = generator.universe(seed=47, campaigns=4, users=300)
+    events = generator.events(2400, seed=47, universe=u, start_ms=T0, rate_per_s=20, late_fraction=0.1,
+                              max_lateness_ms=60_000, malformed_fraction=0.02)
+    assert generator.produce(settings, settings.topic("ad-events"), events).delivered == 2400
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    assert _run_version(spark, settings, 1, cut, max_offsets=150) is None  # 16 micro-batches of the 2,400 records
+
+    vv = replay.ViewVersion.resolve(VIEW, 1, settings)
+    late = spark.read.format("delta").load(vv.paths.quarantine).where(F.col("error").startswith(LATE_REASON)).count()
+    assert late > 20, f"only {late} late records: the test needs the watermark to drop rows in many batches"
+
+    monkeypatch.setattr(rerun, "COALESCE_RECORDS", 500)  # several coalesced steps: each one's watermark is checked
+    coalesced = replay.verify(VIEW, 1, settings, "strict", by="test", end_timestamp_ms=cut)
+    details = coalesced.recompute["details"]
+    assert coalesced.passed, coalesced.message
+    assert details["rerun"].startswith("coalesced: ") and details["batches"] >= 16, details
+    assert details["batches_run"] <= details["batches"] // 2, details
+
+    table = DeltaTable(vv.paths.table)
+    app_id = vv.app_id() or Registry(settings.lake_uri).get(VIEW, 1).app_id
+    batches = vv.batch_boundaries(table, app_id, table.transaction_version(app_id))
+    start = replay.offsets_from_json(Registry(settings.lake_uri).get(VIEW, 1).start_offsets)
+    args = dict(table_path=vv.paths.table, delta_version=table.version(), batches=batches, start=start,
+                end_timestamp_ms=cut, quarantine_path=vv.paths.quarantine, spark=spark)
+    view = load_view(f"teamviews.{VIEW}_v1")
+    one_at_a_time = recompute(view, settings, coalesce=False, **args)
+    assert one_at_a_time.passed, one_at_a_time.message
+    assert one_at_a_time.details["rerun"] == "one recorded batch at a time: coalescing off", one_at_a_time.details
+    assert one_at_a_time.rows == coalesced.rows and one_at_a_time.details["batches_run"] > details["batches_run"]
+
+    never_late = dataclasses.replace(view, late_bound=lambda: F.lit(None).cast("timestamp"))
+    unfiltered = recompute(never_late, settings, **args)
+    assert unfiltered.details["rerun"].startswith("coalesced: "), unfiltered.details
+    assert not unfiltered.passed and unfiltered.different + unfiltered.extra > 0, unfiltered.message
 
 
 @pytest.mark.integration

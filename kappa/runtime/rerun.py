@@ -11,7 +11,10 @@ and staged input, one parquet folder per batch:
       │                            tagged INVALID, for the quarantine check)
       ▼
     stateful views: one batch at a time into a fresh streaming query (rerun_stateful: same cuts, same
-      │ watermarks, also the no-data batches); stateless views: batch jobs (rerun_stateless)
+      │ watermarks, also the no-data batches) - or, for a windowed aggregation that declares its late bound,
+      │ runs of recorded batches as one (coalesce_steps: the rows the original dropped as late left out when
+      │ staging, the watermark of each run checked against the recorded one), so the re-run's cost follows
+      │ the records, not the micro-batches; stateless views: batch jobs (rerun_stateless)
       ▼
     every batch's output tagged with its batch -> the view's write semantics (apply_writes)
 """
@@ -32,15 +35,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from kappa.errors import KappaError, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from kappa.config import Settings
     from kappa.runtime.lineage import BatchBoundary
     from kappa.runtime.view import ViewDefinition
 
-__all__ = ["BATCH", "INVALID", "LookupSnapshots", "RecomputeError", "Step", "apply_writes", "empty_parquet",
-           "plan_steps", "read_range", "rerun_stateful", "rerun_stateless", "scratch_dir", "session_for", "spark_session",
-           "stage_batches", "without_dropped"]
+__all__ = ["BATCH", "COALESCE_RECORDS", "CutsMatter", "INVALID", "LookupSnapshots", "RecomputeError", "Step",
+           "apply_writes", "coalesce_steps", "coalescable", "empty_parquet", "plan_steps", "read_range",
+           "rerun_stateful", "rerun_stateless", "scratch_dir", "session_for", "spark_session", "stage_batches",
+           "step_records", "without_dropped"]
 
 log = logging.getLogger("kappa.runtime.rerun")
 
@@ -57,11 +61,20 @@ class RecomputeError(KappaError, ValueError):
 # ------------------------------------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class Step:
-    """A recorded micro-batch: its position (= batch id), whether it read records, the lookups it joined."""
+    """A recorded micro-batch: its position (= batch id), whether it read records, the lookups it joined, the
+    event-time watermark it ran with (``batchWatermarkMs``; its late rows were dropped by the previous batch's)
+    and, for a step of a coalesced re-run (:func:`coalesce_steps`), the recorded batches it stands for."""
 
     pos: int
     data: bool
     lookups: Mapping[str, Mapping[int, int]]
+    watermark_ms: int = 0
+    members: tuple[int, ...] = ()
+
+    @property
+    def covers(self) -> tuple[int, ...]:
+        """The recorded batch ids this step re-runs."""
+        return self.members or (self.pos,)
 
 
 def plan_steps(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> tuple[list[Step], dict[int, list[int]]]:
@@ -78,7 +91,7 @@ def plan_steps(batches: Sequence["BatchBoundary"], start: Mapping[int, int]) -> 
     for b in batches:
         current = {p: max(previous[p], int(b.end_offsets.get(p, previous[p]))) for p in partitions}
         steps.append(Step(pos=b.batch_id, data=any(current[p] > previous[p] for p in partitions) or b.batch_id == 0,
-                            lookups=b.lookups))
+                          lookups=b.lookups, watermark_ms=int(b.watermark_ms or 0)))
         for p in partitions:
             ends[p].append(current[p])
         previous = current
@@ -95,6 +108,106 @@ def _ranges(ids: Sequence[int]) -> str:
             out.append(str(i))
     return ", ".join(out[:6]) + (" ..." if len(out) > 6 else "")
 
+#: A step of a coalesced re-run holds at most this many records (the re-run logs its progress per step).
+COALESCE_RECORDS = 500_000
+#: Logical plan nodes whose result depends on the micro-batch cuts beyond the rows the watermark drops.
+_CUT_SENSITIVE = frozenset({
+    "Deduplicate", "DeduplicateWithinWatermark", "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState",
+    "TransformWithState", "TransformWithStateInPandas", "TransformWithStateInPySpark", "UpdateEventTimeWatermarkColumn",
+})
+
+
+class CutsMatter(RecomputeError):
+    """A coalesced re-run did not run with the watermark the recorded batches ran with: the view's result depends
+    on the cuts after all (the re-run is then done again one recorded batch at a time)."""
+
+
+def coalescable(view: "ViewDefinition", transformed: "DataFrame") -> str | None:
+    """None when the re-run of ``view`` may feed several recorded micro-batches as one, else why it may not.
+
+    Several recorded batches fed as one give the same table when the cuts decide only which rows the watermark
+    dropped: the one stateful operator is an aggregation (over tumbling or sliding event-time windows, or none),
+    and the view declares the bound Spark drops a row by (``late_bound``). The re-run then leaves out the rows the
+    original dropped - each by the watermark of the batch before its own, as Spark does (:func:`stage_batches`) -
+    and a window the original had already closed gets no row later (such a row would have been late). The
+    re-run's watermark at each coalesced batch is still the recorded one (it comes from the same rows), and
+    the feeder checks it (:class:`CutsMatter`). Session windows (a row merges with a session only while it is
+    open), deduplication, arbitrary state and stream-stream joins depend on the cuts in other ways: one
+    recorded batch at a time for them.
+    """
+    if not view.stateful:
+        return "a stateless view"
+    if view.late_bound is None:
+        return "the view declares no late_bound, so the rows its watermark dropped cannot be told"
+    aggregates, stack = 0, [transformed._jdf.queryExecution().analyzed()]
+    while stack:
+        node = stack.pop()
+        name = str(node.nodeName())
+        if node.isStreaming():
+            if name in _CUT_SENSITIVE:
+                return f"its plan has a {name} operator"
+            if name == "Join" and node.left().isStreaming() and node.right().isStreaming():
+                return "its plan joins two streams"
+            if name == "Aggregate":
+                aggregates += 1
+                grouping = node.groupingExpressions()
+                for i in range(grouping.size()):
+                    expr = grouping.apply(i)
+                    try:
+                        meta = str(expr.metadata().json())
+                    except Exception:  # noqa: BLE001 - not a named expression: no window marker
+                        meta = ""
+                    if "spark.sessionWindow" in meta or "session_window" in str(expr.toString()):
+                        return "it aggregates over session windows"
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    if aggregates != 1:
+        return f"its plan has {aggregates} streaming aggregations (one is coalesced)"
+    return None
+
+
+def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], start: Mapping[int, int], *,
+                   max_records: int | None = None) -> tuple[list[Step], dict[int, list[int]]]:
+    """The recorded steps as a coalesced re-run feeds them: every step before the last data batch in runs of about
+    ``max_records`` records (default :data:`COALESCE_RECORDS`), each run one step standing for its members (the
+    recorded no-data batches among them need no batch of their own: what they closed, the next batch closes), then
+    the last data batch and what follows it as recorded (the table's last batch decides the finality flag).
+    Returns the steps and, per partition, the end offset after each."""
+    max_records = COALESCE_RECORDS if max_records is None else max_records
+    last_data = max((i for i, step in enumerate(steps) if step.data), default=-1)
+    partitions = list(ends)
+    merged: list[Step] = []
+    merged_ends: dict[int, list[int]] = {p: [] for p in partitions}
+    group: list[int] = []
+    count = 0
+
+    def close() -> None:
+        first, last = steps[group[0]], steps[group[-1]]
+        merged.append(Step(pos=last.pos, data=True, lookups=last.lookups, watermark_ms=first.watermark_ms,
+                           members=tuple(steps[i].pos for i in group)))
+        for p in partitions:
+            merged_ends[p].append(ends[p][group[-1]])
+
+    for i in range(max(0, last_data)):
+        group.append(i)
+        count += sum(ends[p][i] - (ends[p][i - 1] if i else int(start.get(p, 0))) for p in partitions)
+        if count >= max_records:
+            close()
+            group, count = [], 0
+    if group:
+        close()
+    for i in range(max(0, last_data), len(steps)):
+        merged.append(steps[i])
+        for p in partitions:
+            merged_ends[p].append(ends[p][i])
+    return merged, merged_ends
+
+
+def step_records(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], start: Mapping[int, int]) -> list[int]:
+    """Records each step read (from the end offsets after each)."""
+    return [sum(ends[p][i] - (ends[p][i - 1] if i else int(start.get(p, 0))) for p in ends)
+            for i in range(len(steps))]
+
 # ------------------------------------------------------------------------------------------------ feeding
 class _Feeder:
     """Hands the recorded micro-batches to the re-run one at a time and collects each batch's output.
@@ -105,9 +218,12 @@ class _Feeder:
     """
 
     def __init__(self, *, view: "ViewDefinition", steps: list[Step], staged: Path, feed: Path, out: Path,
-                 empty: Callable[[], Path], no_data_wait: float = NO_DATA_WAIT_SECONDS) -> None:
+                 empty: Callable[[], Path], no_data_wait: float = NO_DATA_WAIT_SECONDS,
+                 checkpoint: Path | None = None) -> None:
         self.view, self.steps, self.staged, self.feed, self.out, self.empty = view, steps, staged, feed, out, empty
         self.no_data_wait = no_data_wait
+        self.checkpoint = checkpoint  # the re-run's own: a coalesced step's watermark is read from its offset log
+        self.cuts_matter: str | None = None
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.cursor = 0  # the next recorded batch to reproduce
@@ -159,7 +275,10 @@ class _Feeder:
                 if self.done.is_set():
                     return  # a trailing no-data batch after the last recorded one
                 # the batch of the files handed over, or the no-data batch the original ran at this point
-                pos = self.steps[self.cursor].pos
+                step = self.steps[self.cursor]
+                pos = step.pos
+                if len(step.members) > 1 and self.checkpoint is not None:
+                    self._same_watermark(step, batch_id)
                 without_dropped(self.view, frame).withColumn(BATCH, F.lit(pos)).write.mode("append").parquet(
                     str(self.out))
                 self.batches_run += 1
@@ -169,6 +288,17 @@ class _Feeder:
             self.error = one_line(exc)
             self.done.set()
             raise
+
+    def _same_watermark(self, step: Step, batch_id: int) -> None:
+        """A coalesced step must run with the watermark its first recorded batch ran with (:func:`coalescable`)."""
+        from kappa.runtime.lineage import parse_offset_log
+
+        entry = self.checkpoint / "offsets" / str(batch_id)
+        watermark = parse_offset_log(entry.read_text(), "")[1] if entry.is_file() else None
+        if watermark != step.watermark_ms:
+            self.cuts_matter = (f"the re-run's batch {batch_id} (recorded batches {_ranges(step.members)}) ran with "
+                                f"watermark {watermark}, the recorded batch {step.members[0]} with {step.watermark_ms}")
+            raise CutsMatter(self.cuts_matter)
 
 # ------------------------------------------------------------------------------------------------ re-run
 def scratch_dir(settings: "Settings") -> str:
@@ -209,12 +339,17 @@ PROGRESS_EVERY_SECONDS = 15.0
 
 def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path, feed: Path,
                     out: Path, schema: Any, lookups_for: Any, empty: Callable[[], Path], checkpoint: Path,
-                    timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS) -> tuple[Any, int, list[int]]:
-    """Re-run a stateful transform in a fresh streaming query fed one recorded batch at a time (:class:`_Feeder`).
-    Returns the output schema, the batches run and the recorded no-data batches skipped."""
+                    timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS,
+                    records: Sequence[int] | None = None) -> tuple[Any, int, list[int]]:
+    """Re-run a stateful transform in a fresh streaming query fed one step at a time (:class:`_Feeder`): a
+    recorded batch, or a run of them (:func:`coalesce_steps`). Returns the output schema, the micro-batches run and
+    the recorded no-data batches skipped. ``records``: what each step reads, for the progress lines (by records,
+    the time left at the pace so far)."""
     feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty,
-                     no_data_wait=no_data_wait)
+                     no_data_wait=no_data_wait, checkpoint=checkpoint)
     transformed = view.transform(spark.readStream.schema(schema).parquet(str(feed)), **lookups_for.single())
+    recorded = sum(len(step.covers) for step in steps)
+    weights = list(records) if records is not None and len(records) == len(steps) else [1] * len(steps)
     feeder.start()
     query = (transformed.writeStream.outputMode(view.output_mode)
              .queryName(f"kappa-recompute-{view.name}-v{view.version}").foreachBatch(feeder.on_batch)
@@ -225,12 +360,15 @@ def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[St
         while not feeder.done.wait(0.5):
             if query.exception() is not None or not query.isActive:
                 break
-            if time.monotonic() - said >= PROGRESS_EVERY_SECONDS and feeder.batches_run:
-                said = time.monotonic()  # how far the re-run is, with the time left at its pace so far
-                done, total = feeder.batches_run, len(steps)
-                left = (said - began) / done * (total - done)
-                log.info("recompute of %s: batch %d of %d (%.0f%%), about %.0f s left", view.ref, done, total,
-                         100.0 * done / total, left)
+            if time.monotonic() - said >= PROGRESS_EVERY_SECONDS and feeder.cursor:
+                said = time.monotonic()  # how far the re-run is (recorded batches), the time left at its pace so far
+                cursor = min(feeder.cursor, len(steps))
+                done = sum(len(step.covers) for step in steps[:cursor])
+                share = sum(weights[:cursor]) / sum(weights) if sum(weights) else 0.0
+                share = share if share > 0 else cursor / len(steps)  # no records done yet: count the steps
+                left = (said - began) / share * (1.0 - share)
+                log.info("recompute of %s: batch %d of %d (%.0f%%), about %.0f s left", view.ref, done, recorded,
+                         100.0 * share, left)
             if time.monotonic() > deadline:
                 raise RecomputeError(f"the re-run did not finish within {timeout:.0f} s "
                                      f"({feeder.batches_run} of {len(steps)} batches)")
@@ -238,6 +376,8 @@ def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[St
                 feeder.skip_no_data()
     finally:
         query.stop()
+    if feeder.cuts_matter:
+        raise CutsMatter(feeder.cuts_matter)
     failure = feeder.error or (one_line(query.exception()) if query.exception() is not None else None)
     if failure:
         raise RecomputeError(f"the re-run of the transform failed: {failure}")
@@ -301,28 +441,39 @@ def read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefinitio
 
 
 def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: list[Step], ends: Mapping[int, list[int]],
-                  start: Mapping[int, int], staged: Path) -> None:
+                  start: Mapping[int, int], staged: Path, *, tags: Mapping[int, int] | None = None,
+                  late_bound: "Column | None" = None) -> None:
     """Write every record of the range once, in one Spark job, as parquet under ``staged/_kappa_batch=<pos>``:
     the valid ones in the folder of the recorded micro-batch that read them, the invalid ones (kept for the
     quarantine check) under ``_kappa_batch=-1``. The batch is found by a broadcast join with the batches'
-    offset ranges (JVM only, no Python worker)."""
+    offset ranges (JVM only, no Python worker).
+
+    For a coalesced re-run (:func:`coalesce_steps`), ``tags`` maps each recorded batch to the step that re-runs it
+    (the folder its records go to), and ``late_bound`` (the view's) leaves out the valid records the original run
+    dropped as late: those whose bound the watermark of the batch before their own had passed, Spark's rule
+    (:mod:`kappa.runtime.late`)."""
     from pyspark.sql import functions as F
 
     from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS
 
     ranges = []
+    late_after = {step.pos: (steps[i - 1].watermark_ms if i else 0) for i, step in enumerate(steps)}
     for partition, after in ends.items():
         low = int(start.get(partition, 0))
         for step, high in zip(steps, after):
             if high > low:
-                ranges.append((int(partition), step.pos, low, high))
+                ranges.append((int(partition), (tags or {}).get(step.pos, step.pos), low, high,
+                               int(late_after[step.pos])))
             low = max(low, high)
-    spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG")
+    spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG, r_late LONG")
     tagged = decoded.join(F.broadcast(spans), (F.col("partition") == F.col("r_partition"))
                           & (F.col("offset") >= F.col("r_low")) & (F.col("offset") < F.col("r_high")), "left")
     # the barrier keeps from_json evaluated once per record (see kappa.runtime.parsing._split)
     valid = F.col("_error").isNull() & (F.col(BARRIER) >= F.lit(0.0))
     keep = [c for c in decoded.columns if c not in INTERNAL_COLUMNS]
+    if late_bound is not None:  # as kappa.runtime.late.late_records: a NULL bound is never late; watermark 0 = none
+        dropped = (F.col("r_late") > 0) & F.coalesce(late_bound <= F.timestamp_millis(F.col("r_late")), F.lit(False))
+        tagged = tagged.where(~valid | ~dropped)
     (tagged.select(*keep, F.when(valid, F.col("r_pos")).otherwise(F.lit(INVALID)).alias(BATCH))
      .write.partitionBy(BATCH).parquet(str(staged)))
 
