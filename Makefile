@@ -4,7 +4,9 @@ SHELL := /bin/bash
 VENV := .cache/venv
 PY := $(VENV)/bin/python
 KAPPA := bin/kappa
-PYTEST := $(PY) -m pytest -p no:cacheprovider
+# each checkout keeps its tests' temporary folders under its own .cache/tmp: pytest prunes all but the last 3 runs'
+# folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
+PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-long test-deploy test-cluster bench bench-verify bench-lake clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
