@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from kappa.runtime.lineage import BatchBoundary
-from kappa.runtime.rerun import Step, coalesce_steps, coalescable, plan_steps, step_records
+from kappa.runtime.rerun import coalesce_steps, coalescable, plan_steps, step_records
 
 
 def _recorded(ends_per_batch: list[dict[int, int]], watermarks: list[int]) -> list[BatchBoundary]:
