@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run", "replay_run", "run_interruptible"]
+__all__ = ["bench_settings", "main", "run", "replay_run", "run_interruptible"]
 
 #: Processing-time trigger of the live measurement (c).
 LIVE_TRIGGER_SECONDS = 1.0
@@ -246,30 +246,36 @@ def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
     return prev_bound
 
 
+def bench_settings(name: str) -> tuple[Any, Any]:
+    """Settings for a bench under ``$KAPPA_HOME/<name>``: a lake of its own and, unless an external cluster is
+    configured, a started broker of its own (returned, to be stopped; else None)."""
+    from kappa.config import Settings
+    from kappa.log.broker import LocalBroker, free_port
+
+    base = Settings.from_env()
+    home = Path(base.home) / name
+    lake = str(home / f"lake-{int(time.time())}")
+    if not base.local_broker:
+        return base.replace(lake_uri=lake), None
+    broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port())
+    try:
+        broker.start()
+    except BaseException:  # interrupted or failed while starting: no broker left behind
+        broker.stop()
+        raise
+    return base.replace(kafka_bootstrap=broker.bootstrap, local_broker=False, lake_uri=lake), broker
+
+
 def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partitions: int = 4,
         stack_minutes: float = 5.0) -> dict[str, Any]:
     from kappa.log import generator
-    from kappa.log.broker import LocalBroker, free_port
-    from kappa.config import Settings
     from kappa.runtime.job import ViewJob
     from kappa.runtime.spark import build_spark, stop_spark
     from kappa.log.topics import create_topic, delete_topics
     from kappa.runtime.view import load_view
 
-    base = Settings.from_env()
-    home = Path(base.home) / "bench"
-    broker = None
-    if base.local_broker:
-        broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port())
-        try:
-            broker.start()
-        except BaseException:  # interrupted or failed while starting: no broker left behind
-            broker.stop()
-            raise
-        settings = base.replace(kafka_bootstrap=broker.bootstrap, local_broker=False,
-                                lake_uri=str(home / f"lake-{int(time.time())}"))
-    else:
-        settings = base.replace(lake_uri=str(home / f"lake-{int(time.time())}"))
+    settings, broker = bench_settings("bench")
+    home = Path(settings.home) / "bench"
     topic = f"bench-ad-events-{uuid.uuid4().hex[:6]}"
     live_topic = f"bench-live-{uuid.uuid4().hex[:6]}"
     extra_topics: list[str] = []

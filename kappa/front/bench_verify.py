@@ -82,27 +82,13 @@ def _verify(spark: Any, settings: Any, view: Any, job: Any, *, coalesce: bool) -
 
 def run(*, rate: float, minutes: float, again_minutes: float, per_batch: bool, out: Path,
         partitions: int = 4) -> dict[str, Any]:
-    from kappa.config import Settings
+    from kappa.front.bench import bench_settings
     from kappa.log import generator
-    from kappa.log.broker import LocalBroker, free_port
     from kappa.log.topics import create_topic, declared_topics, ensure_topics
     from kappa.runtime.spark import build_spark, stop_spark
     from kappa.runtime.view import load_view
 
-    base = Settings.from_env()
-    home = Path(base.home) / "bench-verify"
-    broker = None
-    if base.local_broker:
-        broker = LocalBroker(home / "broker", port=free_port(), controller_port=free_port())
-        try:
-            broker.start()
-        except BaseException:  # interrupted or failed while starting: no broker left behind
-            broker.stop()
-            raise
-        settings = base.replace(kafka_bootstrap=broker.bootstrap, local_broker=False,
-                                lake_uri=str(home / f"lake-{int(time.time())}"))
-    else:
-        settings = base.replace(lake_uri=str(home / f"lake-{int(time.time())}"))
+    settings, broker = bench_settings("bench-verify")
     topic = f"bench-verify-{uuid.uuid4().hex[:6]}"
     result: dict[str, Any] = {"rate": rate, "minutes": minutes, "again_minutes": again_minutes,
                               "trigger_s": TRIGGER_SECONDS, "partitions": partitions, "cores": os.cpu_count(),
