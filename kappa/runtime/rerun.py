@@ -188,9 +188,10 @@ def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], sta
         for p in partitions:
             merged_ends[p].append(ends[p][group[-1]])
 
+    records = step_records(steps, ends, start)
     for i in range(max(0, last_data)):
         group.append(i)
-        count += sum(ends[p][i] - (ends[p][i - 1] if i else int(start.get(p, 0))) for p in partitions)
+        count += records[i]
         if count >= max_records:
             close()
             group, count = [], 0

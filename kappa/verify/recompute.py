@@ -157,13 +157,14 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
                                                          **lookups_for.single()))
             if per_batch is None:
                 run_steps, run_ends = coalesce_steps(steps, ends, start)
-        tags = {pos: step.pos for step in run_steps for pos in step.covers}
-        stage_batches(spark, decoded, steps, ends, start, staged, tags=tags,
-                      late_bound=view.late_bound() if per_batch is None else None)
+        coalesced = per_batch is None
+        stage_batches(spark, decoded, steps, ends, start, staged,
+                      tags={pos: step.pos for step in run_steps for pos in step.covers} if coalesced else None,
+                      late_bound=view.late_bound() if coalesced else None)
         phases["read_and_stage"], mark = round(time.monotonic() - mark, 1), time.monotonic()
         log.info("recompute of %s: re-running %d recorded micro-batches (%s records) %s", view.ref, len(steps),
                  f"{sum(step_records(steps, ends, start)):,}",
-                 f"as {len(run_steps)} steps" if per_batch is None else f"one at a time ({per_batch})")
+                 f"as {len(run_steps)} steps" if coalesced else f"one at a time ({per_batch})")
         if view.stateful:
             out_schema, batches_run, skipped = rerun_stateful(
                 spark, view, run_steps, staged=staged, feed=feed, out=out, schema=schema, lookups_for=lookups_for,
@@ -189,7 +190,7 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     details: dict[str, Any] = {"batches": len(steps), "batches_run": batches_run,
                                "no_data_batches_skipped": skipped}
     if view.stateful:  # how the recorded batches were re-run: coalesced, or one at a time and why
-        details["rerun"] = (f"coalesced: {len(steps)} recorded batches in {len(run_steps)} steps" if per_batch is None
+        details["rerun"] = (f"coalesced: {len(steps)} recorded batches in {len(run_steps)} steps" if coalesced
                             else f"one recorded batch at a time: {per_batch}")
     quarantine = None
     if quarantine_path is not None:
@@ -212,7 +213,7 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
                  missing=check.missing, extra=check.extra, different=check.different, duplicates=check.duplicates,
                  first_difference=check.first_difference, examples=check.examples, details=details,
                  message=f"{message} ({len(steps)} micro-batches re-run"
-                 + (f" as {batches_run}" if batches_run < len(steps) and per_batch is None else "")
+                 + (f" as {batches_run}" if batches_run < len(steps) and coalesced else "")
                  + f" in {details['seconds']:.0f} s)")
 
 
