@@ -204,6 +204,7 @@ def kappa_replay() -> None:
             settings, runner = _platform()
             sample = replay.progress(req.view, req.version, settings, end_timestamp_ms=req.end_timestamp_ms,
                                      record=True, by=req.triggered_by)
+            sample = replay.with_reading(sample, runner.status(req.view, req.version).metrics_url)
             log.info("%s", sample.summary())
             log.info("metrics:\n%s", sample.metrics_text())
             caught = replay.caught_up(req.view, req.version, settings, runner, by=req.triggered_by,

@@ -123,3 +123,54 @@ def test_falling_behind_is_said_once_when_it_starts_and_once_when_it_ends():
     assert said[5].startswith("keeping up again: micro-batches fit the 2 s trigger after 7 batches") and \
         "(longest 7.0 s)" in said[5]
     assert not pace.behind
+
+
+def test_a_replay_read_in_one_micro_batch_shows_progress_and_an_eta_before_it_commits(spark, kafka, lake):
+    """The default replay reads its whole range in one micro-batch: the checkpoint shows nothing until it commits,
+    so the job reports what the batch's read tasks got through (kappa.runtime.inflight) - on its /metrics, and
+    through ``with_reading`` in what ``kappa replay`` and the DAG show."""
+    from datetime import UTC, datetime
+
+    from kappa.control.replay import Progress, with_reading
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.inflight import READ_SPLIT_RECORDS
+    from kappa.runtime.job import ViewJob
+    from kappa.runtime.view import load_view
+
+    events = 600_000
+    u = generator.universe(seed=7, campaigns=5)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    topic = lake.topic("ad-events")
+    assert generator.produce(lake, topic, generator.events(events, seed=7, universe=u)).delivered == events
+    end = {p: hi for p, (_lo, hi) in partition_offsets(lake, topic).items()}
+    job = ViewJob(load_view("jobs.campaign_window_counts.v1"), lake, spark=spark, starting="earliest",
+                  metrics_port=free_port(), lag_poll_seconds=0.5)
+    url = f"http://127.0.0.1:{job.metrics_port}/metrics"
+    hand = Progress(view="campaign_window_counts", version=1, topic=topic, start_offsets={p: 0 for p in end},
+                    processed_offsets={p: 0 for p in end}, target_offsets=end, batch_id=None, done=0, total=events,
+                    ratio=0.0, lag=events, rate=None, eta_seconds=None, sampled_at=datetime.now(UTC))
+    seen: list[tuple[float, float, float, int, float | None]] = []
+    job.start()
+    try:
+        while not job.processed_offsets:  # until the one micro-batch commits
+            samples = scrape(job.bound_port)
+            shown = with_reading(hand, url)
+            seen.append((value(samples, "kappa_batch_records_read"), value(samples, "kappa_replay_progress_ratio"),
+                         value(samples, "kappa_replay_eta_seconds"), shown.reading, shown.eta_seconds))
+            assert job.failure() is None, job.failure()
+            time.sleep(0.25)
+        job.process_all_available()
+        after = scrape(job.bound_port)
+    finally:
+        job.stop()
+    assert job.handler.times.batches >= 1 and sum(job.processed_offsets.values()) == events
+    inside = [s for s in seen if 0 < s[0] < events]
+    assert inside, f"no sample showed a part of the batch read before it committed: {seen}"
+    # one task's share or more at a time (the read is split into tasks of at most READ_SPLIT_RECORDS records)
+    assert len({s[0] for s in inside}) >= 2 or events / READ_SPLIT_RECORDS < 4, seen
+    # the progress gauge counts the read but stays short of 1.0 until the commit (NaN: before the lag poll ran)
+    assert all(r != r or 0 <= r < 1 for _, r, *_ in inside) and any(0 < r < 1 for _, r, *_ in inside), seen
+    assert any(0 < e < float("inf") for *_, e, _, _ in inside), f"no finite in-batch ETA: {seen}"
+    assert any(0 < r < events and e is not None and 0 < e < float("inf") for *_, r, e in inside), \
+        f"with_reading never carried the job's read and ETA: {seen}"
+    assert value(after, "kappa_batch_records_read") == 0 and value(after, "kappa_replay_progress_ratio") == 1.0

@@ -603,3 +603,23 @@ def test_delete_expired_never_deletes_outside_the_lake(alias: ServingAlias, reg:
     assert results[2].deleted is False and "outside the lake" in results[2].message
     assert outside.exists()
     assert reg.get(VIEW, 1).deleted_at is None and reg.get(VIEW, 2).deleted_at is None
+
+
+def test_a_verification_eta_comes_from_what_verified_notes_recorded(reg: Registry):
+    """``verify`` says upfront how long a strict check takes, from the records/s of the last verifications here:
+    each ``verified`` note records ``N records checked in S s`` (kappa.control.replay.verification)."""
+    from kappa.control.replay.verification import measured_verification
+
+    rate, why = measured_verification(reg)
+    assert rate is None and why == "no verification of >= 10,000 records measured here yet"
+    notes = {1: "x@v1: 10 rows equal the recompute (Delta version 3 = batch 2, offsets 0..9,000; 9,000 records "
+                "checked in 1.0 s)",  # too small to measure: left out
+             2: "x@v2: 40 rows equal the recompute (...; 20,000 records checked in 10.0 s)",
+             3: "x@v3: 40 rows equal the recompute (...; 100,000 records checked in 10.0 s)"}
+    for version, note in notes.items():
+        register(reg, version)
+        reg.set_state(VIEW, version, "caught_up", by="test")
+        reg.set_state(VIEW, version, "verified", by="test", note=note)
+    rate, why = measured_verification(reg)
+    assert rate == pytest.approx(120_000 / 20.0), rate
+    assert why == f"the last 2 here: {VIEW}@v2, {VIEW}@v3", why

@@ -520,6 +520,11 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     # with a micro-batch bound smaller than the replay, its first batches give the follow a rate
     bounded = dataclasses.replace(pre, request=dataclasses.replace(req, max_offsets_per_trigger=100))
     assert "ETA unknown until its first micro-batches of at most 100 records" in bounded.summary(), bounded.summary()
+    # a big one micro-batch: its read tasks show progress while it runs (tests/test_metrics.py)
+    big = dataclasses.replace(pre, records=1_000_000)
+    assert "ETA unknown before it starts (no replay of >= 10,000 records measured here yet): it reads these " \
+        "records in one micro-batch, whose read tasks show progress and an ETA while it runs" in big.summary(), \
+        big.summary()
 
     _delete_records(settings, topic, {0: ends[0] // 2, 2: ends[2]})
     from_zero = ReplayRequest(view=VIEW, version=2, start="offsets", start_offsets={str(p): 0 for p in ends},

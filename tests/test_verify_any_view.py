@@ -17,6 +17,7 @@ copy of the platform file (``KAPPA_PLATFORM``) - nothing in ``kappa/`` changes a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -187,6 +188,10 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
     assert recomputed["passed"] and recomputed["details"]["batches"] >= 4, recomputed
     assert recomputed["details"]["quarantine_expected"] > 30, "the malformed records were checked too"
     assert "equal the recompute" in verification.message, verification.message
+    # the note records the check's size and time: later verifications here get an ETA from it
+    checked = re.search(r"; ([\d,]+) records checked in [\d.]+ s\)", verification.message)
+    assert checked and int(checked[1].replace(",", "")) == sum(verification.end_offsets.values()) - sum(
+        verification.start_offsets.values()), verification.message
     assert replay.promote(VIEW, 1, settings, runner, by="test").changed
     assert registry.get(VIEW, 1).state == "serving"
     table_path = replay.ViewVersion.resolve(VIEW, 1, settings).paths.table
@@ -212,6 +217,10 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
         runner.stop(VIEW, 2)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rows equal the recompute" in out.stdout, out.stdout
+    # before the check: its size, and no made-up ETA (v1's few thousand records are too few to measure a rate)
+    assert re.search(rf"verifying {VIEW}@v2: \d+ recorded micro-batches, [\d,]+ records; ETA unknown \(no "
+                     r"verification of >= 10,000 records measured here yet\): the re-run logs its progress",
+                     out.stdout), out.stdout
     assert "diff v2 vs serving v1: 0 keys added, 0 removed, 0 changed" in out.stdout, out.stdout
     png = replay.ViewVersion.resolve(VIEW, 2, settings).report_dir() / "diff-v2-vs-v1.png"
     assert f"plot {png}" in out.stdout and png.read_bytes()[:4] == b"\x89PNG", out.stdout

@@ -709,7 +709,7 @@ def replay_cmd(
         console.print(f"{', '.join(f'{v}@v{n}' for v, n in chain)} caught up: {caught.reason}", highlight=False)
     for ref_view, ref_version in [(view, version), *chain]:
         result = replay.verify(ref_view, ref_version, settings, req.verify, by=req.triggered_by, on_wait=_say,
-                               end_timestamp_ms=req.end_timestamp_ms)
+                               on_start=_say, end_timestamp_ms=req.end_timestamp_ms)
         _print_verification(result)
         if not result.passed:
             raise UserError(f"{ref_view}@v{ref_version} failed verification; serving unchanged")
@@ -770,8 +770,9 @@ def _follow(req, settings, runner, *, timeout: float) -> None:
         task = bar.add_task(req.ref, total=None, detail="starting")
 
         def show(sample) -> None:
-            bar.update(task, total=max(sample.total, 1), completed=sample.done,
-                       detail=f"lag {sample.lag:,}  ETA {sample.eta_text}")
+            reading = f"  (~{sample.reading:,} read, not committed yet)" if sample.reading else ""
+            bar.update(task, total=max(sample.total, 1), completed=sample.done + sample.reading,
+                       detail=f"lag {sample.lag:,}  ETA {sample.eta_text}{reading}")
 
         caught = replay.follow(req, settings, runner, timeout=timeout, on_sample=show)
         bar.update(task, detail="caught up")
@@ -789,7 +790,8 @@ def verify_cmd(
     """Check a caught-up version: recompute of its own transform, plus the oracle if any (-> verified or failed)."""
     from kappa.control import replay
 
-    result = replay.verify(view, version, _tool_settings(), mode, by=_by(), end_timestamp_ms=end_ts, on_wait=_say)
+    result = replay.verify(view, version, _tool_settings(), mode, by=_by(), end_timestamp_ms=end_ts, on_wait=_say,
+                           on_start=_say)
     _print_verification(result)
     if not result.passed:
         raise typer.Exit(1)

@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.runtime.batch import BatchHandler
 from kappa.runtime.deltars import create_table, rs_uri
-from kappa.runtime.checkpoint import RunMismatch, last_commit, offsets_of, open_run, run_progress, save_run_info
+from kappa.runtime.checkpoint import RunMismatch, batch_ids, last_commit, offsets_of, open_run, run_progress, save_run_info
 from kappa.errors import one_line
 from kappa.identity import RUN_ID_PROPERTY, ViewPaths, app_id
 from kappa.runtime.lineage import batch_metadata, parse_offset_log
 from kappa.runtime.lock import DriverLock, LakeLease
 from kappa.runtime.late import dropped_by_watermark, late_records
+from kappa.runtime.inflight import READ_SPLIT_RECORDS
 from kappa.runtime.lookups import LookupCache
 from kappa.runtime.metrics import ViewMetrics
 from kappa.runtime.parsing import decode
@@ -229,6 +230,8 @@ class ViewJob:
         self.start_offsets: dict[int, int] | None = None
         self.target_offsets: dict[int, int] | None = None  # what the run had to reach when it started
         self.processed_offsets: dict[int, int] = {}
+        self._last_batch: int | None = None  # the main query's last committed micro-batch (progress events)
+        self._reading: Any = None  # kappa.runtime.inflight.Reading of a long running micro-batch, else None
         self._pace = _Pace()  # whether micro-batches outlast the trigger (said once when it starts and ends)
         self.bound_port: int | None = None
         self._recoveries = 0
@@ -269,7 +272,8 @@ class ViewJob:
         reader = reader.option("failOnDataLoss", "false" if compacted else "true")
         if self.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(self.max_offsets_per_trigger))
-        return reader.load()
+        # a big batch (a replay, a catch-up) is read by many tasks: every core busy, progress inside the batch
+        return reader.option("maxRecordsPerPartition", str(READ_SPLIT_RECORDS)).load()
 
     def _decoded_stream(self) -> "DataFrame":
         return self._decode(self._read_stream(self.settings.topic(self.view.stream_topic)))
@@ -416,6 +420,7 @@ class ViewJob:
             self.publisher.start(self.trigger_seconds)
         self._lag_thread = threading.Thread(target=self._poll_lag, name=f"lag-{view.ref}", daemon=True)
         self._lag_thread.start()
+        threading.Thread(target=self._poll_reading, name=f"reading-{view.ref}", daemon=True).start()
         from kappa.runtime.repairs import WINDOW_START, RepairInbox
 
         if not self.paths.is_local and view.finality is not None and WINDOW_START in view.keys:
@@ -603,6 +608,7 @@ class ViewJob:
 
     def _on_progress(self, progress: Any) -> None:
         m = self.metrics
+        self._last_batch = progress.batchId
         m.g(m.input_rate).set(progress.inputRowsPerSecond or 0.0)
         m.g(m.processed_rate).set(progress.processedRowsPerSecond or 0.0)
         m.g(m.input_rows).inc(progress.numInputRows or 0)
@@ -645,6 +651,38 @@ class ViewJob:
                 self._remember_start(initial if initial is not None else {p: o for p, o in offsets.items()})
             self.processed_offsets.update(offsets)
 
+    def _next_batch(self) -> int:
+        """The id of the main query's micro-batch that runs now or next."""
+        if self._last_batch is None:
+            committed = batch_ids(f"{self.paths.checkpoint}/main/commits")
+            self._last_batch = max(committed) if committed else -1
+        return self._last_batch + 1
+
+    def _poll_reading(self, period: float = 1.0, log_every: float = 10.0) -> None:
+        """In-batch progress of a long micro-batch (:mod:`kappa.runtime.inflight`): ``kappa_batch_records_read``,
+        and a line in the job's log every ``log_every`` s while it reads."""
+        from kappa.runtime.inflight import ReadTracker
+
+        tracker: ReadTracker | None = None
+        logged: tuple[int, float] | None = None
+        m = self.metrics
+        while not self._stop.wait(period):
+            try:
+                run_id = str(self.queries[0].runId)  # a recovered query has a run id (job group) of its own
+                if tracker is None or tracker.group != run_id:
+                    tracker = ReadTracker(self.spark.sparkContext.statusTracker(), run_id, next_batch=self._next_batch,
+                                          batch_range=lambda b: self._batch_range(self.spark, b)[:2])
+                reading = tracker.sample()
+            except Exception as exc:  # noqa: BLE001 - a progress estimate; the batch itself goes on
+                log.debug("%s: in-batch progress unavailable: %s", self.view.ref, one_line(exc))
+                reading = None
+            self._reading = reading
+            m.g(m.batch_read).set(reading.read if reading is not None else 0)
+            if reading is not None and (logged is None or logged[0] != reading.batch_id
+                                        or time.monotonic() - logged[1] >= log_every):
+                log.info("%s: %s", self.view.ref, reading.summary())
+                logged = (reading.batch_id, time.monotonic())
+
     def _poll_lag(self) -> None:
         from kappa.log.topics import partition_offsets
 
@@ -664,8 +702,11 @@ class ViewJob:
             m.g(m.kafka_reachable).set(1)
             m.g(m.kafka_unreachable_seconds).set(0)
             total_lag = 0
+            reading = self._reading  # a long micro-batch running now: what its read tasks got through
+            # before the run's first commit, a running first batch starts where the run does
+            done_offsets = self.processed_offsets or (dict(reading.start) if reading is not None else {})
             for partition, (low, high) in ends.items():
-                processed = self.processed_offsets.get(partition, low if self.processed_offsets else None)
+                processed = done_offsets.get(partition, low if done_offsets else None)
                 p = str(partition)
                 m.g(m.log_end, topic=topic, partition=p).set(high)
                 if processed is None:
@@ -680,12 +721,17 @@ class ViewJob:
                 m.g(m.last_delta_version).set(_RsTable(self.paths.table.removeprefix("file:")).version())
             except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
                 pass
-            if self.processed_offsets:
-                start = self.start_offsets or {p: low for p, (low, _high) in ends.items()}
+            if done_offsets:
+                start = self.start_offsets or done_offsets
                 target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}
-                ratio = run_progress(start, target, self.processed_offsets).ratio
+                counted = run_progress(start, target, done_offsets)
+                ratio, rate = counted.ratio, m.g(m.processed_rate)._value.get()
+                if reading is not None and counted.total and reading.rate:
+                    # not done before the batch commits: short of 1.0, at least a second left
+                    ratio = min(0.999, (counted.done + reading.read) / counted.total)
+                    total_lag, rate = max(0, total_lag - reading.read), reading.rate
+                    total_lag = max(total_lag, int(rate))
                 m.g(m.progress).set(ratio)
-                rate = m.g(m.processed_rate)._value.get()
                 # caught up (the run's target reached): what remains is the live stream's own lag, not a wait
                 m.g(m.eta).set(0.0 if ratio >= 1.0 or total_lag == 0 else
                                total_lag / rate if rate > 0 else float("inf"))

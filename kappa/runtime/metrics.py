@@ -102,13 +102,17 @@ class ViewMetrics:
                                    "transform, write, quarantine, bookkeeping; Spark's own: plan, offsets, commit).",
                                    ("phase",))
         self.progress = gauge("kappa_replay_progress_ratio",
-                              "Share of the records between the start position and the log end processed.")
+                              "Share of the records between the start position and the log end processed (with what "
+                              "a long micro-batch running now has read).")
         self.kafka_reachable = gauge("kappa_kafka_reachable", "1 when the job's last look at its topic's offsets "
                                      "reached the broker, 0 while it cannot (the job waits).")
         self.kafka_unreachable_seconds = gauge("kappa_kafka_unreachable_seconds",
                                                "Seconds since the job last reached the broker (0 while it does).")
-        self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate; 0 "
-                         "once the run's target was reached).")
+        self.eta = gauge("kappa_replay_eta_seconds", "Estimated seconds until caught up (lag / processed rate, or "
+                         "the read rate of a long micro-batch running now; 0 once the run's target was reached).")
+        self.batch_read = gauge("kappa_batch_records_read", "Records of the micro-batch running now read so far, "
+                                "estimated from its finished read tasks (batches over 50,000 records that have run "
+                                "2 s; 0 otherwise).")
         self.falling_behind = gauge("kappa_falling_behind", "1 while live micro-batches take longer than the "
                                     "trigger interval (3 in a row; 0 again after 3 that fit).")
         self.published_rows = Counter("kappa_published_rows", "Rows of the table published to the version's "

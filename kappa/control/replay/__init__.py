@@ -47,7 +47,8 @@ steps need (module, topic, paths, run identity):
 ``upgrade``            upgrade modes: :func:`continue_point` (seed and start of a ``continue`` version)
 ``repair``             partial-range replay: :func:`~kappa.control.replay.repair.repair_range`
 ``launching``          :func:`launch`, :func:`adopt_serving`
-``following``          :func:`progress`, :func:`caught_up`
+``following``          :func:`progress`, :func:`caught_up`; :func:`with_reading`: what a running micro-batch
+                       has read
 ``verification``       :func:`verify`, :class:`Verification`, :func:`expectations_check`
 ``switch``             :func:`promote`, :func:`promote_chain`, :func:`rollback`, :func:`retire_expired`, the Spark
                        SQL catalog
@@ -62,7 +63,7 @@ from __future__ import annotations
 from kappa.runtime.checkpoint import checkpoint_batches
 from kappa.control.replay.launching import adopt_serving, launch
 from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTORY, Preflight, measured_throughput, preflight
-from kappa.control.replay.following import CatchUp, Progress, caught_up, follow, progress
+from kappa.control.replay.following import CatchUp, Progress, caught_up, follow, progress, with_reading
 from kappa.control.replay.request import (DEFAULT_MAX_LAG, END_MODES, START_MODES, VERIFY_MODES, ReplayError, ReplayRequest,
                                   VersionBusy, offsets_from_json, parse_end, parse_start, spark_offsets)
 from kappa.control.replay.upgrade import continue_point, upgrade_mode
@@ -81,5 +82,5 @@ __all__ = [
     "parse_start", "preflight", "progress", "promote", "promote_chain",
     "registry_of", "retire_expired", "rollback", "run_app_id",
     "spark_catalog", "spark_offsets", "stream_topic", "table_rows", "verify",
-    "write_catalog_sql",
+    "with_reading", "write_catalog_sql",
 ]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
+import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.control.runners.base import Runner
 
-__all__ = ["CatchUp", "Progress", "caught_up", "follow", "progress"]
+__all__ = ["CatchUp", "Progress", "caught_up", "follow", "progress", "with_reading"]
 
 log = logging.getLogger("kappa.control.replay")
 
@@ -50,6 +52,9 @@ class Progress:
         sampled_at: Time of the sample (UTC).
         job_state: Runner status of the job (``running``, ``finished``...), if asked.
         log_end: The log end now (live) or the offsets at the end timestamp (bounded); ``lag`` is measured to it.
+        reading: Records the micro-batch running now has read so far, as its job reports them
+            (``kappa_batch_records_read``, :mod:`kappa.runtime.inflight`); 0 when none runs long or it is unknown.
+            Not in ``done`` (that is what committed); :func:`follow` shows it and takes the job's ETA with it.
     """
 
     view: str
@@ -68,6 +73,7 @@ class Progress:
     sampled_at: datetime
     job_state: str | None = None
     log_end: dict[int, int] = field(default_factory=dict)
+    reading: int = 0
 
     def __post_init__(self) -> None:
         if not self.log_end:  # a sample built by hand: the target is the log end
@@ -86,7 +92,8 @@ class Progress:
     def summary(self) -> str:
         """One human line."""
         rate = f", {self.rate:,.0f} rec/s" if self.rate is not None else ""
-        return (f"{self.ref}: {self.ratio:.1%} ({self.done:,}/{self.total:,} records), lag {self.lag:,}{rate}, "
+        reading = f", ~{self.reading:,} more read by the running micro-batch" if self.reading else ""
+        return (f"{self.ref}: {self.ratio:.1%} ({self.done:,}/{self.total:,} records{reading}), lag {self.lag:,}{rate}, "
                 f"ETA {_human_seconds(self.eta_seconds)}, batch {self.batch_id if self.batch_id is not None else '-'}")
 
     def metrics_text(self) -> str:
@@ -277,6 +284,8 @@ def follow(req: Any, settings: Settings, runner: Runner, *, timeout: float = 0.0
         if record:
             last_record = time.monotonic()
         samples.append(sample)
+        if runner is not None:  # what the job's running micro-batch has read (its /metrics)
+            sample = with_reading(sample, runner.status(req.view, req.version).metrics_url)
         if on_sample is not None:
             on_sample(sample)
         caught = caught_up(req.view, req.version, settings, runner, by=req.triggered_by,
@@ -288,6 +297,31 @@ def follow(req: Any, settings: Settings, runner: Runner, *, timeout: float = 0.0
                               f"running - follow it again with `{settings.cli} replay {req.view} --version "
                               f"{req.version}` (it verifies it once caught up)")
         time.sleep(poll)
+
+
+def with_reading(sample: Progress, metrics_url: str | None) -> Progress:
+    """``sample`` with what the job's running micro-batch has read (its ``/metrics``), and the job's ETA from
+    its read rate while it runs: a replay that reads its range in one micro-batch shows progress before it
+    commits. Unchanged when the job exports nothing (no metrics, unreachable, no long batch)."""
+    if not metrics_url or sample.eta_seconds == 0.0:
+        return sample
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(metrics_url, timeout=2) as resp:
+            text = resp.read().decode()
+        values = {s.name: float(s.value) for f in text_string_to_metric_families(text) for s in f.samples
+                  if s.name in ("kappa_batch_records_read", "kappa_replay_eta_seconds")}
+    except Exception as exc:  # noqa: BLE001 - an estimate: the checkpoint's progress stands without it
+        log.debug("%s: no in-batch progress from %s: %s", sample.ref, metrics_url, one_line(exc))
+        return sample
+    read = int(values.get("kappa_batch_records_read") or 0)
+    if read <= 0:
+        return sample
+    read = min(read, max(0, sample.total - sample.done))
+    eta = values.get("kappa_replay_eta_seconds")
+    return replace(sample, reading=read, ratio=min(0.999, (sample.done + read) / sample.total) if sample.total else 1.0,
+                   eta_seconds=eta if eta is not None and 0 < eta < math.inf else sample.eta_seconds)
 
 
 def _owed_output(vv: ViewVersion) -> str | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.errors import one_line
 from kappa.runtime.checkpoint import offsets_of
+from kappa.runtime.inflight import READ_SPLIT_RECORDS
 from kappa.identity import ViewPaths
 from kappa.control.registry import Registry, code_hash
 from kappa.control.replay.request import (ReplayError, ReplayRequest, VersionBusy, offsets_from_json, parse_offsets,
@@ -104,7 +105,11 @@ class Preflight:
             if bound and bound < self.records:  # the follow's rate comes from the first bounded micro-batches
                 eta = (f"; ETA unknown until its first micro-batches of at most {bound:,} records "
                        f"({self.throughput_source})")
-            else:  # one micro-batch reads them all: there is no rate to show before it commits
+            elif self.records > READ_SPLIT_RECORDS:  # one big micro-batch: its read tasks show how far it got
+                eta = (f"; ETA unknown before it starts ({self.throughput_source}): it reads these records in one "
+                       "micro-batch, whose read tasks show progress and an ETA while it runs; its rate gives later "
+                       "replays an ETA")
+            else:  # one small micro-batch reads them all: there is no rate to show before it commits
                 eta = (f"; ETA unknown ({self.throughput_source}): it reads these records in one micro-batch, so "
                        "progress shows when that commits; its rate gives later replays an ETA")
         else:

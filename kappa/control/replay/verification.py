@@ -11,14 +11,18 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from kappa.errors import one_line
+from kappa.identity import view_ref
 from kappa.control.registry import RegistryError
-from kappa.control.replay.planning import _short_offsets
+from kappa.control.replay.planning import _human_seconds, _short_offsets
 from kappa.control.replay.request import VERIFY_MODES, ReplayError, offsets_from_json, spark_offsets
 from kappa.control.replay.version import ViewVersion, alias_of, registry_of
 
@@ -218,8 +222,12 @@ def _expectations(vv: ViewVersion, *, upto: int | None = None) -> Any:
 
 
 def verify(view: str, version: int, settings: Settings, mode: str = "strict", *, by: str,
-           end_timestamp_ms: int | None = None, on_wait: Callable[[str], None] | None = None) -> Verification:
+           end_timestamp_ms: int | None = None, on_wait: Callable[[str], None] | None = None,
+           on_start: Callable[[str], None] | None = None) -> Verification:
     """Check a caught-up version; ``verified`` or ``failed`` in the registry.
+
+    Before a strict check starts, ``on_start`` (default: the log) gets one line with its size (recorded
+    micro-batches, records) and, when verifications were measured here, its ETA (:func:`measured_verification`).
 
     One strict verification per version at a time (a lake on a local or mounted file system): a second request
     waits for the one running (``on_wait`` gets one line saying whose, since when; default: the log) and takes
@@ -252,7 +260,8 @@ def verify(view: str, version: int, settings: Settings, mode: str = "strict", *,
     with _one_at_a_time(paths, f"{view}@v{version}", by, on_wait or log.info) as earlier:
         if earlier is not None:
             return earlier
-        result = _verify(view, version, settings, mode, by=by, end_timestamp_ms=end_timestamp_ms)
+        result = _verify(view, version, settings, mode, by=by, end_timestamp_ms=end_timestamp_ms,
+                         on_start=on_start or log.info)
         _keep_result(paths, result, by)
         return result
 
@@ -339,8 +348,35 @@ def _result_since(folder: Path, paths: Any, since: datetime) -> Verification | N
     return Verification(**data)
 
 
+def measured_verification(registry: Any) -> tuple[float | None, str]:
+    """Records/s of the last :data:`~kappa.control.replay.planning.THROUGHPUT_HISTORY` strict verifications here
+    of at least :data:`~kappa.control.replay.planning.MIN_MEASURED_RECORDS` records (all records over all seconds,
+    as each ``verified`` note recorded them: ``N records checked in S s``); (None, why) when there is none."""
+    from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTORY
+
+    try:
+        events = registry.events()
+    except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
+        return None, f"verification history unreadable: {one_line(exc)}"
+    runs = []
+    for e in events:
+        found = _CHECKED.search(e.note or "") if e.to_state == "verified" else None
+        if found and int(found["records"].replace(",", "")) >= MIN_MEASURED_RECORDS and float(found["seconds"]) > 0:
+            runs.append((e.at, int(found["records"].replace(",", "")), float(found["seconds"]),
+                         view_ref(e.view, e.version)))
+    if not runs:
+        return None, f"no verification of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+    last = sorted(runs)[-THROUGHPUT_HISTORY:]
+    return (sum(r[1] for r in last) / sum(r[2] for r in last),
+            f"the last {len(last)} here: {', '.join(r[3] for r in last)}")
+
+
+#: How a ``verified`` note records the check's size and time (read back by :func:`measured_verification`).
+_CHECKED = re.compile(r"(?P<records>[\d,]+) records checked in (?P<seconds>[\d.]+) s")
+
+
 def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
-            end_timestamp_ms: int | None) -> Verification:
+            end_timestamp_ms: int | None, on_start: Callable[[str], None] = log.info) -> Verification:
     """:func:`verify` itself."""
     from deltalake import DeltaTable
 
@@ -402,6 +438,12 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
                           "view needs every batch from 0 - verify=none, or replay again")
     seed = vv.run_info().get("seed")  # a continued version: its range lands on the serving version's rows
     base = (seed["table"], int(seed["delta_version"])) if seed else None
+    records = sum(max(0, o - start.get(p, o)) for p, o in end.items())
+    rate, source = measured_verification(registry)
+    on_start(f"verifying {ref}: {len(batches):,} recorded micro-batches, {records:,} records"
+             + (f"; ETA ~{_human_seconds(records / rate)} at {rate:,.0f} records/s ({source})" if rate else
+                f"; ETA unknown ({source}): the re-run logs its progress and the time left"))
+    began = time.monotonic()
     with spark_session(settings) as spark:
         checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
                             batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
@@ -421,7 +463,8 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     failed = [c for c in checks if not c.passed]
     versus = (f"; vs serving v{report.serving_version}: {report.added} keys only here, {report.removed} only "
               f"there, {report.changed} changed (diff report {report.json_path})" if report is not None else "")
-    where = f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+    where = (f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
+             f"; {records:,} records checked in {time.monotonic() - began:.1f} s")
     if seed:
         where += f", on v{seed.get('from_version')}'s rows at its Delta version {seed['delta_version']}"
     names = " and the ".join(c.name for c in checks if c.name != "expectations")
