@@ -182,6 +182,9 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
                 floor = int(re.search(r'--where "view_count >= (\d+)"', block.text).group(1))  # the docs' condition
                 assert all(n["kind"] in ("add", "change", "remove") and n["row"]["view_count"] >= floor
                            for n in notes), out
+            if "--cascade --dry-run" in block.text:  # one switch of the whole chain, not a promote of v2 alone
+                assert "switch readers to campaign_window_counts@v2, campaign_hourly_totals@v2 in one alias commit" \
+                    in out and "do not promote" not in out, out
             if "--detach" in block.text:
                 # preflight told the truth: no replay was measured on this fresh platform, so no made-up ETA
                 records = int(re.search(r"replay ([\d,]+) records", out).group(1).replace(",", ""))

@@ -160,7 +160,9 @@ def test_a_replay_read_in_one_micro_batch_shows_progress_and_an_eta_before_it_co
             assert job.failure() is None, job.failure()
             time.sleep(0.25)
         job.process_all_available()
-        after = scrape(job.bound_port)
+        # committed: the in-batch figures give way to the checkpoint's (the job polls every second)
+        after = _wait_for(lambda: (lambda m: m if value(m, "kappa_batch_records_read") == 0 and value(
+            m, "kappa_replay_progress_ratio") == 1.0 else None)(scrape(job.bound_port)), 30, "the commit's figures")
     finally:
         job.stop()
     assert job.handler.times.batches >= 1 and sum(job.processed_offsets.values()) == events

@@ -610,8 +610,8 @@ def test_a_verification_eta_comes_from_what_verified_notes_recorded(reg: Registr
     each ``verified`` note records ``N records checked in S s`` (kappa.control.replay.verification)."""
     from kappa.control.replay.verification import measured_verification
 
-    rate, why = measured_verification(reg)
-    assert rate is None and why == "no verification of >= 10,000 records measured here yet"
+    rate, why = measured_verification(reg, VIEW)
+    assert rate is None and why == f"no verification of {VIEW} with >= 10,000 records measured here yet"
     notes = {1: "x@v1: 10 rows equal the recompute (Delta version 3 = batch 2, offsets 0..9,000; 9,000 records "
                 "checked in 1.0 s)",  # too small to measure: left out
              2: "x@v2: 40 rows equal the recompute (...; 20,000 records checked in 10.0 s)",
@@ -620,6 +620,10 @@ def test_a_verification_eta_comes_from_what_verified_notes_recorded(reg: Registr
         register(reg, version)
         reg.set_state(VIEW, version, "caught_up", by="test")
         reg.set_state(VIEW, version, "verified", by="test", note=note)
-    rate, why = measured_verification(reg)
+    other = "campaign_window_counts"  # another view's verifications cost differently: not counted
+    register(reg, 1, view=other, module="jobs.campaign_window_counts.v1")
+    reg.set_state(other, 1, "caught_up", by="test")
+    reg.set_state(other, 1, "verified", by="test", note="y@v1: ...; 1,000,000 records checked in 1.0 s)")
+    rate, why = measured_verification(reg, VIEW)
     assert rate == pytest.approx(120_000 / 20.0), rate
     assert why == f"the last 2 here: {VIEW}@v2, {VIEW}@v3", why

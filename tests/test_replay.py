@@ -428,6 +428,9 @@ def test_continue_seeds_from_the_serving_version_and_reads_only_what_it_had_not(
             cli.main(["replay", "events_raw", "--version", "2", *argv])
         out = capsys.readouterr().out
         assert exited.value.code == 0 and said in out, out
+        # the verification step names both checks strict runs for a view with an oracle
+        assert "verify: strict - the table must be equal to a re-run of its own transform over the micro-batches " \
+            "it recorded and to the plain-Python oracle" in out, out
     try:
         # interrupted while it follows (SIGTERM: `timeout`, a closed terminal, make interrupted): the replay is the
         # platform's job, not the command's - it keeps running, and the command says how to follow or stop it

@@ -219,7 +219,8 @@ def test_a_view_written_only_as_a_transform_is_replayed_verified_and_promoted(
     assert "rows equal the recompute" in out.stdout, out.stdout
     # before the check: its size, and no made-up ETA (v1's few thousand records are too few to measure a rate)
     assert re.search(rf"verifying {VIEW}@v2: \d+ recorded micro-batches, [\d,]+ records; ETA unknown \(no "
-                     r"verification of >= 10,000 records measured here yet\): the re-run logs its progress",
+                     rf"verification of {VIEW} with >= 10,000 records measured here yet\): the re-run logs its "
+                     r"progress",
                      out.stdout), out.stdout
     assert "diff v2 vs serving v1: 0 keys added, 0 removed, 0 changed" in out.stdout, out.stdout
     png = replay.ViewVersion.resolve(VIEW, 2, settings).report_dir() / "diff-v2-vs-v1.png"

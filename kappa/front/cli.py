@@ -556,8 +556,9 @@ def query(
     if len(shown) < len(result.rows):
         console.print(_truncation_note(len(shown), len(result.rows)), highlight=False)
     for name, f in result.freshness.items():
+        watermark = f", watermark {f.watermark}" if f.watermark is not None else ""  # windowed views' tables only
         console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
-                      f"{f.last_commit}, watermark {f.watermark}", highlight=False)
+                      f"{f.last_commit}{watermark}", highlight=False)
 
 
 @app.command("watch")
@@ -683,7 +684,10 @@ def replay_cmd(
     console.print(pre.summary(), highlight=False)
     if dry_run:
         console.print("dry run - nothing registered, started or written; a replay would:", highlight=False)
-        for i, step in enumerate([*pre.plan(), *_cascade_steps(req, chain, settings)], 1):
+        plan = pre.plan()
+        if chain:  # the cascade switches the whole chain in one commit: that step replaces the version's own
+            plan = plan[:-1]
+        for i, step in enumerate([*plan, *_cascade_steps(req, chain, settings)], 1):
             console.print(f"  {i}. {step}", highlight=False)
         return
     rec = replay.launch(req, settings, runner, pre)

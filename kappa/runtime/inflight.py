@@ -67,8 +67,17 @@ class Reading:
         """Records/s read so far (None before a task finished)."""
         return self.read / self.seconds if self.read and self.seconds > 0 else None
 
+    @property
+    def complete(self) -> bool:
+        """Every read task finished: the batch goes on with what follows the read (state, the Delta commit),
+        for a time this cannot tell."""
+        return self.tasks_done >= self.tasks
+
     def summary(self) -> str:
         """One line for the job's log."""
+        if self.complete:
+            return (f"batch {self.batch_id}: all {self.records:,} records read ({self.tasks} read tasks) in "
+                    f"{self.seconds:.0f} s; writing")
         left = f", ~{(self.records - self.read) / self.rate:.0f} s left to read" if self.rate else ""
         return (f"batch {self.batch_id}: ~{self.read:,} of {self.records:,} records read "
                 f"({self.tasks_done} of {self.tasks} read tasks) in {self.seconds:.0f} s{left}")
@@ -96,13 +105,16 @@ class ReadTracker:
         self._start: Mapping[int, int] = {}
         self._partitions = 0
         self._stage: int | None = None
+        self._last: Reading | None = None
 
     def sample(self) -> Reading | None:
         """The running batch's read so far; None when no batch runs, it is young, or its read is not found."""
+        batch, now = self.next_batch(), self.clock()
         active = set(self.tracker.getActiveJobsIds()) & set(self.tracker.getJobIdsForGroup(self.group))
         if not active:
-            return None
-        batch, now = self.next_batch(), self.clock()
+            # between two jobs of the batch, or in its driver-side commit: the batch it follows has not
+            # committed yet (the next batch id has not moved), so what it read stands
+            return self._last if self._last is not None and self._last.batch_id == batch else None
         if batch != self._batch:
             self._batch, self._seen_at, self._records, self._stage = batch, now, None, None
         if now - self._seen_at < MIN_BATCH_SECONDS:
@@ -122,8 +134,12 @@ class ReadTracker:
         if info is None or not info.numTasks:
             return None
         done = min(info.numCompletedTasks, info.numTasks)
-        return Reading(batch_id=batch, start=self._start, records=self._records, read=self._records * done // info.numTasks,
-                       tasks=info.numTasks, tasks_done=done, seconds=now - self._seen_at)
+        if self._last is not None and self._last.batch_id == batch and self._last.complete:
+            return self._last  # read: its read time stays what it was
+        self._last = Reading(batch_id=batch, start=self._start, records=self._records,
+                             read=self._records * done // info.numTasks, tasks=info.numTasks, tasks_done=done,
+                             seconds=now - self._seen_at)
+        return self._last
 
     def _read_stage(self, jobs: set[int]) -> int | None:
         """The batch's read stage: the lowest stage id among its running jobs with a task per partition it reads

@@ -664,7 +664,7 @@ class ViewJob:
         from kappa.runtime.inflight import ReadTracker
 
         tracker: ReadTracker | None = None
-        logged: tuple[int, float] | None = None
+        logged: tuple[int, float, bool] | None = None
         m = self.metrics
         while not self._stop.wait(period):
             try:
@@ -679,9 +679,10 @@ class ViewJob:
             self._reading = reading
             m.g(m.batch_read).set(reading.read if reading is not None else 0)
             if reading is not None and (logged is None or logged[0] != reading.batch_id
-                                        or time.monotonic() - logged[1] >= log_every):
-                log.info("%s: %s", self.view.ref, reading.summary())
-                logged = (reading.batch_id, time.monotonic())
+                                        or (not logged[2] and (reading.complete
+                                                               or time.monotonic() - logged[1] >= log_every))):
+                log.info("%s: %s", self.view.ref, reading.summary())  # while it reads, and once when read
+                logged = (reading.batch_id, time.monotonic(), reading.complete)
 
     def _poll_lag(self) -> None:
         from kappa.log.topics import partition_offsets
@@ -727,10 +728,13 @@ class ViewJob:
                 counted = run_progress(start, target, done_offsets)
                 ratio, rate = counted.ratio, m.g(m.processed_rate)._value.get()
                 if reading is not None and counted.total and reading.rate:
-                    # not done before the batch commits: short of 1.0, at least a second left
+                    # not done before the batch commits: short of 1.0; once read, what is left (state, the
+                    # Delta commit) takes a time nothing here measures - the ETA is unknown (inf), not 0
                     ratio = min(0.999, (counted.done + reading.read) / counted.total)
                     total_lag, rate = max(0, total_lag - reading.read), reading.rate
                     total_lag = max(total_lag, int(rate))
+                    if reading.complete:
+                        rate = 0.0
                 m.g(m.progress).set(ratio)
                 # caught up (the run's target reached): what remains is the live stream's own lag, not a wait
                 m.g(m.eta).set(0.0 if ratio >= 1.0 or total_lag == 0 else

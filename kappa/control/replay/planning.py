@@ -139,8 +139,14 @@ class Preflight:
                      if req.bounded else f"wait until it lags at most {req.max_lag:,} records behind the log end "
                      "(or no more than the serving version)")
         base = " on top of the seeded rows" if self.seed is not None else ""
-        steps.append(f"verify: strict - the table must equal the plain-Python oracle over the offsets it holds{base}"
-                     if req.verify == "strict" else "verify: none - accept the table as it is")
+        if req.verify == "strict":
+            from kappa.verify.oracle import oracle_for
+
+            also = " and to the plain-Python oracle" if oracle_for(req.view, req.version) is not None else ""
+            steps.append("verify: strict - the table must be equal to a re-run of its own transform over the "
+                         f"micro-batches it recorded{also}, over the offsets it holds{base}")
+        else:
+            steps.append("verify: none - accept the table as it is")
         from kappa.config import Settings
 
         cli = Settings.from_env().cli

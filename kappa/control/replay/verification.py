@@ -348,14 +348,16 @@ def _result_since(folder: Path, paths: Any, since: datetime) -> Verification | N
     return Verification(**data)
 
 
-def measured_verification(registry: Any) -> tuple[float | None, str]:
-    """Records/s of the last :data:`~kappa.control.replay.planning.THROUGHPUT_HISTORY` strict verifications here
-    of at least :data:`~kappa.control.replay.planning.MIN_MEASURED_RECORDS` records (all records over all seconds,
-    as each ``verified`` note recorded them: ``N records checked in S s``); (None, why) when there is none."""
+def measured_verification(registry: Any, view: str) -> tuple[float | None, str]:
+    """Records/s of the last :data:`~kappa.control.replay.planning.THROUGHPUT_HISTORY` strict verifications of
+    ``view`` (any version) here of at least :data:`~kappa.control.replay.planning.MIN_MEASURED_RECORDS` records:
+    all records over all seconds, as each ``verified`` note recorded them (``N records checked in S s``). Only
+    the same view's: what a check costs per record depends on the view (its state, its oracle). (None, why)
+    when there is none."""
     from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTORY
 
     try:
-        events = registry.events()
+        events = registry.events(view)
     except Exception as exc:  # noqa: BLE001 - an unreadable registry only costs the estimate
         return None, f"verification history unreadable: {one_line(exc)}"
     runs = []
@@ -365,7 +367,7 @@ def measured_verification(registry: Any) -> tuple[float | None, str]:
             runs.append((e.at, int(found["records"].replace(",", "")), float(found["seconds"]),
                          view_ref(e.view, e.version)))
     if not runs:
-        return None, f"no verification of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+        return None, f"no verification of {view} with >= {MIN_MEASURED_RECORDS:,} records measured here yet"
     last = sorted(runs)[-THROUGHPUT_HISTORY:]
     return (sum(r[1] for r in last) / sum(r[2] for r in last),
             f"the last {len(last)} here: {', '.join(r[3] for r in last)}")
@@ -439,7 +441,7 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     seed = vv.run_info().get("seed")  # a continued version: its range lands on the serving version's rows
     base = (seed["table"], int(seed["delta_version"])) if seed else None
     records = sum(max(0, o - start.get(p, o)) for p, o in end.items())
-    rate, source = measured_verification(registry)
+    rate, source = measured_verification(registry, view)
     on_start(f"verifying {ref}: {len(batches):,} recorded micro-batches, {records:,} records"
              + (f"; ETA ~{_human_seconds(records / rate)} at {rate:,.0f} records/s ({source})" if rate else
                 f"; ETA unknown ({source}): the re-run logs its progress and the time left"))
