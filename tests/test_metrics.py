@@ -166,6 +166,10 @@ def test_a_replay_read_in_one_micro_batch_shows_progress_and_an_eta_before_it_co
     finally:
         job.stop()
     assert job.handler.times.batches >= 1 and sum(job.processed_offsets.values()) == events
+    # the run recorded when it reached its target: later replays' ETA counts to it (planning.measured_throughput)
+    from kappa.runtime.checkpoint import run_info
+
+    assert datetime.fromisoformat(run_info(job.paths.checkpoint)["target_reached_at"]) <= datetime.now(UTC)
     inside = [s for s in seen if 0 < s[0] < events]
     assert inside, f"no sample showed a part of the batch read before it committed: {seen}"
     # one task's share or more at a time (the read is split into tasks of at most READ_SPLIT_RECORDS records)

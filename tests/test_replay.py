@@ -43,6 +43,7 @@ from jobs.campaign_window_counts.oracle import expected_window_counts_v2
 from jobs.user_sessions.oracle import expected_sessions, expected_sessions_batched, late_session_records
 from kappa.verify.oracle import LogRecord, OracleInput, Validated
 from kappa.control.registry import Registry
+from kappa.identity import ViewPaths
 from kappa.control.replay import ReplayError, ReplayRequest, VersionBusy
 from tests.conftest import subprocess_env
 from tests.helpers import FakeRunner
@@ -844,6 +845,16 @@ def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
     replayed(2, 50_000)
     rate, why = replay.measured_throughput(registry)
     assert rate is not None and rate > 0 and why.startswith(f"measured here: 1 replay ({VIEW}@v2)"), why
+    # the job recorded when the run reached its target (run.json): that time and the run's own range count, not
+    # the caught_up event, which comes only when something samples the replay (a detached one: much later)
+    registered = registry.events(VIEW, 2)[0].at
+    checkpoint = Path(ViewPaths(registry.lake_uri, VIEW, 2).checkpoint)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "run.json").write_text(json.dumps({
+        "run_id": "r", "start_offsets": {"0": 0}, "target_offsets": {"0": 40_000},
+        "target_reached_at": (registered + timedelta(seconds=4)).isoformat()}))
+    rate, _why = replay.measured_throughput(registry)
+    assert rate == pytest.approx(40_000 / 4), rate
 
 
 @pytest.mark.integration

@@ -17,6 +17,10 @@ Measures, in one run on one machine (numbers are only comparable side by side):
     oracle, and our replay's throughput as a ratio to it;
 (f) what keeping late records costs (:mod:`kappa.runtime.late`): a replay of a log with late events all through it,
     with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
+(h) replay per core: the replay of (b) in a Spark of 1 and of 2 cores (``local[1]``, ``local[2]``; shuffle
+    partitions = cores; each after a warm-up replay in its own session), events/s per core and how much of the
+    second core the replay uses; with (b)'s fixed cost and marginal rate, what a history of N events takes on C
+    cores (docs/performance.md gives the formula);
 (g) ``make run``'s steady state: the local stack (view host, producer at 200 events/s, Airflow) started in its
     own home on the bench's broker; after 5 minutes each view's lag and latency, its batches' mean duration and
     phases over the last minute, the RSS/PSS of everything it started and the cores each part used.
@@ -169,6 +173,43 @@ def replay_run(spark: Any, settings: Any, view: Any, events: int, *,
             "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total),
             "late_batches": len(job.late_batches),
             "late_kept": registry.get_sample_value("kappa_late_records_kept_total", labels) or 0}
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """(intercept, slope) of the least-squares line through (xs, ys); None with fewer than two distinct xs."""
+    import numpy
+
+    if len(set(xs)) < 2:
+        return None
+    slope, intercept = numpy.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
+
+
+def per_core(settings: Any, view: Any, topic: str, events: int, *, warm_topic: str, warm_events: int,
+             cores: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
+    """(h) The replay of (b) in a Spark session of each size in ``cores`` (``local[N]``, shuffle partitions N),
+    after a warm-up replay of ``warm_topic`` in the same session: events/s, events/s per core, and the speed-up
+    of the largest over one core (its share of linear: ``efficiency``)."""
+    from kappa.runtime.spark import build_spark, stop_spark
+
+    runs: dict[str, Any] = {}
+    for i, n in enumerate(cores):
+        spark = build_spark(f"kappa-bench-{n}-cores", settings, master=f"local[{n}]", driver_memory="2g")
+        try:
+            replay_run(spark, settings, dataclasses.replace(view, stream_topic=warm_topic, version=300 + 10 * i),
+                       warm_events)
+            run = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topic, version=301 + 10 * i),
+                             events)
+        finally:
+            stop_spark(spark)
+        runs[str(n)] = {"cores": n, "seconds": run["seconds"], "events_per_s": run["events_per_s"],
+                        "events_per_s_per_core": run["events_per_s"] / n}
+        print(f"(h) replay on {n} core{'s' if n > 1 else ''}: {run['events_per_s']:,.0f} events/s "
+              f"({run['events_per_s'] / n:,.0f} per core)")
+    one, most = runs[str(cores[0])], runs[str(cores[-1])]
+    speedup = most["events_per_s"] / one["events_per_s"]
+    return {"events": events, "runs": runs, "speedup": speedup,
+            "efficiency": speedup / (cores[-1] / cores[0])}
 
 
 def late_cost(spark: Any, settings: Any, view: Any, topic: str, events: int) -> dict[str, Any]:
@@ -326,6 +367,9 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             result["replay"]["sizes"] = [{k: r[k] for k in ("events", "seconds", "events_per_s", "batches")}
                                          for r in runs]
             result["replay"]["linear_r2"] = _r_squared([r["events"] for r in runs], [r["seconds"] for r in runs])
+            fit = _line([r["events"] for r in runs], [r["seconds"] for r in runs])
+            if fit is not None:  # replay time = fixed + events / marginal rate
+                result["replay"]["fixed_s"], result["replay"]["marginal_events_per_s"] = fit[0], 1.0 / fit[1]
             result["replay"]["ratio_to_raw"] = result["replay"]["events_per_s"] / result["raw_ceiling"]["events_per_s"]
             result["replay"]["ratio_to_live_rate"] = result["replay"]["events_per_s"] / live_rate
             print(f"(b) replay: {result['replay']['events_per_s']:,.0f} events/s "
@@ -383,6 +427,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   f"p50 {_secs(result['live']['steady_p50_s'])}, p99 {_secs(result['live']['steady_p99_s'])}")
         result["peak_rss_mb"] = {k: v / 2**20 for k, v in rss.peak.items()}
         stop_spark(spark)
+        result["per_core"] = per_core(settings, view, topic, events, warm_topic=extra_topics[0] if extra_topics
+                                      else topic, warm_events=_sizes(events)[0])
         if stack_minutes > 0:
             result["stack"] = stack_steady_state(settings, minutes=stack_minutes,
                                                  broker_pid=broker.pid if broker is not None else None)
@@ -572,7 +618,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=2))
-    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(17, 4))
+    fig, (ax1, ax2, ax3, ax4, ax5) = plt.subplots(1, 5, figsize=(21, 4))
     names = ["raw consumer (a)", "Spark read (a')", "Spark decode (a')", "replay (b)", "live rate"]
     ceiling = result.get("spark_ceiling") or {}
     values = [result["raw_ceiling"]["events_per_s"], ceiling.get("read_events_per_s", 0.0),
@@ -595,6 +641,15 @@ def _report(result: dict[str, Any], out: Path) -> None:
     ax4.tick_params(axis="x", labelrotation=30)
     ax4.set_ylabel("seconds of produce behind (max, last minute)")
     ax4.set_title("make run steady state (g)")
+    per_core_runs = (result.get("per_core") or {}).get("runs") or {}
+    ax5.bar([f"{n} core(s)" for n in per_core_runs], [r["events_per_s"] for r in per_core_runs.values()],
+            color="#2a7")
+    ax5.bar([f"{n} core(s)" for n in per_core_runs], [r["events_per_s_per_core"] for r in per_core_runs.values()],
+            color="#7c9", width=0.4, label="per core")
+    ax5.set_ylabel("events/s")
+    ax5.set_title("replay per core (h)")
+    if per_core_runs:
+        ax5.legend()
     fig.tight_layout()
     fig.savefig(out / "bench.png", dpi=100)
     table = Table("measure", "value")
@@ -621,6 +676,15 @@ def _report(result: dict[str, Any], out: Path) -> None:
     if "steady_p99_s" in result["live"]:
         table.add_row(f"    after {result['live']['warmup_s']:.0f} s of load: p50 / p99 (goal p99 <= 5 s)",
                       f"{_secs(result['live']['steady_p50_s'])} / {_secs(result['live']['steady_p99_s'])}")
+    if "fixed_s" in result["replay"]:
+        table.add_row("    fixed cost / marginal rate (linear fit)",
+                      f"{result['replay']['fixed_s']:.1f} s / {result['replay']['marginal_events_per_s']:,.0f} events/s")
+    cores = result.get("per_core") or {}
+    for n, r in (cores.get("runs") or {}).items():
+        table.add_row(f"(h) replay on {n} core{'s' if r['cores'] > 1 else ''}",
+                      f"{r['events_per_s']:,.0f} events/s, {r['events_per_s_per_core']:,.0f} per core")
+    if cores:
+        table.add_row("    speed-up over 1 core / efficiency", f"{cores['speedup']:.2f}x / {cores['efficiency']:.0%}")
     late = result.get("late") or {}
     if late:
         table.add_row(f"(f) replay of {late['events']:,} events, 5 % late", (

@@ -326,6 +326,21 @@ class ViewJob:
             return offsets_for_timestamp(self.settings, topic, self.end_timestamp_ms)
         return {p: high for p, (_low, high) in partition_offsets(self.settings, topic).items()}
 
+    def _remember_target_reached(self) -> None:
+        """Record in run.json, once per run, when its committed batches first reached the run's target (the time a
+        replay took, start-up included, for later replays' ETA: :func:`kappa.control.replay.planning.measured_throughput`;
+        its caught-up state is only recorded when something samples it)."""
+        if ("target_reached_at" in self._run_info or not self.target_offsets or self.start_offsets is None
+                or any(self.processed_offsets.get(p, -1) < o for p, o in self.target_offsets.items())):
+            return
+        from datetime import UTC, datetime
+
+        self._run_info["target_reached_at"] = datetime.now(UTC).isoformat()
+        try:
+            save_run_info(self.paths.checkpoint, self._run_info, files=self._files)
+        except Exception as exc:  # noqa: BLE001 - a measurement for ETAs, never worth a batch
+            log.warning("%s: cannot record when the run reached its target: %s", self.view.ref, one_line(exc))
+
     def _remember_start(self, offsets: dict[int, int]) -> None:
         """Record the run's start offsets in run.json, once per run (progress is measured from them to the
         run's target: :func:`kappa.runtime.checkpoint.run_progress`)."""
@@ -650,6 +665,7 @@ class ViewJob:
                 initial = self._initial_offsets(topic)
                 self._remember_start(initial if initial is not None else {p: o for p, o in offsets.items()})
             self.processed_offsets.update(offsets)
+            self._remember_target_reached()
 
     def _next_batch(self) -> int:
         """The id of the main query's micro-batch that runs now or next."""

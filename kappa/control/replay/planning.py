@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kappa.errors import one_line
-from kappa.runtime.checkpoint import offsets_of
+from kappa.runtime.checkpoint import offsets_of, run_info
 from kappa.runtime.inflight import READ_SPLIT_RECORDS
 from kappa.identity import ViewPaths
 from kappa.control.registry import Registry, code_hash
@@ -369,10 +369,13 @@ def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int
 
 
 def measured_throughput(registry: Registry) -> tuple[float | None, str]:
-    """Records/s this platform replayed at: all records over all seconds (registration -> caught_up, start-up
-    included) of the last :data:`THROUGHPUT_HISTORY` replays of at least :data:`MIN_MEASURED_RECORDS` records.
-    (None, why) when there is no such replay: the ETA is then unknown until the replay's own batches give a rate -
-    never a made-up figure."""
+    """Records/s this platform replayed at: all records over all seconds (registration -> the run reached its
+    target, start-up included) of the last :data:`THROUGHPUT_HISTORY` replays of at least
+    :data:`MIN_MEASURED_RECORDS` records. The job records when its committed batches first reached the run's
+    target (``target_reached_at`` in run.json, with the run's start and target offsets); a run without it counts
+    to its ``caught_up`` event and the offsets recorded then - later than the replay itself when nothing sampled
+    it for a while (a detached replay). (None, why) when there is no such replay: the ETA is then unknown until
+    the replay's own batches give a rate - never a made-up figure."""
     try:
         events = registry.events()
         records = {(r.view, r.version): r for r in registry.list()}
@@ -390,8 +393,13 @@ def measured_throughput(registry: Registry) -> tuple[float | None, str]:
             if rec is None:
                 continue
             start, end = offsets_from_json(rec.start_offsets), offsets_from_json(rec.end_offsets)
+            finished = e.at
+            info = run_info(ViewPaths(registry.lake_uri, e.view, e.version).checkpoint)
+            if info.get("target_reached_at") and info.get("start_offsets") and info.get("target_offsets"):
+                start, end = offsets_of(info["start_offsets"]), offsets_of(info["target_offsets"])
+                finished = datetime.fromisoformat(info["target_reached_at"])
             done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
-            seconds = (e.at - registered.pop(key)).total_seconds()
+            seconds = (finished - registered.pop(key)).total_seconds()
             if done >= MIN_MEASURED_RECORDS and seconds > 0:
                 runs.append((e.at, done, seconds, rec.ref))
     if not runs:
