@@ -196,9 +196,9 @@ def per_core(settings: Any, view: Any, topic: str, events: int, *, warm_topic: s
     for i, n in enumerate(cores):
         spark = build_spark(f"kappa-bench-{n}-cores", settings, master=f"local[{n}]", driver_memory="2g")
         try:
-            replay_run(spark, settings, dataclasses.replace(view, stream_topic=warm_topic, version=300 + 10 * i),
+            replay_run(spark, settings, dataclasses.replace(view, stream_topic=warm_topic, version=400 + 10 * i),
                        warm_events)
-            run = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topic, version=301 + 10 * i),
+            run = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topic, version=401 + 10 * i),
                              events)
         finally:
             stop_spark(spark)
