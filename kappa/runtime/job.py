@@ -742,19 +742,19 @@ class ViewJob:
                 start = self.start_offsets or done_offsets
                 target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}
                 counted = run_progress(start, target, done_offsets)
-                ratio, rate = counted.ratio, m.g(m.processed_rate)._value.get()
+                rate = m.g(m.processed_rate)._value.get()
                 if reading is not None and counted.total and reading.rate:
-                    # not done before the batch commits: short of 1.0; once read, what is left (state, the
-                    # Delta commit) takes a time nothing here measures - the ETA is unknown (inf), not 0
+                    # not done before the batch commits: short of 1.0 and at least a second left; once read, what
+                    # is left (state, the Delta commit) takes a time nothing here measures - unknown (inf), not 0
                     ratio = min(0.999, (counted.done + reading.read) / counted.total)
-                    total_lag, rate = max(0, total_lag - reading.read), reading.rate
-                    total_lag = max(total_lag, int(rate))
-                    if reading.complete:
-                        rate = 0.0
+                    eta = (float("inf") if reading.complete
+                           else max(1.0, (total_lag - reading.read) / reading.rate))
+                else:  # caught up (the run's target reached): what remains is the live stream's lag, not a wait
+                    ratio = counted.ratio
+                    eta = (0.0 if ratio >= 1.0 or total_lag == 0 else
+                           total_lag / rate if rate > 0 else float("inf"))
                 m.g(m.progress).set(ratio)
-                # caught up (the run's target reached): what remains is the live stream's own lag, not a wait
-                m.g(m.eta).set(0.0 if ratio >= 1.0 or total_lag == 0 else
-                               total_lag / rate if rate > 0 else float("inf"))
+                m.g(m.eta).set(eta)
 
     # lifecycle -----------------------------------------------------------------------------------------
     def process_all_available(self) -> None:

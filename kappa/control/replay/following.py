@@ -299,6 +299,15 @@ def follow(req: Any, settings: Settings, runner: Runner, *, timeout: float = 0.0
         time.sleep(poll)
 
 
+def metric_samples(url: str, *, timeout: float) -> list[Any]:
+    """Every sample of a job's ``/metrics`` page (``prometheus_client`` samples: name, labels, value)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text = resp.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def with_reading(sample: Progress, metrics_url: str | None) -> Progress:
     """``sample`` with what the job's running micro-batch has read (its ``/metrics``), and the job's ETA from
     its read rate while it runs: a replay that reads its range in one micro-batch shows progress before it
@@ -306,11 +315,7 @@ def with_reading(sample: Progress, metrics_url: str | None) -> Progress:
     if not metrics_url or sample.eta_seconds == 0.0:
         return sample
     try:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(metrics_url, timeout=2) as resp:
-            text = resp.read().decode()
-        values = {s.name: float(s.value) for f in text_string_to_metric_families(text) for s in f.samples
+        values = {s.name: float(s.value) for s in metric_samples(metrics_url, timeout=2)
                   if s.name in ("kappa_batch_records_read", "kappa_replay_eta_seconds")}
     except Exception as exc:  # noqa: BLE001 - an estimate: the checkpoint's progress stands without it
         log.debug("%s: no in-batch progress from %s: %s", sample.ref, metrics_url, one_line(exc))

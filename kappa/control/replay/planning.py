@@ -383,28 +383,37 @@ def measured_throughput(registry: Registry) -> tuple[float | None, str]:
         log.warning("cannot read replay history for the ETA: %s", one_line(exc))
         return None, f"replay history unreadable: {one_line(exc)}"
     registered: dict[tuple[str, int], datetime] = {}
-    runs: list[tuple[datetime, int, float, str]] = []
+    caught: list[tuple[Any, Any, datetime]] = []  # (caught_up event, registry row, registered at), oldest first
     for e in events:
         key = (e.view, e.version)
         if e.from_state is None:
             registered[key] = e.at
         elif e.to_state == "caught_up" and e.from_state == "building" and key in registered:
-            rec = records.get(key)
-            if rec is None:
-                continue
-            start, end = offsets_from_json(rec.start_offsets), offsets_from_json(rec.end_offsets)
-            finished = e.at
-            info = run_info(ViewPaths(registry.lake_uri, e.view, e.version).checkpoint)
-            if info.get("target_reached_at") and info.get("start_offsets") and info.get("target_offsets"):
-                start, end = offsets_of(info["start_offsets"]), offsets_of(info["target_offsets"])
-                finished = datetime.fromisoformat(info["target_reached_at"])
-            done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
-            seconds = (finished - registered.pop(key)).total_seconds()
-            if done >= MIN_MEASURED_RECORDS and seconds > 0:
-                runs.append((e.at, done, seconds, rec.ref))
+            if (rec := records.get(key)) is not None:
+                caught.append((e, rec, registered.pop(key)))
+    runs: list[tuple[datetime, int, float, str]] = []
+    for e, rec, began in reversed(caught):  # the newest first: run.json is read only for the ones that count
+        start, end = offsets_from_json(rec.start_offsets), offsets_from_json(rec.end_offsets)
+        finished = e.at
+        info = run_info(ViewPaths(registry.lake_uri, e.view, e.version).checkpoint)
+        if info.get("target_reached_at") and info.get("start_offsets") and info.get("target_offsets"):
+            start, end = offsets_of(info["start_offsets"]), offsets_of(info["target_offsets"])
+            finished = datetime.fromisoformat(info["target_reached_at"])
+        done = sum(max(0, end.get(p, o) - o) for p, o in start.items())
+        seconds = (finished - began).total_seconds()
+        if done >= MIN_MEASURED_RECORDS and seconds > 0:
+            runs.append((e.at, done, seconds, rec.ref))
+            if len(runs) == THROUGHPUT_HISTORY:
+                break
     if not runs:
         return None, f"no replay of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+    rate, refs = recent_rate(runs)
+    return rate, (f"measured here: {len(refs)} replay{'s' if len(refs) > 1 else ''} ({', '.join(refs)}), "
+                  "start-up included")
+
+
+def recent_rate(runs: list[tuple[datetime, int, float, str]]) -> tuple[float, list[str]]:
+    """Records/s of the newest :data:`THROUGHPUT_HISTORY` of ``runs`` (at, records, seconds, ref): all their
+    records over all their seconds; and their refs, oldest first."""
     last = sorted(runs)[-THROUGHPUT_HISTORY:]
-    rate = sum(r[1] for r in last) / sum(r[2] for r in last)
-    refs = ", ".join(r[3] for r in last)
-    return rate, f"measured here: {len(last)} replay{'s' if len(last) > 1 else ''} ({refs}), start-up included"
+    return sum(r[1] for r in last) / sum(r[2] for r in last), [r[3] for r in last]

@@ -354,7 +354,7 @@ def measured_verification(registry: Any, view: str) -> tuple[float | None, str]:
     all records over all seconds, as each ``verified`` note recorded them (``N records checked in S s``). Only
     the same view's: what a check costs per record depends on the view (its state, its oracle). (None, why)
     when there is none."""
-    from kappa.control.replay.planning import MIN_MEASURED_RECORDS, THROUGHPUT_HISTORY
+    from kappa.control.replay.planning import MIN_MEASURED_RECORDS, recent_rate
 
     try:
         events = registry.events(view)
@@ -363,14 +363,13 @@ def measured_verification(registry: Any, view: str) -> tuple[float | None, str]:
     runs = []
     for e in events:
         found = _CHECKED.search(e.note or "") if e.to_state == "verified" else None
-        if found and int(found["records"].replace(",", "")) >= MIN_MEASURED_RECORDS and float(found["seconds"]) > 0:
-            runs.append((e.at, int(found["records"].replace(",", "")), float(found["seconds"]),
-                         view_ref(e.view, e.version)))
+        records = int(found["records"].replace(",", "")) if found else 0
+        if records >= MIN_MEASURED_RECORDS and float(found["seconds"]) > 0:
+            runs.append((e.at, records, float(found["seconds"]), view_ref(e.view, e.version)))
     if not runs:
         return None, f"no verification of {view} with >= {MIN_MEASURED_RECORDS:,} records measured here yet"
-    last = sorted(runs)[-THROUGHPUT_HISTORY:]
-    return (sum(r[1] for r in last) / sum(r[2] for r in last),
-            f"the last {len(last)} here: {', '.join(r[3] for r in last)}")
+    rate, refs = recent_rate(runs)
+    return rate, f"the last {len(refs)} here: {', '.join(refs)}"
 
 
 #: How a ``verified`` note records the check's size and time (read back by :func:`measured_verification`).

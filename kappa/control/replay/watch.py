@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -90,20 +89,17 @@ class WatchResult:
 
 def _scrape(url: str) -> dict[str, float]:
     """The samples of a /metrics page this watch reads, summed over their other labels."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from kappa.control.replay.following import metric_samples
 
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            if name == "kappa_expectation_violations_total":
-                name = f"{name}:{sample.labels.get('expectation', '')}"
-            elif name not in ("kappa_input_rows_total", "kappa_quarantined_records_total",
-                              "kappa_expectation_rows_checked_total", "kappa_partition_lag_records"):
-                continue
-            out[name] = out.get(name, 0.0) + float(sample.value)
+    for sample in metric_samples(url, timeout=10):
+        name = sample.name
+        if name == "kappa_expectation_violations_total":
+            name = f"{name}:{sample.labels.get('expectation', '')}"
+        elif name not in ("kappa_input_rows_total", "kappa_quarantined_records_total",
+                          "kappa_expectation_rows_checked_total", "kappa_partition_lag_records"):
+            continue
+        out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 
