@@ -92,6 +92,8 @@ class ViewSpec:
         topics: Topics the view reads.
         default_version: Version served by default (must be a key of ``versions``).
         versions: Version number -> importable module implementing that version (``jobs.<view>.vN``).
+        archives: The stream topic this view archives (every record, valid or not: the replay source for history
+            the log no longer holds, :mod:`kappa.runtime.archive`), else None.
     """
 
     name: str
@@ -99,6 +101,7 @@ class ViewSpec:
     topics: tuple[str, ...]
     default_version: int
     versions: dict[int, str]
+    archives: str | None = None
 
     def module(self, version: int | None = None) -> str:
         """Module implementing ``version`` (default: :attr:`default_version`).
@@ -283,7 +286,7 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
             errors.append(f"{where}: must be a mapping")
             continue
         ok = True
-        unknown = set(spec) - {"description", "topics", "default_version", "versions"}
+        unknown = set(spec) - {"description", "topics", "default_version", "versions", "archives"}
         if unknown:
             errors.append(f"{where}: unknown key(s): {', '.join(sorted(map(str, unknown)))}")
         topics = spec.get("topics")
@@ -322,6 +325,10 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
         elif versions and default not in versions:
             errors.append(f"{where}.default_version: {default} is not a declared version ({sorted(versions)})")
             ok = False
+        archives = spec.get("archives")
+        if archives is not None and archives not in topics:
+            errors.append(f"{where}.archives: {archives!r} is not one of the view's topics ({', '.join(topics)})")
+            ok = False
         description = spec.get("description", "")
         if ok and default is not None:
             out[name] = ViewSpec(
@@ -330,5 +337,6 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
                 topics=tuple(topics),
                 default_version=default,
                 versions=dict(sorted(versions.items())),
+                archives=archives,
             )
     return out

@@ -125,7 +125,8 @@ def test_platform_catalog() -> None:
     assert cat.view("events_raw").module() == "jobs.events_raw.v1"
     assert cat.module_of("campaign_window_counts") == "jobs.campaign_window_counts.v1"  # the default version
     assert cat.module_of("campaign_window_counts", 2) == "jobs.campaign_window_counts.v2"
-    with pytest.raises(UnknownView, match="^unknown view 'nope'; declared views: campaign_catalog, "):
+    assert cat.view("ad_events_archive").archives == "ad-events" and cat.view("events_raw").archives is None
+    with pytest.raises(UnknownView, match="^unknown view 'nope'; declared views: ad_events_archive, campaign_catalog, "):
         cat.view("nope")
     with pytest.raises(UnknownView, match=r"^events_raw has no version 3 in kappa/platform.yaml \(declared: 1, 2\)$"):
         cat.module_of("events_raw", 3)

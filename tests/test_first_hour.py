@@ -144,7 +144,7 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
         figures["make run (s)"] = round(time.monotonic() - started)
         assert re.search(r"ready in \d+ s: every view has committed rows", out), out
         for view in ("campaign_window_counts", "user_sessions", "campaign_catalog", "events_raw",
-                     "campaign_hourly_totals"):
+                     "campaign_hourly_totals", "ad_events_archive"):
             assert re.search(rf"{view}@v1 +ready", out), out
         assert "bin/kappa status" in out and "bin/kappa producer stop" in out, out
         for view in ("campaign_window_counts", "user_sessions", "campaign_catalog", "events_raw",

@@ -539,7 +539,9 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     assert "\n" not in message and "no longer retains" in message
     assert f"partition 0 starts at {ends[0] // 2} (requested 0: {ends[0] // 2:,} records gone)" in message
     assert f"partition 2 starts at {ends[2]}" in message and "partition 1 " not in message
-    assert "events_raw archive" in message and "views/events_raw/v1/table" in message
+    # no archive holds the gone records (its job never ran): named, with what it lacks
+    assert "views/ad_events_archive/v1/table cannot serve the replay" in message, message
+    assert "partition 0: the replay starts at 0, it holds nothing of it" in message, message
     # earliest now means the new log start: nothing to refuse
     pre = replay.preflight(req, settings, runner)
     assert pre.start_offsets[0] == ends[0] // 2 and pre.records == 400 - ends[0] // 2 - ends[2]

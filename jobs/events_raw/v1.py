@@ -1,6 +1,6 @@
-"""events_raw v1 - append-only archive of every valid ad event with its Kafka coordinates.
+"""events_raw v1 - append-only table of every valid ad event with its Kafka coordinates, for analysts.
 
-It is also the fallback replay source when Kafka retention no longer covers a replay's start.
+(The replay source for history the log no longer holds is ``ad_events_archive``: every record, valid or not.)
 """
 
 from __future__ import annotations

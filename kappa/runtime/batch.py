@@ -245,8 +245,12 @@ class BatchHandler:
             return split_batch(batch, self.output_columns)
         from kappa.runtime.parsing import invalid_rows, valid_rows
 
-        output = self.view.transform(valid_rows(batch), **self.lookups.frames(self.view.lookups))
         side = invalid_rows(batch).withColumnRenamed("_error", "error").select(*SIDE_COLUMNS)
+        if self.view.keep_invalid:  # every record goes to the table (an archive): the quarantine gets none
+            from kappa.runtime.archive import archive_rows
+
+            return self.view.transform(archive_rows(batch), **self.lookups.frames(self.view.lookups)), side.limit(0)
+        output = self.view.transform(valid_rows(batch), **self.lookups.frames(self.view.lookups))
         return output, side
 
     def _handle(self, batch: "DataFrame", batch_id: int) -> None:

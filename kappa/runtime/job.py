@@ -264,9 +264,9 @@ class ViewJob:
         attempts = max(3, math.ceil(self.settings.kafka_outage_seconds / (OFFSET_ATTEMPT_SECONDS + 1)))
         return {"fetchOffset.numRetries": str(attempts), "fetchOffset.retryIntervalMs": "1000"}
 
-    def _read_stream(self, topic: str) -> "DataFrame":
+    def _read_stream(self, topic: str, *, starting: Mapping[str, str] | None = None) -> "DataFrame":
         reader = self.spark.readStream.format("kafka").options(**self._kafka_options())
-        reader = reader.option("subscribe", topic).options(**self.starting).options(**self._outage_options())
+        reader = reader.option("subscribe", topic).options(**(starting or self.starting)).options(**self._outage_options())
         # a compacted topic has offset gaps by design; a deleted-by-retention one is real data loss
         compacted = self.view.stream_format.tombstones
         reader = reader.option("failOnDataLoss", "false" if compacted else "true")
@@ -384,18 +384,7 @@ class ViewJob:
         self._refuse_old_layout()
         view = self.view
         lookups = self.lookups.frames(view.lookups)
-        decoded = self._decoded_stream()
-        if view.stateful:
-            # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
-            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions)
-            output_schema = stream.schema["out"].dataType
-        else:
-            # stateless: the streaming plan only gives the output schema; the transform runs on each batch
-            from kappa.runtime.parsing import valid_rows
-
-            stream = decoded
-            output_schema = view.transform(valid_rows(decoded), **lookups).schema
+        stream, output_schema = self._plan(self._decoded_stream(), lookups)
         ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
                      partition_by=view.partition_by,
                      properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
@@ -426,6 +415,9 @@ class ViewJob:
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
         self._stream = stream
+        self._from_archive(lookups)
+        if self._stop.is_set():
+            return
         self.queries = [self._start_query()]
         if view.publish is not None:  # views over this one read what it publishes (kappa.runtime.publish)
             from kappa.runtime.publish import Publisher
@@ -445,6 +437,63 @@ class ViewJob:
                                        self.handler.commit_lock, applied_by=self.app_id or "", ref=view.ref)
             threading.Thread(target=self.repairs.run, args=(self._stop, self.lag_poll_seconds),
                              name=f"repairs-{view.ref}", daemon=True).start()
+
+    def _plan(self, decoded: "DataFrame", lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any]:
+        """(the streaming plan over ``decoded`` records, the schema of the rows it writes)."""
+        view = self.view
+        if view.stateful:
+            # the transform runs in the streaming plan (Spark keeps its state); bad records travel beside it
+            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+            stream = stateful_plan(decoded, lambda valid: view.transform(valid, **lookups), partitions=partitions)
+            return stream, stream.schema["out"].dataType
+        # stateless: the streaming plan only gives the output schema; the transform runs on each batch
+        from kappa.runtime.archive import archive_rows
+        from kappa.runtime.parsing import valid_rows
+
+        rows = archive_rows(decoded) if view.keep_invalid else valid_rows(decoded)
+        return decoded, view.transform(rows, **lookups).schema
+
+    def _from_archive(self, lookups: Mapping[str, "DataFrame"]) -> None:
+        """A run that starts in the topic's archive (its start is gone from the log; ``archive`` in run.json):
+        micro-batch 0 reads ``[start, handover)`` from the archive and the rest of the log, with the same plan, then
+        the checkpoint is switched to the log alone (:mod:`kappa.runtime.archive`). Nothing to do once switched; a
+        crash before the switch re-runs or finishes it."""
+        from kappa.runtime import archive
+
+        plan = self._run_info.get("archive")
+        if not plan:
+            return
+        main = f"{self.paths.checkpoint}/main"
+        topic = self.settings.topic(self.view.stream_topic)
+        start, handover = offsets_of(plan["start"]), offsets_of(plan["handover"])
+        if not archive.phase_done(self._files, main):
+            log.info("%s: reading %s records of [start, handover) from the archive %s, the rest from the log",
+                     self.view.ref, f"{sum(h - start.get(p, 0) for p, h in handover.items()):,}", plan["table"])
+            self._remember_start(start)
+            archived = archive.archived_decoded(self.spark, plan["table"], self.view.stream_format,
+                                                {p: (start.get(p, 0), h) for p, h in handover.items()}, stream=True)
+            if self.end_timestamp_ms is not None:  # a bounded replay: as _decode bounds the log's records
+                from pyspark.sql import functions as F
+
+                archived = archived.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
+            logged = self._decode(self._read_stream(topic, starting=starting_options(
+                {topic: {str(p): o for p, o in handover.items()}})))
+            stream, _schema = self._plan(archived.unionByName(logged), lookups)
+            writer = stream.writeStream.queryName(f"{self.view.ref}:archive").option("checkpointLocation", main)
+            if self.view.stateful:
+                writer = writer.outputMode(self.view.output_mode)
+            # the range in one micro-batch, as a replay from the log reads it, then the no-data batch after it
+            query = writer.trigger(availableNow=True).foreachBatch(self.handler).start()
+            self.queries = [query]
+            query.awaitTermination()
+            self.queries = []
+            if self._stop.is_set() or not archive.phase_done(self._files, main):
+                return
+        if archive.switch_checkpoint(self._files, main, topic, start):
+            log.info("%s: the archive part is committed; the view's query goes on from the log", self.view.ref)
+        if self.paths.is_local:
+            self.processed_offsets.update(last_commit(main, topic)[0])
+            self._remember_target_reached()
 
     def _refuse_old_layout(self) -> None:
         """A checkpoint with a separate quarantine query (older layout) cannot be resumed by one query."""

@@ -425,7 +425,8 @@ def without_dropped(view: "ViewDefinition", output: "DataFrame") -> "DataFrame":
 
 def read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefinition", topic: str,
                 start: Mapping[int, int], end: Mapping[int, int]) -> "DataFrame":
-    """The decoded records of ``topic`` in ``[start, end)`` (a Spark batch read of exactly those offsets)."""
+    """The decoded records of ``topic`` in ``[start, end)`` (a Spark batch read of exactly those offsets): from
+    the log, and what the log no longer holds from the topic's archive (:mod:`kappa.runtime.archive`)."""
     import json
 
     from kappa.runtime.parsing import decode
@@ -433,12 +434,44 @@ def read_range(spark: "SparkSession", settings: "Settings", view: "ViewDefinitio
     parts = sorted(p for p, e in end.items() if e > int(start.get(p, 0)))
     if not parts:
         raise RecomputeError("the run processed no record (its batches never moved past the start offsets)")
+    from_log = {p: int(start.get(p, -2)) for p in parts}
+    archived = None
+    if not view.stream_format.tombstones and any(o >= 0 for o in from_log.values()):
+        from kappa.log.topics import partition_offsets
+
+        log_start = {p: low for p, (low, _high) in partition_offsets(settings, topic).items()}
+        gone = {p: (o, min(int(end[p]), log_start.get(p, 0))) for p, o in from_log.items()
+                if 0 <= o < log_start.get(p, 0)}
+        if gone:
+            archived = _archived(spark, settings, view, gone)
+            from_log = {p: max(o, log_start.get(p, 0)) for p, o in from_log.items()}
+    parts = [p for p in parts if from_log[p] < int(end[p])]
+    if not parts:
+        assert archived is not None
+        return archived
     raw = (spark.read.format("kafka").options(**settings.spark_kafka_options())
            .option("assign", json.dumps({topic: parts}))
-           .option("startingOffsets", json.dumps({topic: {str(p): int(start.get(p, -2)) for p in parts}}))
+           .option("startingOffsets", json.dumps({topic: {str(p): from_log[p] for p in parts}}))
            .option("endingOffsets", json.dumps({topic: {str(p): int(end[p]) for p in parts}}))
            .option("failOnDataLoss", "false" if view.stream_format.tombstones else "true").load())
-    return decode(raw, view.stream_format)
+    logged = decode(raw, view.stream_format)
+    return logged if archived is None else archived.unionByName(logged)
+
+
+def _archived(spark: "SparkSession", settings: "Settings", view: "ViewDefinition",
+              ranges: Mapping[int, tuple[int, int]]) -> "DataFrame":
+    """Records the log no longer holds, from the topic's archive; refused when there is none or it has a hole."""
+    from kappa.runtime.archive import archive_of, archived_decoded, coverage
+
+    found = archive_of(settings, view.stream_topic)
+    detail = ", ".join(f"partition {p} [{lo}, {hi})" for p, (lo, hi) in sorted(ranges.items()))
+    if found is None:
+        raise RecomputeError(f"the log no longer holds {detail} and no view archives {view.stream_topic}")
+    held = coverage(found[1], ranges)
+    missing = [p for p, (lo, hi) in ranges.items() if hi > lo and (p not in held or held[p].rows != hi - lo)]
+    if missing:
+        raise RecomputeError(f"neither the log nor the archive {found[1]} holds all of {detail}")
+    return archived_decoded(spark, found[1], view.stream_format, ranges)
 
 
 def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: list[Step], ends: Mapping[int, list[int]],

@@ -162,6 +162,9 @@ class ViewDefinition:
             (:class:`Publish`); ``None``: none.
         trigger_seconds: how often its live micro-batches run (``None``: the job's default, 2 s) - a view whose
             readers need no second-fresh rows (hourly totals) spares the driver the fixed cost of a batch.
+        keep_invalid: the transform receives every record, invalid ones too (with their raw key and value bytes
+            and the reason in ``error``), and nothing goes to the quarantine - a topic's archive
+            (:mod:`kappa.runtime.archive`). Stateless views only.
     """
 
     name: str
@@ -184,8 +187,11 @@ class ViewDefinition:
     upgrade: UpgradeMode = "replay"
     publish: Publish | None = None
     trigger_seconds: float | None = None
+    keep_invalid: bool = False
 
     def __post_init__(self) -> None:
+        if self.keep_invalid and self.stateful:
+            raise ValueError(f"{self.ref}: keep_invalid is for stateless views (a topic's archive)")
         if self.upgrade not in UPGRADE_MODES:
             raise ValueError(f"{self.ref}: upgrade {self.upgrade!r}: use {' or '.join(UPGRADE_MODES)}")
         if self.upgrade == "continue" and (self.stateful or self.write == "upsert_delete"):

@@ -40,7 +40,8 @@ class LogRecord:
 
 def read_log(settings: "Settings", topic: str, *, start: Mapping[int, int] | None = None,
              end: Mapping[int, int] | None = None, timeout: float = 60.0) -> list[LogRecord]:
-    """Every record of ``topic`` in ``[start, end)`` per partition (default: whole retained log up to now)."""
+    """Every record of ``topic`` in ``[start, end)`` per partition (default: whole retained log up to now). What
+    the log no longer holds of an explicit start comes from the topic's archive (:func:`archived_records`)."""
     from confluent_kafka import Consumer, TopicPartition
 
     conf = {**settings.kafka_client_config(), "group.id": "kappa-oracle", "enable.auto.commit": False,
@@ -58,8 +59,12 @@ def read_log(settings: "Settings", topic: str, *, start: Mapping[int, int] | Non
             hi = min(high, (end or {}).get(p, high))
             if hi > lo:
                 bounds[p] = (lo, hi)
+        gone = {p: (o, min(low, (end or {}).get(p, low))) for p, o in (start or {}).items()
+                for low, _high in [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)]
+                if 0 <= o < low}
+        archived = archived_records(settings, topic, gone) if gone else []
         if not bounds:
-            return []
+            return archived
         consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _hi) in bounds.items()])
         records: list[LogRecord] = []
         pending = set(bounds)
@@ -87,9 +92,36 @@ def read_log(settings: "Settings", topic: str, *, start: Mapping[int, int] | Non
                 records.append(LogRecord(topic, p, msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
                 if msg.offset() == bounds[p][1] - 1:
                     pending.discard(p)
-        return records
+        return archived + records
     finally:
         consumer.close()
+
+
+def archived_records(settings: "Settings", topic: str, ranges: Mapping[int, tuple[int, int]]) -> list[LogRecord]:
+    """The records ``[lo, hi)`` per partition of ``topic`` from its archive (:mod:`kappa.runtime.archive`), read with
+    delta-rs, not Spark, in offset order.
+
+    Raises:
+        RuntimeError: No view archives the topic, or the archive does not hold every record of the ranges.
+    """
+    from kappa.runtime.archive import archive_of, archive_query
+
+    declared = topic[len(settings.topic_prefix):] if topic.startswith(settings.topic_prefix) else topic
+    found = archive_of(settings, declared)
+    if found is None:
+        raise RuntimeError(f"{topic}: the log no longer holds {dict(ranges)} and no view archives {declared}")
+    out: list[LogRecord] = []
+    for p, (lo, hi) in sorted(ranges.items()):
+        if hi <= lo:
+            continue
+        rows = archive_query(found[1], 'SELECT "offset", kafka_timestamp, raw_key, raw_value FROM t WHERE '
+                                       f'"partition" = {int(p)} AND "offset" >= {int(lo)} AND "offset" < {int(hi)} '
+                                       'ORDER BY "offset"')
+        if [r["offset"] for r in rows] != list(range(lo, hi)):
+            raise RuntimeError(f"archive {found[1]}: partition {p} does not hold every record of [{lo}, {hi})")
+        out += [LogRecord(topic, p, r["offset"], epoch_ms(r["kafka_timestamp"]) or 0, r["raw_key"], r["raw_value"])
+                for r in rows]
+    return out
 
 
 @dataclass(frozen=True)

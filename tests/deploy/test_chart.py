@@ -635,9 +635,9 @@ def test_notes_print_next_steps(helm: Path, tmp_path: Path) -> None:
                             "airflow": {"enabled": False}})
     assert "k1:9093 (external, SSL)" in ext and "airflow dags trigger" not in ext
     grouped = _notes(tmp_path, {"viewJobs": {"grouping": "grouped"}})
-    assert "5 view version(s) in ONE driver, deployment/kappa-views (grouped)" in grouped
-    assert "campaign_window_counts v1  (metrics port 9402, container port m-2)" in grouped
-    assert "port-forward deploy/kappa-views 9400 9401 9402 9403 9404 4040" in grouped
+    assert "6 view version(s) in ONE driver, deployment/kappa-views (grouped)" in grouped
+    assert "campaign_window_counts v1  (metrics port 9403, container port m-3)" in grouped
+    assert "port-forward deploy/kappa-views 9400 9401 9402 9403 9404 9405 4040" in grouped
     assert "deployment/kappa-view-" not in grouped
 
 

@@ -95,11 +95,11 @@ def test_grouped_follows_the_view_overrides(helm: Path, tmp_path: Path) -> None:
     objs = h.render(GROUPED, {"views": {"user_sessions": {"versions": [1, 3], "starting": "latest"},
                                         "events_raw": {"versions": []}}}, chart=chart, tmp_dir=tmp_path)
     args = _container(_grouped(objs))["args"]
-    assert _hosted(args) == [("campaign_catalog@v1", "earliest"), ("campaign_hourly_totals@v1", "earliest"),
-                             ("campaign_window_counts@v1", "earliest"), ("user_sessions@v1", "latest"),
-                             ("user_sessions@v3", "latest")]
+    assert _hosted(args) == [("ad_events_archive@v1", "earliest"), ("campaign_catalog@v1", "earliest"),
+                             ("campaign_hourly_totals@v1", "earliest"), ("campaign_window_counts@v1", "earliest"),
+                             ("user_sessions@v1", "latest"), ("user_sessions@v3", "latest")]
     assert [p["containerPort"] for p in _container(_grouped(objs))["ports"] if p["name"].startswith("m-")] == \
-        [9400, 9401, 9402, 9403, 9404]
+        [9400, 9401, 9402, 9403, 9404, 9405]
     # nothing to host: no grouped driver at all
     none = h.render(GROUPED, {"views": {v: {"versions": []} for v in p["views"]}}, chart=chart, tmp_dir=tmp_path)
     assert not h.view_deployments(none)

@@ -8,8 +8,9 @@ changes nothing), and readers keep resolving the serving alias to the old, compl
 
 The flow::
 
-    preflight  the view's stream topic still retains the requested start on every partition (else: replay from
-               the events_raw archive); estimate records, bytes and ETA; refuse a version that already runs
+    preflight  the view's stream topic still retains the requested start on every partition, else the topic's
+               archive holds what it no longer does (handover offsets; a gap is refused, named); estimate records,
+               bytes and ETA; refuse a version that already runs
     launch     register the version (state building, resolved start offsets) and start its job via the runner
     progress   processed offsets from the job's checkpoint vs. the log end (live) or the end timestamp (bounded);
                follow: progress until caught up

@@ -85,7 +85,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
     try:
         adopt_serving(req.view, settings, by=req.triggered_by, exclude=req.version)
         existing = registry.get(req.view, req.version)
-        run_id = vv.ensure_run_id(existing, seed=pre.seed)
+        run_id = vv.ensure_run_id(existing, seed=pre.seed, archive=pre.archive)
         rec = registry.register(
             req.view, req.version, code_module=vv.module, table_path=vv.paths.table,
             app_id=app_id(req.view, req.version, run_id), starting=pre.starting, triggered_by=req.triggered_by,

@@ -67,6 +67,9 @@ class Preflight:
             None for a replay.
         same_start: Resuming with an explicit start: how it resolved to the offsets the run started from (a
             start is the same only when its offsets are), else None.
+        archive: The part of the range the log no longer holds, read from the topic's archive: its view and table,
+            the start and, per partition, the handover offset where the log takes over
+            (:func:`_archive_part`); None when the log holds it all.
     """
 
     request: ReplayRequest
@@ -86,6 +89,14 @@ class Preflight:
     job_state: str = "stopped"
     seed: dict[str, Any] | None = None
     same_start: str | None = None
+    archive: dict[str, Any] | None = None
+
+    @property
+    def archived_records(self) -> int:
+        """Records the replay reads from the archive (0 when the log holds its whole range)."""
+        if self.archive is None:
+            return 0
+        return sum(int(h) - int(self.archive["start"].get(p, 0)) for p, h in self.archive["handover"].items())
 
     @property
     def starting(self) -> str:
@@ -99,6 +110,8 @@ class Preflight:
         if self.seed is not None:
             what += (f" (upgrade=continue: seeded with v{self.seed['from_version']}'s rows at Delta version "
                      f"{self.seed['delta_version']})")
+        if self.archive is not None:
+            what += f" ({self.archived_records:,} of them from the archive {self.archive['view']}, the rest from the log)"
         end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
         bound = self.request.max_offsets_per_trigger
         if self.throughput is None or self.eta_seconds is None:
@@ -134,7 +147,14 @@ class Preflight:
                 steps.append(f"seed its table with the rows of v{self.seed['from_version']} at Delta version "
                              f"{self.seed['delta_version']} of {self.seed['table']} (upgrade=continue: they hold "
                              "every record before the start)")
-            steps.append(f"start its job from those offsets{batches}, writing a table of its own")
+            if self.archive is not None:
+                handover = {int(p): int(o) for p, o in self.archive["handover"].items()}
+                steps.append(f"read {self.archived_records:,} records up to {_short_offsets(handover)} from the archive "
+                             f"{self.archive['view']} ({self.archive['table']}) in one micro-batch, then switch its "
+                             "checkpoint to the log at those offsets")
+                steps.append(f"read the rest from the log{batches}, writing a table of its own")
+            else:
+                steps.append(f"start its job from those offsets{batches}, writing a table of its own")
         steps.append(f"wait until it processed every record before ts {req.end_timestamp_ms} and stopped"
                      if req.bounded else f"wait until it lags at most {req.max_lag:,} records behind the log end "
                      "(or no more than the serving version)")
@@ -308,19 +328,14 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
     else:
         start = offsets_of(seed["end_offsets"]) if seed is not None else requested()
         needed = start
-    gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
-    if gaps:
-        paths = ViewPaths(settings.lake_uri, "events_raw", 1)
-        detail = "; ".join(f"partition {p} starts at {low} (requested {o}: {low - o:,} records gone)"
-                           for p, (o, low) in sorted(gaps.items()))
-        raise ReplayError(f"{topic} no longer retains the start of {req.ref}: {detail}. Replay from the events_raw "
-                          f"archive ({paths.table}) instead, or start inside retention (earliest / ts:<ms>)")
-
     if req.bounded:
         at_end = offsets_for_timestamp(settings, topic, int(req.end_timestamp_ms or 0))
         target = {p: max(start.get(p, 0), at_end.get(p, log_end[p])) for p in log_end}
     else:
         target = dict(log_end)
+    gaps = {p: (o, log_start[p]) for p, o in needed.items() if p in log_start and o < log_start[p]}
+    from_archive = _archive_part(settings, req, declared, topic, needed, log_start, target,
+                                 gaps) if gaps else None
     records = sum(max(0, target[p] - start.get(p, 0)) for p in target)
     avg = _sample_record_bytes(settings, topic, start, target) if records else 0.0
     rate, source = measured_throughput(registry)
@@ -330,8 +345,34 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
         eta_seconds=None if rate is None else records / rate,
         existing_state=existing.state if existing is not None else None, job_state=job.state, seed=seed,
-        same_start=same_start,
+        same_start=same_start, archive=from_archive,
     )
+
+
+def _archive_part(settings: Settings, req: ReplayRequest, declared_topic: str, topic: str,
+                  start: Mapping[int, int], log_start: Mapping[int, int], target: Mapping[int, int],
+                  gaps: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+    """The part of the replay the log no longer holds, from the topic's archive: ``{"view", "table", "start",
+    "handover"}`` (:mod:`kappa.runtime.archive`).
+
+    Raises:
+        ReplayError: No view archives the topic, or its archive misses part of the range (named).
+    """
+    from kappa.runtime.archive import ArchiveError, archive_of, plan_handover
+
+    detail = "; ".join(f"partition {p} starts at {low} (requested {o}: {low - o:,} records gone)"
+                       for p, (o, low) in sorted(gaps.items()))
+    found = archive_of(settings, declared_topic)
+    if found is None:
+        raise ReplayError(f"{topic} no longer retains the start of {req.ref}: {detail}, and no view archives "
+                          f"{declared_topic} (platform.yaml: `archives: {declared_topic}`); start inside retention "
+                          "(earliest / ts:<ms>)")
+    try:
+        handover = plan_handover(found[1], start, log_start, target)
+    except ArchiveError as exc:
+        raise ReplayError(f"{topic} no longer retains the start of {req.ref} ({detail}) and {exc}") from None
+    return {"view": found[0], "table": found[1], "start": {str(p): int(o) for p, o in sorted(start.items())},
+            "handover": {str(p): int(o) for p, o in sorted(handover.items())}}
 
 
 def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int],

@@ -142,11 +142,14 @@ class ViewVersion:
         run = current_run_id(self.paths)
         return app_id(self.name, self.version, run) if run else None
 
-    def ensure_run_id(self, record: VersionRecord | None, *, seed: Mapping[str, Any] | None = None) -> str:
+    def ensure_run_id(self, record: VersionRecord | None, *, seed: Mapping[str, Any] | None = None,
+                      archive: Mapping[str, Any] | None = None) -> str:
         """The run id the version's job will use, recorded in its checkpoint (``run.json``) before the job starts,
         so the registry row carries the exact Delta appId from the start
         (:func:`kappa.runtime.checkpoint.open_run`; a registered run keeps its id). ``seed``: the run continues
-        from the serving version (:mod:`kappa.control.replay.upgrade`); its job seeds the table from it."""
+        from the serving version (:mod:`kappa.control.replay.upgrade`); its job seeds the table from it.
+        ``archive``: the run starts in the topic's archive (:attr:`kappa.control.replay.planning.Preflight.archive`);
+        its job reads that part from there first."""
         known = current_run_id(self.paths)
         if known:
             if seed is not None and self.run_info().get("seed") != dict(seed):
@@ -158,6 +161,8 @@ class ViewVersion:
         fields: dict[str, Any] = {"created_by": "kappa.control.replay"}
         if seed is not None:
             fields["seed"] = dict(seed)
+        if archive is not None:
+            fields["archive"] = dict(archive)
         return open_run(self.paths, run_id=None if registered in (None, "pending") else registered,
                         **fields)["run_id"]
 
