@@ -154,3 +154,83 @@ def test_an_archive_with_a_gap_is_refused_naming_it(spark, kafka, lake, tmp_path
         replay.preflight(req, settings, LocalRunner(settings))
     message = str(refused.value)
     assert "\n" not in message and "no longer retains" in message and "records in neither" in message, message
+
+    # a data file the archive lists is gone: refused in one line naming the archive, never replayed with a hole
+    from pathlib import Path
+
+    from kappa.identity import ViewPaths
+
+    table = Path(ViewPaths(settings.lake_uri, "ad_events_archive", 1).table)
+    next(table.rglob("*.parquet")).unlink()
+    with pytest.raises(ReplayError) as broken:
+        replay.preflight(req, settings, LocalRunner(settings))
+    message = str(broken.value)
+    assert "\n" not in message and f"archive {table}: cannot read its files" in message, message
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_driver_killed_in_the_archive_part_resumes_without_losing_or_repeating_a_row(spark, kafka, lake, tmp_path,
+                                                                                       monkeypatch):
+    """SIGKILL (fault injection, ``KAPPA_FAULT``: a real crash cannot be timed to these instants) between the Delta
+    commit of the archive + log batch and its checkpoint commit, then after that commit but before the checkpoint
+    is switched to the log: the restart switches it, the view's query reads new records with the state the archive
+    part built, and the table equals the replay from the log alone."""
+    from dataclasses import replace
+
+    from kappa.control.runners.local import LocalRunner
+    from kappa.identity import ViewPaths
+    from tests.test_replay import _delete_records
+
+    settings = lake.replace(home=tmp_path / "home")
+    for key, value in subprocess_env(settings).items():
+        if key.startswith("KAPPA_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=51, campaigns=4, users=200)
+    assert generator.produce(settings, topic, generator.events(1500, seed=51, universe=u, start_ms=T0, rate_per_s=20,
+                                                               late_fraction=0.05)).delivered == 1500
+    _run(load_view("jobs.ad_events_archive.v1"), settings, spark)
+    assert generator.produce(settings, topic, generator.events(300, seed=52, universe=u, start_ms=T0 + 75_000,
+                                                               rate_per_s=20)).delivered == 300
+    _run(replace(load_view("jobs.user_sessions.v1"), version=7), settings, spark)
+    reference = _rows(ViewPaths(settings.lake_uri, "user_sessions", 7).table)
+    _delete_records(settings, topic, {p: hi // 2 for p, (_lo, hi) in partition_offsets(settings, topic).items()})
+
+    runner = LocalRunner(settings)
+    req = ReplayRequest(view="user_sessions", version=1, start="offsets", triggered_by="test:archive-kill",
+                        start_offsets={str(p): 0 for p in range(4)})
+    main = f"{ViewPaths(settings.lake_uri, 'user_sessions', 1).checkpoint}/main"
+    try:
+        for fault in ("between_commits@0", "before_switch@0"):
+            monkeypatch.setenv("KAPPA_FAULT", fault)
+            replay.launch(req, settings, runner, replay.preflight(req, settings, runner, resume=True))
+            _wait_for(lambda: runner.status("user_sessions", 1).state != "running", 300, f"the kill at {fault}")
+            offsets = open(f"{main}/offsets/0").read()
+            assert "reservoirId" in offsets, f"killed at {fault}: the checkpoint must not be switched yet"
+        assert open(f"{main}/commits/0").read(), "before_switch@0 runs after batch 0 committed"
+        monkeypatch.delenv("KAPPA_FAULT")
+        replay.launch(req, settings, runner, replay.preflight(req, settings, runner, resume=True))
+        _wait_for(lambda: "reservoirId" not in open(f"{main}/offsets/0").read(), 300,
+                  "the restart to switch the checkpoint to the log")
+        # the view's own query goes on from the log with the state the archive part built
+        assert generator.produce(settings, topic, generator.events(300, seed=53, universe=u, start_ms=T0 + 90_000,
+                                                                   rate_per_s=20)).delivered == 300
+        log_end = {p: hi for p, (_lo, hi) in partition_offsets(settings, topic).items()}
+        vv = replay.ViewVersion.resolve("user_sessions", 1, settings)
+        _wait_for(lambda: vv.committed_offsets()[0] == log_end and vv.pending_watermark() is None, 300,
+                  "the switched query to read the new records")
+        _run(replace(load_view("jobs.user_sessions.v1"), version=7), settings, spark)  # the reference goes on too
+        before, reference = reference, _rows(ViewPaths(settings.lake_uri, "user_sessions", 7).table)
+        assert len(reference) > len(before), "the new records' watermark closed more sessions"
+
+        def key(row: dict) -> tuple:
+            return tuple(sorted((k, str(v)) for k, v in row.items()))
+
+        assert sorted(map(key, _rows(vv.paths.table))) == sorted(map(key, reference))
+        _wait_for(lambda: replay.caught_up("user_sessions", 1, settings, runner, by="test"), 120, "caught up")
+        check = replay.verify("user_sessions", 1, settings, "strict", by="test")
+        assert check.passed, check.message
+    finally:
+        runner.stop("user_sessions", 1)

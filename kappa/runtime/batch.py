@@ -50,7 +50,8 @@ def fault(spec: str | None, phase: str, batch_id: int) -> None:
     """Fault injection for the crash tests only: SIGKILL the whole driver (Python + JVM) at a named phase.
 
     ``spec`` is ``KAPPA_FAULT`` (``Settings.fault``): ``<phase>@<batch id>`` (phases: before_write,
-    between_commits, after_commit). A real crash cannot be timed to the instant between the Delta commit and the
+    between_commits, after_commit; before_switch@0: a replay's archive part committed, its checkpoint not yet
+    switched to the log, :mod:`kappa.runtime.archive`). A real crash cannot be timed to the instant between the Delta commit and the
     checkpoint commit; this can.
     """
     if spec and spec == f"{phase}@{batch_id}":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from kappa.runtime.batch import BatchHandler
+from kappa.runtime.batch import BatchHandler, fault
 from kappa.runtime.deltars import create_table, rs_uri
 from kappa.runtime.checkpoint import RunMismatch, batch_ids, last_commit, offsets_of, open_run, run_progress, save_run_info
 from kappa.errors import one_line
@@ -489,6 +489,7 @@ class ViewJob:
             self.queries = []
             if self._stop.is_set() or not archive.phase_done(self._files, main):
                 return
+        fault(self.settings.fault, "before_switch", 0)  # crash tests: batch 0 committed, checkpoint not switched
         if archive.switch_checkpoint(self._files, main, topic, start):
             log.info("%s: the archive part is committed; the view's query goes on from the log", self.view.ref)
         if self.paths.is_local:
