@@ -17,6 +17,9 @@ Measures, in one run on one machine (numbers are only comparable side by side):
     oracle, and our replay's throughput as a ratio to it;
 (f) what keeping late records costs (:mod:`kappa.runtime.late`): a replay of a log with late events all through it,
     with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
+(i) replay from the archive (:mod:`kappa.runtime.archive`): the ranges of (b) read from the topic's archive view
+    (copied first, not timed), then (b)'s largest from the log again beside it; events/s, the ratios to (a), to the
+    live rate and to the log replay, the sizes' linear fit, and whether each table equals its log replay's;
 (h) replay per core: the replay of (b) in a Spark of 1 and of 2 cores (``local[1]``, ``local[2]``; shuffle
     partitions = cores; each after a warm-up replay in its own session), events/s per core and how much of the
     second core the replay uses; with (b)'s fixed cost and marginal rate, what a history of N events takes on C
@@ -173,6 +176,40 @@ def replay_run(spark: Any, settings: Any, view: Any, events: int, *,
             "batches": job.handler.times.batches, "phases_s": dict(job.handler.times.total),
             "late_batches": len(job.late_batches),
             "late_kept": registry.get_sample_value("kappa_late_records_kept_total", labels) or 0}
+
+
+def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events: int, *, version: int,
+                       archive_version: int) -> dict[str, Any]:
+    """(i) The replay of (b) with its whole range read from the topic's archive (:mod:`kappa.runtime.archive`): the
+    archive view copies ``topic`` first (not timed: in production it is written as the log is), then a version whose
+    run starts in the archive, handover at the log end, replays it; events/s as (b)."""
+    from kappa.catalog import load_catalog
+    from kappa.identity import ViewPaths
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.checkpoint import open_run
+    from kappa.runtime.view import load_view
+
+    spec = next(v for v in load_catalog().views.values() if v.archives == view.stream_topic)
+    archiver = dataclasses.replace(load_view(spec.module()), stream_topic=topic, version=archive_version)
+    t0 = time.monotonic()
+    replay_run(spark, settings, archiver, events)
+    copied = time.monotonic() - t0
+    ends = {p: high for p, (_low, high) in partition_offsets(settings, topic).items()}
+    replayed = dataclasses.replace(view, stream_topic=topic, version=version)
+    open_run(ViewPaths(settings.lake_uri, replayed.name, version), created_by="kappa.front.bench", archive={
+        "view": archiver.name, "table": ViewPaths(settings.lake_uri, archiver.name, archive_version).table,
+        "start": {str(p): 0 for p in ends}, "handover": {str(p): o for p, o in ends.items()}})
+    run = replay_run(spark, settings, replayed, events)
+    run["archive_copy_seconds"] = copied
+    return run
+
+
+def same_table(spark: Any, settings: Any, view: Any, version: int, other: int) -> bool:
+    """Whether two versions' tables hold the same rows (an archive replay beside the log replay of its range)."""
+    from kappa.identity import ViewPaths
+
+    a, b = (spark.read.format("delta").load(ViewPaths(settings.lake_uri, view.name, v).table) for v in (version, other))
+    return a.exceptAll(b).isEmpty() and b.exceptAll(a).isEmpty()
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
@@ -376,6 +413,34 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   f"({result['replay']['ratio_to_raw']:.2f}x raw, {result['replay']['ratio_to_live_rate']:.1f}x live rate); "
                   "sizes " + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in runs)
                   + f", linear fit R^2 {_fmt(result['replay']['linear_r2'])}")
+
+            # (i) the same replays with their range read from the archive, then the log replay of the largest
+            # again: the two measured side by side (the JVM is as warm for both)
+            archived = [archive_replay_run(spark, settings, view, size_topic, size, version=210 + i,
+                                           archive_version=300 + i)
+                        for i, (size, size_topic) in enumerate(zip(_sizes(events), [*extra_topics, topic]))]
+            again = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topic, version=220), events)
+            result["archive_replay"] = {
+                "sizes": [{k: r[k] for k in ("events", "seconds", "events_per_s", "batches", "archive_copy_seconds")}
+                          for r in archived],
+                "equals_log_replay": all(same_table(spark, settings, view, 210 + i, 200 + i)
+                                         for i in range(len(archived))),
+                "events_per_s": archived[-1]["events_per_s"], "phases_s": archived[-1]["phases_s"],
+                "log_replay_beside_s": again["seconds"], "log_replay_beside_events_per_s": again["events_per_s"],
+                "ratio_to_log_replay": archived[-1]["events_per_s"] / again["events_per_s"],
+                "ratio_to_raw": archived[-1]["events_per_s"] / result["raw_ceiling"]["events_per_s"],
+                "ratio_to_live_rate": archived[-1]["events_per_s"] / live_rate,
+                "linear_r2": _r_squared([r["events"] for r in archived], [r["seconds"] for r in archived])}
+            fit = _line([r["events"] for r in archived], [r["seconds"] for r in archived])
+            if fit is not None:
+                result["archive_replay"]["fixed_s"] = fit[0]
+                result["archive_replay"]["marginal_events_per_s"] = 1.0 / fit[1]
+            a = result["archive_replay"]
+            print(f"(i) replay from the archive: {a['events_per_s']:,.0f} events/s ({a['ratio_to_raw']:.2f}x raw, "
+                  f"{a['ratio_to_live_rate']:.1f}x live rate, {a['ratio_to_log_replay']:.2f}x the log replay beside "
+                  f"it at {a['log_replay_beside_events_per_s']:,.0f}); sizes "
+                  + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in archived)
+                  + f", linear fit R^2 {_fmt(a['linear_r2'])}; tables equal to the log replays': {a['equals_log_replay']}")
 
             result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
 
@@ -619,11 +684,13 @@ def _report(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     fig, (ax1, ax2, ax3, ax4, ax5) = plt.subplots(1, 5, figsize=(21, 4))
-    names = ["raw consumer (a)", "Spark read (a')", "Spark decode (a')", "replay (b)", "live rate"]
+    names = ["raw consumer (a)", "Spark read (a')", "Spark decode (a')", "replay (b)", "archive replay (i)",
+             "live rate"]
     ceiling = result.get("spark_ceiling") or {}
     values = [result["raw_ceiling"]["events_per_s"], ceiling.get("read_events_per_s", 0.0),
-              ceiling.get("decode_events_per_s", 0.0), result["replay"]["events_per_s"], result["live"]["achieved_rate"]]
-    ax1.bar(names, values, color=["#888", "#aaa", "#bbb", "#2a7", "#37c"])
+              ceiling.get("decode_events_per_s", 0.0), result["replay"]["events_per_s"],
+              (result.get("archive_replay") or {}).get("events_per_s", 0.0), result["live"]["achieved_rate"]]
+    ax1.bar(names, values, color=["#888", "#aaa", "#bbb", "#2a7", "#1a5", "#37c"])
     ax1.tick_params(axis="x", labelrotation=30)
     ax1.set_ylabel("events/s")
     ax1.set_title(f"throughput, {result['events']:,} events")
@@ -679,6 +746,18 @@ def _report(result: dict[str, Any], out: Path) -> None:
     if "fixed_s" in result["replay"]:
         table.add_row("    fixed cost / marginal rate (linear fit)",
                       f"{result['replay']['fixed_s']:.1f} s / {result['replay']['marginal_events_per_s']:,.0f} events/s")
+    arch = result.get("archive_replay") or {}
+    if arch:
+        table.add_row("(i) replay from the archive", f"{arch['events_per_s']:,.0f} events/s: {arch['ratio_to_raw']:.2f}x "
+                      f"(a) (goal >= 1.0), {arch['ratio_to_live_rate']:.1f}x live rate (goal >= 30), "
+                      f"{arch['ratio_to_log_replay']:.2f}x the log replay beside it; tables equal to the log "
+                      f"replays': {arch['equals_log_replay']}")
+        table.add_row("    replay time by size", ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in arch["sizes"])
+                      + f" (linear fit R^2 {_fmt(arch.get('linear_r2'))}; goal >= 0.98)")
+        if "fixed_s" in arch:
+            table.add_row("    fixed cost / marginal rate (goal fixed <= 2 s)",
+                          f"{arch['fixed_s']:.1f} s / {arch['marginal_events_per_s']:,.0f} events/s")
+        table.add_row("    total s per phase", ", ".join(f"{k} {v:.2f}" for k, v in arch["phases_s"].items()))
     cores = result.get("per_core") or {}
     for n, r in (cores.get("runs") or {}).items():
         table.add_row(f"(h) replay on {n} core{'s' if r['cores'] > 1 else ''}",
