@@ -104,6 +104,18 @@ def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kaf
     # retention drops the first half of every partition
     half = {p: o // 2 for p, o in ends.items()}
     _delete_records(settings, topic, half)
+    # the CLI says how far back a replay can start: the archive's start, not the log's
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "kappa.front.cli", "topics", "archives"], text=True, timeout=120,
+                           capture_output=True, env=subprocess_env(settings, COLUMNS="200"))
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert shown.stdout.startswith("ad-events: archived by ad_events_archive@v1"), shown.stdout
+    for p, end in ends.items():
+        assert (f"partition {p}: archive 0-{end:,} ({end:,} records); log {end // 2:,}-{log_end[p]:,}; a replay can "
+                "start at 0") in shown.stdout, shown.stdout
+
     runner = LocalRunner(settings)
     req = ReplayRequest(view="user_sessions", version=1, start="offsets", triggered_by="test:archive",
                         start_offsets={str(p): 0 for p in ends})

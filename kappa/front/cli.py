@@ -221,6 +221,35 @@ def topics_leases() -> None:
         console.print("no retention leases: no replay has taken one", highlight=False)
 
 
+@topics_app.command("archives")
+def topics_archives() -> None:
+    """What the lake's archive of each stream topic holds beside what the log still holds, per partition: how far
+    back a replay can start (kappa.runtime.archive)."""
+    from kappa.catalog import load_catalog
+    from kappa.identity import ViewPaths
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.archive import coverage
+
+    settings = _settings()
+    archived = [spec for spec in load_catalog().views.values() if spec.archives]
+    for spec in archived:
+        table = ViewPaths(settings.lake_uri, spec.name, spec.default_version).table
+        topic = settings.topic(spec.archives or "")
+        held, log = coverage(table), partition_offsets(settings, topic)  # errors: one line (KappaError)
+        console.print(f"{spec.archives}: archived by {spec.name}@v{spec.default_version} ({table})", highlight=False,
+                      markup=False)
+        for p, (low, high) in sorted(log.items()):
+            got = held.get(p)
+            kept = (f"archive {got.low:,}-{got.high:,} ({got.rows:,} records"
+                    + (")" if got.contiguous else f", {got.high - got.low - got.rows:,} missing)") if got else
+                    "archive empty")
+            reach = got.low if got and got.contiguous and got.high >= low else low
+            console.print(f"  partition {p}: {kept}; log {low:,}-{high:,}; a replay can start at {reach:,}",
+                          highlight=False, markup=False)
+    if not archived:
+        console.print("no view archives a topic (platform.yaml: `archives: <topic>`)", highlight=False)
+
+
 @lake_app.command("check")
 def lake_check() -> None:
     """Whether the lake's object store answers with this bucket and the environment's credential (the standard

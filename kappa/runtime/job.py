@@ -254,6 +254,12 @@ class ViewJob:
     def query_name(self) -> str:
         return f"{self.view.ref}:main"
 
+    @property
+    def archive_query_name(self) -> str:
+        """The query of a replay's first micro-batch, from the archive and the log (:meth:`_from_archive`); its
+        progress counts like the main query's."""
+        return f"{self.view.ref}:archive"
+
     def _kafka_options(self) -> dict[str, str]:
         return dict(self.settings.spark_kafka_options())
 
@@ -479,7 +485,7 @@ class ViewJob:
             logged = self._decode(self._read_stream(topic, starting=starting_options(
                 {topic: {str(p): o for p, o in handover.items()}})))
             stream, _schema = self._plan(archived.unionByName(logged), lookups)
-            writer = stream.writeStream.queryName(f"{self.view.ref}:archive").option("checkpointLocation", main)
+            writer = stream.writeStream.queryName(self.archive_query_name).option("checkpointLocation", main)
             if self.view.stateful:
                 writer = writer.outputMode(self.view.output_mode)
             # the range in one micro-batch, as a replay from the log reads it, then the no-data batch after it
@@ -645,6 +651,7 @@ class ViewJob:
 
         job = self
         main_name = self.query_name
+        archive_name = self.archive_query_name
 
         class _Listener(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:
@@ -652,7 +659,7 @@ class ViewJob:
 
             def onQueryProgress(self, event: Any) -> None:
                 progress = event.progress
-                if progress.name != main_name:
+                if progress.name not in (main_name, archive_name):
                     return
                 with job._batch_ended:  # a micro-batch committed: a stop waiting for it may go on
                     job._batches_ended += 1
