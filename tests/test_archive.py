@@ -146,6 +146,16 @@ def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kaf
     finally:
         runner.stop("user_sessions", 1)
 
+    # a record the archive holds twice would be counted twice: refused, named
+    spark.read.format("delta").load(archive).where("partition = 0 AND offset = 0").write.format("delta") \
+        .mode("append").save(archive)
+    twice = ReplayRequest(view="campaign_window_counts", version=2, start="offsets", triggered_by="test",
+                          start_offsets={str(p): 0 for p in ends})
+    with pytest.raises(ReplayError) as refused:
+        replay.preflight(twice, settings, runner)
+    assert "\n" not in str(refused.value) and "partition 0: 1 records of [0, " in str(refused.value) \
+        and "held twice" in str(refused.value), refused.value
+
 
 @pytest.mark.integration
 def test_an_archive_with_a_gap_is_refused_naming_it(spark, kafka, lake, tmp_path):

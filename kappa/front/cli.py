@@ -240,9 +240,10 @@ def topics_archives() -> None:
                       markup=False)
         for p, (low, high) in sorted(log.items()):
             got = held.get(p)
-            kept = (f"archive {got.low:,}-{got.high:,} ({got.rows:,} records"
-                    + (")" if got.contiguous else f", {got.high - got.low - got.rows:,} missing)") if got else
-                    "archive empty")
+            gaps = [f"{n:,} {what}" for n, what in ((got.high - got.low - got.rows, "missing"),
+                                                    (got.records - got.rows, "held twice")) if n] if got else []
+            kept = (f"archive {got.low:,}-{got.high:,} ({got.rows:,} records" + "".join(f", {g}" for g in gaps) + ")"
+                    if got else "archive empty")
             reach = got.low if got and got.contiguous and got.high >= low else low
             console.print(f"  partition {p}: {kept}; log {low:,}-{high:,}; a replay can start at {reach:,}",
                           highlight=False, markup=False)

@@ -128,16 +128,17 @@ def _decoded_schema(spark: "SparkSession", fmt: "RecordFormat") -> Any:
 # coverage -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Coverage:
-    """What the archive holds of one partition: ``rows`` records with offsets ``[low, high)``
-    (``high`` = last offset + 1); contiguous when ``rows == high - low``."""
+    """What the archive holds of one partition: ``rows`` distinct offsets within ``[low, high)`` (``high`` = last
+    offset + 1) in ``records`` records; contiguous when every offset is there once."""
 
     low: int
     high: int
     rows: int
+    records: int
 
     @property
     def contiguous(self) -> bool:
-        return self.rows == self.high - self.low
+        return self.rows == self.records == self.high - self.low
 
 
 def archive_query(table: str, sql: str) -> list[dict[str, Any]]:
@@ -171,12 +172,14 @@ def coverage(table: str, ranges: Mapping[int, tuple[int, int]] | None = None) ->
 
     try:
         rows = archive_query(table, 'SELECT "partition" AS p, min("offset") AS lo, max("offset") AS hi, '
-                             f'count(DISTINCT "offset") AS n FROM t{_where(ranges)} GROUP BY "partition"')
+                             'count(DISTINCT "offset") AS n, count(*) AS total '
+                             f'FROM t{_where(ranges)} GROUP BY "partition"')
     except TableNotFoundError:
         return {}
     except Exception as exc:  # noqa: BLE001 - delta-rs/DataFusion errors (a missing or corrupt file) in one line
         raise ArchiveError(f"archive {table}: cannot read its files ({' '.join(str(exc).split())[:300]})") from None
-    return {int(r["p"]): Coverage(int(r["lo"]), int(r["hi"]) + 1, int(r["n"])) for r in rows if r["p"] is not None}
+    return {int(r["p"]): Coverage(int(r["lo"]), int(r["hi"]) + 1, int(r["n"]), int(r["total"]))
+            for r in rows if r["p"] is not None}
 
 
 def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, int],
@@ -187,7 +190,7 @@ def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, 
 
     Raises:
         ArchiveError: The archive misses a record the replay needs (its start, a hole inside, or the gap
-            between the archive's end and the log's start), named partition by partition.
+            between the archive's end and the log's start) or holds one twice, named partition by partition.
     """
     held = coverage(table)
     handover: dict[int, int] = {}
@@ -212,12 +215,17 @@ def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, 
     if problems:
         raise ArchiveError(f"archive {table} cannot serve the replay: " + "; ".join(problems))
     inside = coverage(table, {p: (int(start.get(p, 0)), h) for p, h in handover.items() if h > start.get(p, 0)})
-    holes = [f"partition {p}: {h - int(start.get(p, 0)) - (inside[p].rows if p in inside else 0):,} of "
-             f"[{int(start.get(p, 0))}, {h}) missing"
-             for p, h in sorted(handover.items()) if h > start.get(p, 0)
-             and (p not in inside or inside[p].rows != h - int(start.get(p, 0)))]
+    holes: list[str] = []
+    for p, h in sorted(handover.items()):
+        s, got = int(start.get(p, 0)), inside.get(p)
+        if h <= s:
+            continue
+        if got is None or got.rows != h - s:
+            holes.append(f"partition {p}: {h - s - (got.rows if got else 0):,} of [{s}, {h}) missing")
+        elif got.records != got.rows:  # written twice: a replay would count those records twice
+            holes.append(f"partition {p}: {got.records - got.rows:,} records of [{s}, {h}) held twice")
     if holes:
-        raise ArchiveError(f"archive {table} has holes in the replay's range: " + "; ".join(holes))
+        raise ArchiveError(f"archive {table} does not hold the replay's range exactly once: " + "; ".join(holes))
     return handover
 
 

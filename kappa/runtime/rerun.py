@@ -468,7 +468,8 @@ def _archived(spark: "SparkSession", settings: "Settings", view: "ViewDefinition
     if found is None:
         raise RecomputeError(f"the log no longer holds {detail} and no view archives {view.stream_topic}")
     held = coverage(found[1], ranges)
-    missing = [p for p, (lo, hi) in ranges.items() if hi > lo and (p not in held or held[p].rows != hi - lo)]
+    missing = [p for p, (lo, hi) in ranges.items() if hi > lo and (p not in held or not held[p].contiguous
+                                                                   or held[p].high - held[p].low != hi - lo)]
     if missing:
         raise RecomputeError(f"neither the log nor the archive {found[1]} holds all of {detail}")
     return archived_decoded(spark, found[1], view.stream_format, ranges)
