@@ -10,8 +10,7 @@ plain-Python oracle's table.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -29,18 +28,7 @@ from kappa.verify import oracle
 from kappa.verify.oracle import OracleInput
 from tests.conftest import subprocess_env
 
-T0 = 1_700_000_000_000
-
-
-def _wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})")
+from tests.test_replay import T0, _delete_records, _platform_env, _wait_for
 
 
 def _run(view: Any, settings: Any, spark: Any) -> None:
@@ -63,13 +51,9 @@ def _rows(table: str) -> list[dict]:
 def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kafka, lake, tmp_path, monkeypatch):
     from kappa.control.runners.local import LocalRunner
     from kappa.identity import ViewPaths
-    from tests.test_replay import _delete_records
 
     settings = lake.replace(home=tmp_path / "home")
-    for key, value in subprocess_env(settings).items():
-        if key.startswith("KAPPA_"):
-            monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    _platform_env(monkeypatch, settings)
     topic = settings.topic("ad-events")
     u = generator.universe(seed=41, campaigns=4, users=300)
     events = generator.events(3000, seed=41, universe=u, start_ms=T0, rate_per_s=20, late_fraction=0.05,
@@ -161,7 +145,6 @@ def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kaf
 def test_an_archive_with_a_gap_is_refused_naming_it(spark, kafka, lake, tmp_path):
     """The archive ends before the log starts: preflight names the records in neither."""
     from kappa.control.runners.local import LocalRunner
-    from tests.test_replay import _delete_records
 
     settings = lake.replace(home=tmp_path / "home")
     topic = settings.topic("ad-events")
@@ -202,13 +185,9 @@ def test_a_driver_killed_in_the_archive_part_resumes_without_losing_or_repeating
 
     from kappa.control.runners.local import LocalRunner
     from kappa.identity import ViewPaths
-    from tests.test_replay import _delete_records
 
     settings = lake.replace(home=tmp_path / "home")
-    for key, value in subprocess_env(settings).items():
-        if key.startswith("KAPPA_"):
-            monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KAPPA_RUNNER", "local")
+    _platform_env(monkeypatch, settings)
     topic = settings.topic("ad-events")
     u = generator.universe(seed=51, campaigns=4, users=200)
     assert generator.produce(settings, topic, generator.events(1500, seed=51, universe=u, start_ms=T0, rate_per_s=20,
