@@ -22,6 +22,7 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
 `start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `upgrade` (`replay` \\| `continue`;
 default: what the version declares), `verify` (`strict` \\| `none`),
+`source` (`auto` \\| `log` \\| `archive`: where history is read, see docs/replay.md),
 `auto_promote`, `keep_hours`, `max_offsets_per_trigger`, `max_lag` (live: caught up at this lag), `watch_minutes`
 (default 10; 0: no watch), `watch_max_quarantine_rate` (0.05), `watch_max_lag` (50,000), `cascade` (also rebuild
 the views over this one against it, verify all, promote the chain together; a watch rollback switches the chain
@@ -141,6 +142,10 @@ def _platform() -> tuple[Any, Any]:
                                                        "to the quarantine."),
         "watch_max_lag": Param(50000, type="integer", minimum=0, title="Watch: max lag",
                                description="Records the new version may lag behind (for several checks in a row)."),
+        "source": Param("auto", type="string", enum=["auto", "log", "archive"], title="History source",
+                        description="auto: the topic's archive for what the log no longer holds, or where it serves "
+                                    "1M+ records (faster than the log there); log: never the archive; archive: as "
+                                    "far as it reaches from the start."),
         "cascade": Param(False, type="boolean", title="Cascade to the views over it",
                          description="Also rebuild the views over this one against the new version (their declared "
                                      "versions over it), verify them all and promote the chain in one alias commit."),

@@ -82,6 +82,19 @@ class TopicSpec:
     description: str = ""
 
 
+_RETENTION = re.compile(r"^([1-9][0-9]*)([dhms])$")
+_UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+
+
+def parse_retention(value: object) -> int | None:
+    """An archive's ``retention``: milliseconds, None for ``forever``, 0 when it is neither (an error)."""
+    text = str(value).strip().lower()
+    if text == "forever":
+        return None
+    match = _RETENTION.match(text)
+    return int(match.group(1)) * _UNIT_MS[match.group(2)] if match else 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ViewSpec:
     """A declared view: a Delta table maintained from topics, in one or more versions.
@@ -94,6 +107,9 @@ class ViewSpec:
         versions: Version number -> importable module implementing that version (``jobs.<view>.vN``).
         archives: The stream topic this view archives (every record, valid or not: the replay source for history
             the log no longer holds, :mod:`kappa.runtime.archive`), else None.
+        retention_ms: How long an archive keeps a record (``retention: <n>d|h|m|s`` or ``forever``, with
+            ``archives`` only): older whole prefixes of a partition leave it (:func:`kappa.runtime.archive.keep`);
+            None keeps every record.
     """
 
     name: str
@@ -102,6 +118,7 @@ class ViewSpec:
     default_version: int
     versions: dict[int, str]
     archives: str | None = None
+    retention_ms: int | None = None
 
     def module(self, version: int | None = None) -> str:
         """Module implementing ``version`` (default: :attr:`default_version`).
@@ -286,7 +303,7 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
             errors.append(f"{where}: must be a mapping")
             continue
         ok = True
-        unknown = set(spec) - {"description", "topics", "default_version", "versions", "archives"}
+        unknown = set(spec) - {"description", "topics", "default_version", "versions", "archives", "retention"}
         if unknown:
             errors.append(f"{where}: unknown key(s): {', '.join(sorted(map(str, unknown)))}")
         topics = spec.get("topics")
@@ -329,6 +346,15 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
         if archives is not None and archives not in topics:
             errors.append(f"{where}.archives: {archives!r} is not one of the view's topics ({', '.join(topics)})")
             ok = False
+        retention_ms = None
+        if "retention" in spec:
+            retention_ms = parse_retention(spec["retention"])
+            if archives is None:
+                errors.append(f"{where}.retention: only an archive has a retention of its own (`archives: <topic>`)")
+                ok = False
+            elif retention_ms == 0:
+                errors.append(f"{where}.retention: {spec['retention']!r} is not <n>d, <n>h, <n>m, <n>s or forever")
+                ok = False
         description = spec.get("description", "")
         if ok and default is not None:
             out[name] = ViewSpec(
@@ -338,5 +364,6 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
                 default_version=default,
                 versions=dict(sorted(versions.items())),
                 archives=archives,
+                retention_ms=retention_ms or None,
             )
     return out

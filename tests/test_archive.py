@@ -85,9 +85,30 @@ def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kaf
     reference = _rows(ViewPaths(settings.lake_uri, "user_sessions", 7).table)
     assert len(reference) > 100
 
+    # the log still holds it all: source=archive reads what the archive holds anyway; auto does once the archive
+    # serves ARCHIVE_FASTER_RECORDS (measured faster than the log from there on)
+    from kappa.control.replay import planning
+
+    runner = LocalRunner(settings)
+    whole = ReplayRequest(view="user_sessions", version=1, start="offsets", triggered_by="test:archive",
+                          start_offsets={str(p): 0 for p in ends}, source="archive")
+    pre = replay.preflight(whole, settings, runner)
+    assert {int(p): o for p, o in pre.archive["handover"].items()} == ends and pre.archived_records == 3000
+    auto = replace(whole, source="auto")
+    assert replay.preflight(auto, settings, runner).archive is None, "3,600 records: the log reads them"
+    monkeypatch.setattr(planning, "ARCHIVE_FASTER_RECORDS", 3000)
+    assert replay.preflight(auto, settings, runner).archived_records == 3000
+    monkeypatch.setattr(planning, "ARCHIVE_FASTER_RECORDS", 3001)  # the archive serves 3,000: the log reads all
+    assert replay.preflight(auto, settings, runner).archive is None
+
     # retention drops the first half of every partition
     half = {p: o // 2 for p, o in ends.items()}
     _delete_records(settings, topic, half)
+    with pytest.raises(ReplayError) as refused:  # source=log never reads the archive
+        replay.preflight(replace(whole, source="log"), settings, runner)
+    assert "\n" not in str(refused.value) and "no longer retains the start of user_sessions@v1" in str(refused.value) \
+        and "source=log does not read the archive (ad_events_archive holds ad-events: source=auto reads what it " \
+            "holds)" in str(refused.value), refused.value
     # the CLI says how far back a replay can start: the archive's start, not the log's
     import subprocess
     import sys
@@ -96,11 +117,11 @@ def test_a_replay_older_than_retention_reads_the_archive_then_the_log(spark, kaf
                            capture_output=True, env=subprocess_env(settings, COLUMNS="200"))
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
     assert shown.stdout.startswith("ad-events: archived by ad_events_archive@v1"), shown.stdout
+    assert "; keeps records for 730 d (upkeep every 1 h)\n" in shown.stdout, shown.stdout
     for p, end in ends.items():
         assert (f"partition {p}: archive 0-{end:,} ({end:,} records); log {end // 2:,}-{log_end[p]:,}; a replay can "
                 "start at 0") in shown.stdout, shown.stdout
 
-    runner = LocalRunner(settings)
     req = ReplayRequest(view="user_sessions", version=1, start="offsets", triggered_by="test:archive",
                         start_offsets={str(p): 0 for p in ends})
     pre = replay.preflight(req, settings, runner)
@@ -235,3 +256,61 @@ def test_a_driver_killed_in_the_archive_part_resumes_without_losing_or_repeating
         assert check.passed, check.message
     finally:
         runner.stop("user_sessions", 1)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_the_archive_keeps_itself_retention_removes_old_prefixes_never_under_a_lease(spark, kafka, lake, tmp_path):
+    """The archive's job applies its declared retention (730 d) and compacts its small files on its own thread:
+    while a replay's lease holds the topic nothing leaves; then whole prefixes of records older than the retention
+    leave each partition - a young record amid old ones stays, and so does everything after it - and each partition
+    is left in one file."""
+    import time
+
+    from kappa.control import leases
+    from kappa.identity import ViewPaths
+    from kappa.runtime.archive import coverage
+
+    settings = lake.replace(home=tmp_path / "home", archive_keep_seconds=3.0)
+    topic = settings.topic("ad-events")
+    now = int(time.time() * 1000)
+    old, young = now - 800 * 86_400_000, now
+    values = iter(generator.events(200, seed=61))
+    producer = generator.make_producer(settings)
+    # per partition: 10 old records, (partition 0 only: one young record), 5 old, 5 young - Kafka timestamps
+    for p in range(4):
+        for ts in [old] * 10 + ([young] if p == 0 else []) + [old] * 5 + [young] * 5:
+            key, value, _meta = next(values)
+            producer.produce(topic, key=key, value=value, partition=p, timestamp=ts)
+    assert producer.flush(30) == 0
+    leases.take(settings, topic, "user_sessions", 9, by="test")  # a replay reads the topic
+
+    archive = load_view("jobs.ad_events_archive.v1")
+    table = ViewPaths(settings.lake_uri, "ad_events_archive", 1).table
+    job = ViewJob(archive, settings, spark=spark, starting="earliest", trigger_seconds=1.0).start()
+    try:
+        _wait_for(lambda: len(_rows(table)) == 81, 120, "the archive to copy the 81 records")
+        for p in range(4):  # another micro-batch: a second small file in every partition
+            key, value, _meta = next(values)
+            producer.produce(topic, key=key, value=value, partition=p, timestamp=young)
+        assert producer.flush(30) == 0
+        _wait_for(lambda: len(_rows(table)) == 85, 60, "the archive to copy 4 more records")
+        assert len(DeltaTable(table).file_uris()) == 8
+        held = _wait_for(lambda: job.keeper.last, 60, "the archive's first upkeep")
+        assert held.held_by == ("user_sessions@v9",) and held.removed == {}, held
+        assert len(_rows(table)) == 85, "nothing leaves while a lease holds the topic"
+
+        leases.release(settings, "user_sessions", 9, by="test", note="caught up", converge=False)
+        kept = _wait_for(lambda: job.keeper.last if job.keeper.last.removed else None, 60, "the retention")
+        assert kept.removed == {0: (0, 10), 1: (0, 15), 2: (0, 15), 3: (0, 15)}, kept
+        assert "retention removed partition 0 offsets 0-9, partition 1 offsets 0-14" in kept.line(), kept.line()
+        rows = _rows(table)
+        assert len(rows) == 85 - 10 - 3 * 15
+        assert {(r["partition"], r["offset"]) for r in rows} == {(0, o) for o in range(10, 22)} | {
+            (p, o) for p in (1, 2, 3) for o in range(15, 21)}, "whole prefixes only: offsets 10-14 of partition 0 stay"
+        held_now = coverage(table)
+        assert all(c.contiguous for c in held_now.values()) and held_now[0].low == 10 and held_now[3].low == 15
+        files = DeltaTable(table).file_uris()
+        assert sorted(f.split("partition=")[1].split("/")[0] for f in files) == ["0", "1", "2", "3"], files
+    finally:
+        job.stop()

@@ -126,6 +126,7 @@ def test_platform_catalog() -> None:
     assert cat.module_of("campaign_window_counts") == "jobs.campaign_window_counts.v1"  # the default version
     assert cat.module_of("campaign_window_counts", 2) == "jobs.campaign_window_counts.v2"
     assert cat.view("ad_events_archive").archives == "ad-events" and cat.view("events_raw").archives is None
+    assert cat.view("ad_events_archive").retention_ms == 730 * 86_400_000 and cat.view("events_raw").retention_ms is None
     with pytest.raises(UnknownView, match="^unknown view 'nope'; declared views: ad_events_archive, campaign_catalog, "):
         cat.view("nope")
     with pytest.raises(UnknownView, match=r"^events_raw has no version 3 in kappa/platform.yaml \(declared: 1, 2\)$"):
@@ -152,6 +153,24 @@ def test_the_declared_views_of_views_form_a_graph_without_problems() -> None:
     undeclared = dataclasses.replace(cat, topics={k: v for k, v in cat.topics.items() if k != "campaign-windows.v2"})
     assert graph_problems(undeclared) == ["campaign_window_counts@v2 publishes to campaign-windows.v2, which "
                                           "platform.yaml does not declare"]
+
+
+def test_an_archives_retention_is_parsed_and_misuse_is_named() -> None:
+    """``retention`` beside ``archives``: <n>d|h|m|s or forever; anything else, or a retention on a view that
+    archives nothing, is reported with its place in the file."""
+    def view(**extra: object) -> dict:
+        return {"topics": {"t": {"partitions": 1}},
+                "views": {"a": {"topics": ["t"], "default_version": 1, "versions": {1: {"module": "jobs.a.v1"}},
+                                **extra}}}
+
+    assert parse_catalog(view(archives="t", retention="36h"), source="x").views["a"].retention_ms == 36 * 3_600_000
+    assert parse_catalog(view(archives="t", retention="forever"), source="x").views["a"].retention_ms is None
+    for extra, message in (({"archives": "t", "retention": "2 weeks"},
+                            "views.a.retention: '2 weeks' is not <n>d, <n>h, <n>m, <n>s or forever"),
+                           ({"retention": "30d"}, "views.a.retention: only an archive has a retention of its own")):
+        with pytest.raises(CatalogError) as info:
+            parse_catalog(view(**extra), source="x")
+        assert message in str(info.value), info.value
 
 
 def test_catalog_reports_every_problem() -> None:

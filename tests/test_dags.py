@@ -79,13 +79,14 @@ def test_replay_params_are_typed_with_json_schema_constraints(airflow_home):
     assert set(schema) == {"view", "version", "start", "start_timestamp_ms", "start_offsets", "end",
                            "end_timestamp_ms", "upgrade", "verify", "auto_promote", "keep_hours", "max_offsets_per_trigger",
                            "max_lag", "watch_minutes", "watch_max_quarantine_rate", "watch_max_lag", "cascade",
-                           "dry_run"}
+                           "dry_run", "source"}
     assert schema["view"]["enum"] == sorted(load_catalog().views)
     assert schema["version"]["type"] == "integer" and schema["version"]["minimum"] == 1
     assert schema["start"]["enum"] == ["earliest", "timestamp", "offsets"]
     assert schema["end"]["enum"] == ["live", "timestamp"]
     assert schema["verify"]["enum"] == ["strict", "none"]
     assert schema["upgrade"]["enum"] == [None, "replay", "continue"]
+    assert schema["source"]["enum"] == ["auto", "log", "archive"] and dag.params["source"] == "auto"
     assert schema["auto_promote"]["type"] == "boolean" and schema["dry_run"]["type"] == "boolean"
     assert schema["cascade"]["type"] == "boolean" and dag.params["cascade"] is False
     assert schema["keep_hours"]["type"] == "number" and schema["keep_hours"]["minimum"] == 0

@@ -584,6 +584,8 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     ({"upgrade": "savepoint"}, "upgrade 'savepoint': expected one of replay, continue"),
     ({"upgrade": "continue", "start": "timestamp", "start_timestamp_ms": 5}, "upgrade=continue starts where the"),
     ({"upgrade": "continue", "end": "timestamp", "end_timestamp_ms": 5}, "end=timestamp do not apply"),
+    ({"source": "hdfs"}, "source 'hdfs': expected one of auto, log, archive"),
+    ({"upgrade": "continue", "source": "archive"}, "source=archive does not apply"),
 ])
 def test_request_validation_says_what_is_wrong_in_one_line(fields, message):
     values = {"view": VIEW, "version": 2, "triggered_by": "test", **fields}
@@ -607,6 +609,7 @@ def test_cli_positions_and_dag_params_map_onto_one_request():
                                 auto_promote=True, keep_hours=2, triggered_by="airflow:kappa_replay:r1")
     assert ReplayRequest.from_params({"view": "events_raw", "version": 2, "upgrade": "replay"},
                                      triggered_by="t").upgrade == "replay"
+    assert ReplayRequest.from_params({"view": VIEW, "version": 2, "source": "log"}, triggered_by="t").source == "log"
 
 
 def _event(partition: int, offset: int, t: int, kind: str = "view", ad: str = "ad1") -> Validated:

@@ -17,9 +17,11 @@ Measures, in one run on one machine (numbers are only comparable side by side):
     oracle, and our replay's throughput as a ratio to it;
 (f) what keeping late records costs (:mod:`kappa.runtime.late`): a replay of a log with late events all through it,
     with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
-(i) replay from the archive (:mod:`kappa.runtime.archive`): the ranges of (b) read from the topic's archive view
-    (copied first, not timed), then (b)'s largest from the log again beside it; events/s, the ratios to (a), to the
-    live rate and to the log replay, the sizes' linear fit, and whether each table equals its log replay's;
+(i) replay from the archive (:mod:`kappa.runtime.archive`): a half, all and twice the events of (b) read from the
+    topic's archive view (copied first, not timed; each replayed twice, the faster counts), then the largest from
+    the log again beside it; events/s, the
+    ratios to (a), to the live rate and to the log replay, the sizes' linear fit, its fixed cost phase by phase,
+    and whether each table equals its log replay's;
 (h) replay per core: the replay of (b) in a Spark of 1 and of 2 cores (``local[1]``, ``local[2]``; shuffle
     partitions = cores; each after a warm-up replay in its own session), events/s per core and how much of the
     second core the replay uses; with (b)'s fixed cost and marginal rate, what a history of N events takes on C
@@ -178,11 +180,77 @@ def replay_run(spark: Any, settings: Any, view: Any, events: int, *,
             "late_kept": registry.get_sample_value("kappa_late_records_kept_total", labels) or 0}
 
 
-def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events: int, *, version: int,
+class _Timeline:
+    """The streaming queries' starts and micro-batches (Spark's own timestamps and phase durations), for the phases
+    of a replay: :func:`archive_phases`."""
+
+    def __init__(self, spark: Any) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+        timeline = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                timeline.events.append(("started", event.name, {"timestamp": event.timestamp}))
+
+            def onQueryProgress(self, event: Any) -> None:
+                timeline.events.append(("progress", event.progress.name, json.loads(event.progress.json)))
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self.spark, self.listener = spark, Listener()
+
+    def __enter__(self) -> "_Timeline":
+        self.spark.streams.addListener(self.listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.spark.streams.removeListener(self.listener)
+
+
+def _epoch(timestamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def archive_phases(events: list[tuple[str, str, dict[str, Any]]], started: float, ended: float,
+                   archive_query: str) -> dict[str, float]:
+    """Where the wall time of a replay that starts in the archive went (s, summing to ``ended - started``, epoch
+    seconds): the job's start-up until its archive query started (run, tables, lookups, plans); that query's start
+    until its first batch; batch 0 (the whole range) by Spark's phases - offsets (the Delta source's snapshot, the
+    log's end), planning, the batch itself (read, decode, state, our sink), its offset and commit logs; the no-data
+    batch after it (it emits what the watermark closed); the switch to the log until the job ended (a bounded run
+    is complete then: the view's own query does not start)."""
+    start = next(e[2]["timestamp"] for e in events if e[0] == "started" and e[1] == archive_query)
+    batches = {e[2]["batchId"]: e[2] for e in events if e[0] == "progress" and e[1] == archive_query}
+    first = batches[0]
+    d0 = first["durationMs"]
+    phases = {"start-up": _epoch(start) - started, "query start": _epoch(first["timestamp"]) - _epoch(start),
+              "batch 0 offsets": d0.get("latestOffset", 0) / 1000, "batch 0 planning":
+              (d0.get("getBatch", 0) + d0.get("queryPlanning", 0)) / 1000, "batch 0 run": d0.get("addBatch", 0) / 1000,
+              "batch 0 logs": (d0.get("walCommit", 0) + d0.get("commitOffsets", 0)) / 1000}
+    last = first
+    if 1 in batches:
+        last = batches[1]
+        phases["no-data batch"] = (_epoch(last["timestamp"]) - _epoch(first["timestamp"])
+                                   - d0["triggerExecution"] / 1000 + last["durationMs"]["triggerExecution"] / 1000)
+    phases["switch, end"] = ended - _epoch(last["timestamp"]) - last["durationMs"]["triggerExecution"] / 1000
+    return phases
+
+
+def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events: int, *, versions: tuple[int, ...],
                        archive_version: int) -> dict[str, Any]:
     """(i) The replay of (b) with its whole range read from the topic's archive (:mod:`kappa.runtime.archive`): the
     archive view copies ``topic`` first (not timed: in production it is written as the log is), then a version whose
-    run starts in the archive, handover at the log end, replays it; events/s as (b)."""
+    run starts in the archive, handover at the log end, replays it, once per version of ``versions``; the fastest
+    run's events/s as (b) (``version``: its version; ``seconds_all``: every run's), and where its time went
+    (:func:`archive_phases`)."""
     from kappa.catalog import load_catalog
     from kappa.identity import ViewPaths
     from kappa.log.topics import partition_offsets
@@ -195,13 +263,23 @@ def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events:
     replay_run(spark, settings, archiver, events)
     copied = time.monotonic() - t0
     ends = {p: high for p, (_low, high) in partition_offsets(settings, topic).items()}
-    replayed = dataclasses.replace(view, stream_topic=topic, version=version)
-    open_run(ViewPaths(settings.lake_uri, replayed.name, version), created_by="kappa.front.bench", archive={
-        "view": archiver.name, "table": ViewPaths(settings.lake_uri, archiver.name, archive_version).table,
-        "start": {str(p): 0 for p in ends}, "handover": {str(p): o for p, o in ends.items()}})
-    run = replay_run(spark, settings, replayed, events)
-    run["archive_copy_seconds"] = copied
-    return run
+    runs = []
+    for version in versions:
+        replayed = dataclasses.replace(view, stream_topic=topic, version=version)
+        open_run(ViewPaths(settings.lake_uri, replayed.name, version), created_by="kappa.front.bench", archive={
+            "view": archiver.name, "table": ViewPaths(settings.lake_uri, archiver.name, archive_version).table,
+            "start": {str(p): 0 for p in ends}, "handover": {str(p): o for p, o in ends.items()}})
+        with _Timeline(spark) as timeline:
+            started = time.time()
+            run = replay_run(spark, settings, replayed, events)
+        time.sleep(0.5)  # the listener's last events arrive asynchronously
+        run["timeline_s"] = archive_phases(timeline.events, started, started + run["seconds"],
+                                           f"{replayed.ref}:archive")
+        run["version"] = version
+        runs.append(run)
+    best = dict(min(runs, key=lambda r: r["seconds"]))
+    best["archive_copy_seconds"], best["seconds_all"] = copied, [r["seconds"] for r in runs]
+    return best
 
 
 def same_table(spark: Any, settings: Any, view: Any, version: int, other: int) -> bool:
@@ -414,17 +492,31 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   "sizes " + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in runs)
                   + f", linear fit R^2 {_fmt(result['replay']['linear_r2'])}")
 
-            # (i) the same replays with their range read from the archive, then the log replay of the largest
-            # again: the two measured side by side (the JVM is as warm for both)
-            archived = [archive_replay_run(spark, settings, view, size_topic, size, version=210 + i,
+            # (i) replays with their range read from the archive, up to twice (b)'s events (half and all of them
+            # are (b)'s topics, twice is its own), then the log replay of the largest again: the two measured side
+            # by side (the JVM is as warm for both)
+            topics = dict(zip(_sizes(events), [*extra_topics, topic]))
+            logged = {size: 200 + i for i, size in enumerate(_sizes(events))}
+            for size in _sizes(2 * events):
+                if size not in topics:
+                    topics[size] = f"{topic}-{size}"
+                    create_topic(settings, topics[size], partitions, {"retention.ms": "-1"})
+                    generator.produce(settings, topics[size], generator.events(size, seed=0, universe=u))
+                    extra_topics.append(topics[size])
+            # each size replayed twice, the faster counts: the fixed cost is seconds, the noise of a shared machine
+            # tenths of them
+            archived = [archive_replay_run(spark, settings, view, topics[size], size, versions=(210 + i, 230 + i),
                                            archive_version=300 + i)
-                        for i, (size, size_topic) in enumerate(zip(_sizes(events), [*extra_topics, topic]))]
-            again = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topic, version=220), events)
+                        for i, size in enumerate(_sizes(2 * events))]
+            largest = archived[-1]["events"]
+            again = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topics[largest], version=220),
+                               largest)
+            logged[largest] = 220
             result["archive_replay"] = {
-                "sizes": [{k: r[k] for k in ("events", "seconds", "events_per_s", "batches", "archive_copy_seconds")}
-                          for r in archived],
-                "equals_log_replay": all(same_table(spark, settings, view, 210 + i, 200 + i)
-                                         for i in range(len(archived))),
+                "sizes": [{k: r[k] for k in ("events", "seconds", "seconds_all", "events_per_s", "batches",
+                                             "archive_copy_seconds", "timeline_s")} for r in archived],
+                "equals_log_replay": all(same_table(spark, settings, view, r["version"], logged[r["events"]])
+                                         for r in archived if r["events"] in logged),
                 "events_per_s": archived[-1]["events_per_s"], "phases_s": archived[-1]["phases_s"],
                 "log_replay_beside_s": again["seconds"], "log_replay_beside_events_per_s": again["events_per_s"],
                 "ratio_to_log_replay": archived[-1]["events_per_s"] / again["events_per_s"],
@@ -435,12 +527,21 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             if fit is not None:
                 result["archive_replay"]["fixed_s"] = fit[0]
                 result["archive_replay"]["marginal_events_per_s"] = 1.0 / fit[1]
+                # the fixed cost phase by phase: each phase's time against events, its intercept
+                by_phase = {}
+                for phase in archived[-1]["timeline_s"]:
+                    line = _line([r["events"] for r in archived], [r["timeline_s"].get(phase, 0.0) for r in archived])
+                    by_phase[phase] = line[0] if line is not None else None
+                result["archive_replay"]["fixed_by_phase_s"] = by_phase
             a = result["archive_replay"]
             print(f"(i) replay from the archive: {a['events_per_s']:,.0f} events/s ({a['ratio_to_raw']:.2f}x raw, "
                   f"{a['ratio_to_live_rate']:.1f}x live rate, {a['ratio_to_log_replay']:.2f}x the log replay beside "
                   f"it at {a['log_replay_beside_events_per_s']:,.0f}); sizes "
                   + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in archived)
                   + f", linear fit R^2 {_fmt(a['linear_r2'])}; tables equal to the log replays': {a['equals_log_replay']}")
+            if "fixed_by_phase_s" in a:
+                print(f"    fixed cost {a['fixed_s']:.1f} s, marginal {a['marginal_events_per_s']:,.0f} events/s; the fixed "
+                      "cost by phase: " + ", ".join(f"{k} {_fmt2(v)}" for k, v in a["fixed_by_phase_s"].items()))
 
             result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
 
@@ -673,6 +774,10 @@ def _secs(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} s"
 
 
+def _fmt2(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
 def _report(result: dict[str, Any], out: Path) -> None:
     import matplotlib
 
@@ -757,6 +862,9 @@ def _report(result: dict[str, Any], out: Path) -> None:
         if "fixed_s" in arch:
             table.add_row("    fixed cost / marginal rate (goal fixed <= 2 s)",
                           f"{arch['fixed_s']:.1f} s / {arch['marginal_events_per_s']:,.0f} events/s")
+        if "fixed_by_phase_s" in arch:
+            table.add_row("    fixed cost by phase (intercepts)",
+                          ", ".join(f"{k} {_fmt2(v)}" for k, v in arch["fixed_by_phase_s"].items()))
         table.add_row("    total s per phase", ", ".join(f"{k} {v:.2f}" for k, v in arch["phases_s"].items()))
     cores = result.get("per_core") or {}
     for n, r in (cores.get("runs") or {}).items():

@@ -236,8 +236,10 @@ def topics_archives() -> None:
         table = ViewPaths(settings.lake_uri, spec.name, spec.default_version).table
         topic = settings.topic(spec.archives or "")
         held, log = coverage(table), partition_offsets(settings, topic)  # errors: one line (KappaError)
-        console.print(f"{spec.archives}: archived by {spec.name}@v{spec.default_version} ({table})", highlight=False,
-                      markup=False)
+        kept = "keeps every record" if spec.retention_ms is None else \
+            f"keeps records for {_duration(spec.retention_ms / 1000)}"
+        console.print(f"{spec.archives}: archived by {spec.name}@v{spec.default_version} ({table}); {kept} "
+                      f"(upkeep every {_duration(settings.archive_keep_seconds)})", highlight=False, markup=False)
         for p, (low, high) in sorted(log.items()):
             got = held.get(p)
             gaps = [f"{n:,} {what}" for n, what in ((got.high - got.low - got.rows, "missing"),
@@ -249,6 +251,14 @@ def topics_archives() -> None:
                           highlight=False, markup=False)
     if not archived:
         console.print("no view archives a topic (platform.yaml: `archives: <topic>`)", highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in the largest of d, h, min, s that it is a whole number of (platform.yaml's units)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:g} s"
 
 
 @lake_app.command("check")
@@ -693,6 +703,9 @@ def replay_cmd(
     cascade: bool = typer.Option(False, "--cascade", help="Also rebuild the views over this one against the new "
                                  "version (their declared versions over it), verify them all and switch readers "
                                  "to the whole chain in one alias commit."),
+    source: str = typer.Option("auto", help="Where history is read: auto (the topic's archive for what the log no "
+                               "longer holds, or where it serves 1M+ records - faster than the log there) | log "
+                               "(never the archive) | archive (as far as it reaches from the start)."),
 ) -> None:
     """Replay the retained log into a new view version: preflight, launch, wait, verify, (promote).
 
@@ -705,7 +718,7 @@ def replay_cmd(
     req = _replay_request(view, version, **replay.parse_start(start or "earliest"), **replay.parse_end(end),
                           upgrade=upgrade, verify=verify, auto_promote=promote, keep_hours=keep_hours,
                           max_offsets_per_trigger=max_offsets_per_trigger, max_lag=max_lag,
-                          watch_minutes=watch_minutes, cascade=cascade)
+                          watch_minutes=watch_minutes, cascade=cascade, source=source)
     runner = runner_for(settings)
     # rerunning the command follows a replay that is already under way (it never starts a second driver); an
     # explicit --start must match the one it runs from

@@ -25,6 +25,11 @@ range from the log gives. Everything after the switch sees a checkpoint of the l
 
 Where the archive's records are read back (recompute, repair: :func:`kappa.runtime.rerun.read_range`), the part
 below the log's start comes from the archive and the rest from the log.
+
+The archive keeps itself (:class:`ArchiveKeeper`, a thread of its own job, every ``KAPPA_ARCHIVE_KEEP_SECONDS``,
+between the job's commits): records older than its ``retention`` (platform.yaml) leave it as whole prefixes of a
+partition - never while a replay's lease holds the topic - and the small files of live micro-batches are compacted,
+so a replay reads few large files.
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArchiveError", "Coverage", "archive_query", "archive_rows", "archive_of", "archived_decoded", "coverage",
-           "switch_checkpoint", "phase_done", "plan_handover"]
+__all__ = ["ArchiveError", "ArchiveKeeper", "Coverage", "Kept", "archive_query", "archive_rows", "archive_of",
+           "archived_decoded", "coverage", "expired_prefixes", "keep", "switch_checkpoint", "phase_done",
+           "plan_handover"]
 
 #: The archive's column for the reason a record is invalid (``_error`` of :func:`kappa.runtime.parsing.decode`).
 ERROR = "error"
@@ -183,10 +189,11 @@ def coverage(table: str, ranges: Mapping[int, tuple[int, int]] | None = None) ->
 
 
 def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, int],
-                  target: Mapping[int, int]) -> dict[int, int]:
+                  target: Mapping[int, int], *, prefer_archive: bool = False) -> dict[int, int]:
     """Per partition, the handover offset of a replay from ``start`` when the log begins at ``log_start``: the
     archive serves ``[start, handover)``, the log the rest. The archive is used as far as it reaches (its
-    columnar files read faster than the log), never past ``target``.
+    columnar files read faster than the log), never past ``target``; on a partition whose start the log still
+    holds, only with ``prefer_archive`` (else the log serves it all).
 
     Raises:
         ArchiveError: The archive misses a record the replay needs (its start, a hole inside, or the gap
@@ -199,7 +206,7 @@ def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, 
         lo = int(start.get(p, log_start.get(p, 0)))
         need_to = max(lo, int(log_start.get(p, 0)))  # below this the log holds nothing
         got = held.get(p)
-        if need_to <= lo:
+        if need_to <= lo and not prefer_archive:
             handover[p] = lo  # the log still has the start
             continue
         if got is None or got.low > lo:
@@ -271,3 +278,107 @@ def _drop_checksum(uri: str) -> None:
     if is_local_uri(uri):
         path = Path(local_path(uri))
         path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+
+
+# the archive's own retention and file size -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kept:
+    """What one :func:`keep` did: per partition the offsets ``[low, new low)`` retention removed, the small files
+    compaction rewrote (removed -> added), and the leases that held retention back (nothing removed then)."""
+
+    removed: dict[int, tuple[int, int]]
+    files_removed: int = 0
+    files_added: int = 0
+    held_by: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        parts = []
+        if self.held_by:
+            parts.append(f"retention held back by the replay lease(s) of {', '.join(self.held_by)}")
+        elif self.removed:
+            parts.append("retention removed " + ", ".join(f"partition {p} offsets {lo:,}-{hi - 1:,}"
+                                                          for p, (lo, hi) in sorted(self.removed.items())))
+        if self.files_removed:
+            parts.append(f"compacted {self.files_removed} files into {self.files_added}")
+        return "; ".join(parts) or "nothing to remove or compact"
+
+
+def expired_prefixes(spark: "SparkSession", table: str, cutoff_ms: int) -> dict[int, tuple[int, int]]:
+    """Per partition, the offsets ``[low, first)`` whose records are all older than ``cutoff_ms`` (Kafka
+    timestamp, epoch ms): ``first`` is the lowest offset of a record at or after the cutoff, so what leaves is a
+    prefix - the archive never gets a hole, and a record newer than the cutoff stays even where its neighbours'
+    timestamps are older (as Kafka's retention keeps a segment while any of its records is young). Two queries
+    whose filters Delta's file statistics answer mostly by skipping files (only files holding older records are
+    read)."""
+    from pyspark.sql import functions as F
+
+    rows = spark.read.format("delta").load(table)
+    cutoff = F.timestamp_millis(F.lit(cutoff_ms))
+    old = rows.where(F.col("kafka_timestamp") < cutoff).groupBy("partition").agg(
+        F.min("offset").alias("low"), F.max("offset").alias("last_old")).collect()
+    if not old:
+        return {}
+    bound = F.lit(False)
+    for row in old:
+        bound = bound | ((F.col("partition") == row["partition"]) & (F.col("offset") <= row["last_old"]))
+    young = {row["partition"]: row["first"] for row in rows.where(bound & (F.col("kafka_timestamp") >= cutoff))
+             .groupBy("partition").agg(F.min("offset").alias("first")).collect()}
+    out = {}
+    for row in old:
+        first = young.get(row["partition"], row["last_old"] + 1)
+        if first > row["low"]:
+            out[int(row["partition"])] = (int(row["low"]), int(first))
+    return out
+
+
+def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms: int | None = None,
+         held_by: tuple[str, ...] = (), lock: Any = None) -> Kept:
+    """The archive's upkeep, run by its own job between its commits (``lock``: the job's commit lock; one writer
+    per table also on an object store): records older than ``retention_ms`` leave (:func:`expired_prefixes`, one
+    DELETE) unless a replay's lease holds the topic (``held_by``: a replay may be reading them); then the small
+    files of live micro-batches are compacted (OPTIMIZE: no data change, streaming readers skip it) and, when either
+    changed files, files older than Delta's vacuum retention (7 days) that no version references any more are
+    deleted."""
+    import contextlib
+    import time
+
+    from delta.tables import DeltaTable
+
+    guard = lock if lock is not None else contextlib.nullcontext()
+    removed: dict[int, tuple[int, int]] = {}
+    if retention_ms is not None and not held_by:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        removed = expired_prefixes(spark, table, now_ms - retention_ms)
+    delta = DeltaTable.forPath(spark, table)
+    with guard:
+        if removed:
+            if delta.detail().first()["properties"].get("delta.appendOnly") == "true":  # tables of older releases
+                spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
+            delta.delete(_ranges_filter(removed))
+        metrics = delta.optimize().executeCompaction().first()["metrics"]
+        kept = Kept(removed, int(metrics["numFilesRemoved"] or 0), int(metrics["numFilesAdded"] or 0), held_by)
+        if kept.removed or kept.files_removed:  # files this or earlier upkeeps unlinked, once old enough
+            delta.vacuum()  # it records itself in the table's log too
+    return kept
+
+
+class ArchiveKeeper:
+    """The archive job's thread that runs :func:`keep` every ``period`` seconds (the first after one period: a
+    starting job catches up first)."""
+
+    def __init__(self, spark: "SparkSession", table: str, *, ref: str, retention_ms: int | None, lock: Any,
+                 held_by: Any) -> None:
+        self.spark, self.table, self.ref, self.retention_ms, self.lock = spark, table, ref, retention_ms, lock
+        self.held_by = held_by  # () -> the replays whose lease holds the archived topic
+        self.last: Kept | None = None
+
+    def run(self, stop: Any, period: float) -> None:
+        from kappa.errors import one_line
+
+        while not stop.wait(period):
+            try:
+                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms,
+                                 held_by=tuple(self.held_by()), lock=self.lock)
+                log.info("%s: archive upkeep: %s", self.ref, self.last.line())
+            except Exception as exc:  # noqa: BLE001 - the next period tries again; the archive is never left half-done
+                log.warning("%s: archive upkeep failed (tried again in %.0f s): %s", self.ref, period, one_line(exc))

@@ -240,6 +240,7 @@ class ViewJob:
         self._own_lookups = lookups is None
         self.publisher: Any = None  # kappa.runtime.publish.Publisher of a version that publishes
         self.repairs: Any = None  # kappa.runtime.repairs.RepairInbox (object-store lakes)
+        self.keeper: Any = None  # kappa.runtime.archive.ArchiveKeeper of an archive's job
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -395,7 +396,8 @@ class ViewJob:
                      partition_by=view.partition_by,
                      properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
                                  "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
-                                 "true" if view.write == "append" else "false"})
+                                 # an archive's retention deletes its oldest records
+                                 "true" if view.write == "append" and not view.keep_invalid else "false"})
         if enable_change_feed(self.spark, self.paths.table):
             log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
         # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
@@ -406,7 +408,8 @@ class ViewJob:
             log.info("%s: table seeded with v%s's rows at Delta version %s (upgrade=continue from %s)", view.ref,
                      seed.get("from_version"), seed.get("delta_version"), seed.get("end_offsets"))
         # a seeded table holds rows already: its first batches merge into them instead of bulk-appending
-        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=None if seed else self.paths.staging)
+        self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=None if seed else self.paths.staging,
+                              fresh=not batch_ids(f"{self.paths.checkpoint}/main/offsets"))
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
@@ -421,10 +424,15 @@ class ViewJob:
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
         self._stream = stream
-        self._from_archive(lookups)
+        complete = self._from_archive(lookups)
         if self._stop.is_set():
             return
-        self.queries = [self._start_query()]
+        if complete and self.available_now:
+            # the archive part read the log up to its end when it started: a bounded run is done (a live one goes on
+            # with the view's own query)
+            log.info("%s: the run's range is committed; nothing left for the view's query", view.ref)
+        else:
+            self.queries = [self._start_query()]
         if view.publish is not None:  # views over this one read what it publishes (kappa.runtime.publish)
             from kappa.runtime.publish import Publisher
 
@@ -443,6 +451,27 @@ class ViewJob:
                                        self.handler.commit_lock, applied_by=self.app_id or "", ref=view.ref)
             threading.Thread(target=self.repairs.run, args=(self._stop, self.lag_poll_seconds),
                              name=f"repairs-{view.ref}", daemon=True).start()
+        if view.keep_invalid and not self.available_now:  # an archive keeps itself (kappa.runtime.archive.keep)
+            self._start_keeper()
+
+    def _start_keeper(self) -> None:
+        from kappa.catalog import load_catalog
+        from kappa.runtime.archive import ArchiveKeeper
+
+        spec = load_catalog().views.get(self.view.name)
+        topic = self.settings.topic(self.view.stream_topic)
+
+        def held_by() -> list[str]:
+            from kappa.control.leases import active_leases  # the registry's leases: who replays the topic now
+
+            return [f"{lease.view}@v{lease.version}" for lease in active_leases(self.settings, end_expired=False)
+                    if lease.topic == topic]
+
+        self.keeper = ArchiveKeeper(self.spark, self.paths.table, ref=self.view.ref,
+                                    retention_ms=spec.retention_ms if spec is not None else None,
+                                    lock=self.handler.commit_lock, held_by=held_by)
+        threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.archive_keep_seconds),
+                         name=f"archive-{self.view.ref}", daemon=True).start()
 
     def _plan(self, decoded: "DataFrame", lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any]:
         """(the streaming plan over ``decoded`` records, the schema of the rows it writes)."""
@@ -459,16 +488,18 @@ class ViewJob:
         rows = archive_rows(decoded) if view.keep_invalid else valid_rows(decoded)
         return decoded, view.transform(rows, **lookups).schema
 
-    def _from_archive(self, lookups: Mapping[str, "DataFrame"]) -> None:
+    def _from_archive(self, lookups: Mapping[str, "DataFrame"]) -> bool:
         """A run that starts in the topic's archive (its start is gone from the log; ``archive`` in run.json):
         micro-batch 0 reads ``[start, handover)`` from the archive and the rest of the log, with the same plan, then
         the checkpoint is switched to the log alone (:mod:`kappa.runtime.archive`). Nothing to do once switched; a
-        crash before the switch re-runs or finishes it."""
+        crash before the switch re-runs or finishes it. True when this call ran that micro-batch to its end (the
+        log read up to its end at the query's start)."""
         from kappa.runtime import archive
 
         plan = self._run_info.get("archive")
         if not plan:
-            return
+            return False
+        ran = False
         main = f"{self.paths.checkpoint}/main"
         topic = self.settings.topic(self.view.stream_topic)
         start, handover = offsets_of(plan["start"]), offsets_of(plan["handover"])
@@ -494,13 +525,15 @@ class ViewJob:
             query.awaitTermination()
             self.queries = []
             if self._stop.is_set() or not archive.phase_done(self._files, main):
-                return
+                return False
+            ran = True
         fault(self.settings.fault, "before_switch", 0)  # crash tests: batch 0 committed, checkpoint not switched
         if archive.switch_checkpoint(self._files, main, topic, start):
             log.info("%s: the archive part is committed; the view's query goes on from the log", self.view.ref)
         if self.paths.is_local:
             self.processed_offsets.update(last_commit(main, topic)[0])
             self._remember_target_reached()
+        return ran
 
     def _refuse_old_layout(self) -> None:
         """A checkpoint with a separate quarantine query (older layout) cannot be resumed by one query."""

@@ -227,6 +227,9 @@ class DeltaSink:
     app_id: str
     #: staging table of bulk catch-up (None: every batch is written to the view table directly)
     staging: str | None = None
+    #: the run's checkpoint has planned no micro-batch yet, so neither table can hold a commit of this run (the
+    #: Delta snapshot that would say so is not read: a fresh replay starts sooner)
+    fresh: bool = False
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
     _bulk: bool | None = field(default=None, init=False, repr=False)
@@ -240,14 +243,14 @@ class DeltaSink:
         the view table has no commit of this run yet (asked once, then tracked in memory)."""
         if self._bulk is None:
             self._bulk = (self.staging is not None and self.view.write != "append"
-                          and txn_version(session, self.path, self.app_id) is None)
+                          and (self.fresh or txn_version(session, self.path, self.app_id) is None))
         return self._bulk
 
     def pending(self, session: "SparkSession") -> int | None:
         """Batch id of the last staged batch not yet compacted into the view table (None: nothing pending)."""
         from delta.tables import DeltaTable
 
-        if not self.bulk(session) or not DeltaTable.isDeltaTable(session, self.staging):
+        if self.fresh or not self.bulk(session) or not DeltaTable.isDeltaTable(session, self.staging):
             return None
         return txn_version(session, self.staging, self.app_id)
 

@@ -18,7 +18,7 @@ from kappa.identity import VIEW_NAME, view_ref
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.control.registry import VersionRecord
 
-__all__ = ["DEFAULT_MAX_LAG", "END_MODES", "START_MODES", "UPGRADE_MODES", "VERIFY_MODES", "ReplayError",
+__all__ = ["DEFAULT_MAX_LAG", "END_MODES", "SOURCE_MODES", "START_MODES", "UPGRADE_MODES", "VERIFY_MODES", "ReplayError",
            "ReplayRequest",
            "VersionBusy", "offsets_from_json", "parse_end", "parse_offsets", "parse_start", "spark_offsets"]
 
@@ -31,6 +31,11 @@ END_MODES: tuple[str, ...] = ("live", "timestamp")
 VERIFY_MODES: tuple[str, ...] = ("strict", "none")
 #: How a version starts (:attr:`kappa.runtime.view.ViewDefinition.upgrade`; the request may override it).
 UPGRADE_MODES: tuple[str, ...] = ("replay", "continue")
+#: Where a replay reads the records below the log's end (:mod:`kappa.runtime.archive`): ``auto`` - the topic's
+#: archive when the log no longer holds them, or when the archive serves at least
+#: :data:`kappa.control.replay.planning.ARCHIVE_FASTER_RECORDS` of them (measured faster than the log there); ``log``
+#: - never the archive; ``archive`` - the archive as far as it reaches from the start, on every partition.
+SOURCE_MODES: tuple[str, ...] = ("auto", "log", "archive")
 #: A live replay counts as caught up once at most this many records are left behind the log end.
 DEFAULT_MAX_LAG = 2_000
 
@@ -83,6 +88,7 @@ class ReplayRequest:
         cascade: Also build the views over this one against the new version - each dependant's declared version
             that reads what the new version publishes, from earliest - verify them all and switch readers to the
             whole chain in one alias commit (:mod:`kappa.control.replay.cascade`).
+        source: Where the replay reads its history: one of :data:`SOURCE_MODES`.
     """
 
     view: str
@@ -104,6 +110,7 @@ class ReplayRequest:
     watch_max_quarantine_rate: float = 0.05
     watch_max_lag: int = 50_000
     cascade: bool = False
+    source: Literal["auto", "log", "archive"] = "auto"
 
     @property
     def ref(self) -> str:
@@ -156,6 +163,11 @@ class ReplayRequest:
         if self.upgrade == "continue" and (self.start != "earliest" or self.end != "live"):
             raise ReplayError("upgrade=continue starts where the serving version got and follows the log: "
                               f"start={self.start} / end={self.end} do not apply (use upgrade=replay)")
+        if self.source not in SOURCE_MODES:
+            raise ReplayError(f"source {self.source!r}: expected one of {', '.join(SOURCE_MODES)}")
+        if self.source == "archive" and self.upgrade == "continue":
+            raise ReplayError("upgrade=continue reads only what the serving version has not: source=archive does not "
+                              "apply (use upgrade=replay)")
         if self.verify not in VERIFY_MODES:
             raise ReplayError(f"verify {self.verify!r}: expected one of {', '.join(VERIFY_MODES)}")
         if not isinstance(self.auto_promote, bool):
