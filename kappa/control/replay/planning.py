@@ -338,7 +338,7 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         raise ReplayError(f"{req.ref} continues where the serving version got (upgrade=continue): it reads no "
                           "history, so source=archive does not apply")
     from_archive = None
-    if gaps or req.source == "archive":
+    if gaps or (req.source == "archive" and not resumed):  # a run under way keeps the sources it started with
         from_archive = _archive_part(settings, req, declared, topic, needed, log_start, target, gaps)
     elif req.source == "auto" and seed is None and not resumed:
         from_archive = _archive_if_faster(settings, declared, needed, log_start, target)
@@ -391,7 +391,8 @@ def _archive_part(settings: Settings, req: ReplayRequest, declared_topic: str, t
 
 #: ``source=auto`` reads history the log still holds from the archive when the archive serves at least this many
 #: of its records: ``make bench`` (i) measured the archive replay faster than the log replay of the same range from
-#: 1M records on (docs/performance.md); below that the two are within the noise of their fixed costs.
+#: 1M records on (1M: 6.7 s against 11.1 s; docs/performance.md); smaller ranges were not measured side by side, and
+#: there both are mostly fixed cost (5.4 s and 6.5 s).
 ARCHIVE_FASTER_RECORDS = 1_000_000
 
 
