@@ -34,6 +34,12 @@ def app_id(name: str, version: int, run_id: str) -> str:
 RUN_ID_PROPERTY = "kappa.runId"
 
 
+def registry_table(lake_uri: str, name: str) -> str:
+    """URI of one of the control plane's tables in the lake (``<lake>/_registry/<name>``: versions, aliases,
+    leases...); the retention leases' table (``lease_holds``) is also read by an archive's job."""
+    return f"{lake_uri.rstrip('/')}/_registry/{name}"
+
+
 def new_run_id() -> str:
     """A fresh run id (12 hex digits)."""
     return uuid.uuid4().hex[:12]

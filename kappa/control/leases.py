@@ -47,6 +47,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kappa.control.registry import Registry, _ensure_table, _retrying, commit_row, utcnow
+from kappa.identity import registry_table
 from kappa.runtime.deltars import I64, STR, TS, arrow_rows, read_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,7 +109,7 @@ class Lease:
 
 
 def _uri(settings: Settings, table: str) -> str:
-    return f"{settings.lake_uri.rstrip('/')}/_registry/{table}"
+    return registry_table(settings.lake_uri, table)
 
 
 def _history(settings: Settings, lease: Lease, event: str, at: datetime, by: str, note: str | None) -> None:

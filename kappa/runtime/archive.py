@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ArchiveError", "ArchiveKeeper", "Coverage", "Kept", "archive_query", "archive_rows", "archive_of",
            "archived_decoded", "coverage", "expired_prefixes", "keep", "switch_checkpoint", "phase_done",
-           "plan_handover"]
+           "plan_handover", "replay_leases"]
 
 #: The archive's column for the reason a record is invalid (``_error`` of :func:`kappa.runtime.parsing.decode`).
 ERROR = "error"
@@ -360,6 +360,33 @@ def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms:
         if kept.removed or kept.files_removed:  # files this or earlier upkeeps unlinked, once old enough
             delta.vacuum()  # it records itself in the table's log too
     return kept
+
+
+def replay_leases(settings: "Settings", topic: str) -> list[str]:
+    """The replays whose retention lease holds ``topic`` now (``view@vN``), read from the leases' table
+    (:mod:`kappa.control.leases`) with delta-rs: a lease holds until it is released or its run showed no life for
+    ``KAPPA_LEASE_TTL_SECONDS``. (Ending an expired lease, and a version that left ``building``, is the control
+    plane's part: until it does, retention here waits - the safe side.)"""
+    import time
+
+    from deltalake import DeltaTable
+
+    from kappa.identity import ViewPaths, registry_table
+    from kappa.runtime.checkpoint import last_progress
+    from kappa.runtime.deltars import read_rows
+
+    uri = registry_table(settings.lake_uri, "lease_holds")
+    if not DeltaTable.is_deltatable(uri):
+        return []
+    holding = []
+    for row in read_rows(DeltaTable(uri)):
+        if row["topic"] != topic or row["released_at"] is not None:
+            continue
+        alive = last_progress(ViewPaths(settings.lake_uri, row["view"], int(row["version"])).checkpoint)
+        renewed = (row["renewed_at"] or row["taken_at"]).timestamp()
+        if time.time() - max(alive or 0.0, renewed) <= settings.lease_ttl_seconds:
+            holding.append(f"{row['view']}@v{int(row['version'])}")
+    return sorted(holding)
 
 
 class ArchiveKeeper:

@@ -456,20 +456,13 @@ class ViewJob:
 
     def _start_keeper(self) -> None:
         from kappa.catalog import load_catalog
-        from kappa.runtime.archive import ArchiveKeeper
+        from kappa.runtime.archive import ArchiveKeeper, replay_leases
 
         spec = load_catalog().views.get(self.view.name)
         topic = self.settings.topic(self.view.stream_topic)
-
-        def held_by() -> list[str]:
-            from kappa.control.leases import active_leases  # the registry's leases: who replays the topic now
-
-            return [f"{lease.view}@v{lease.version}" for lease in active_leases(self.settings, end_expired=False)
-                    if lease.topic == topic]
-
         self.keeper = ArchiveKeeper(self.spark, self.paths.table, ref=self.view.ref,
                                     retention_ms=spec.retention_ms if spec is not None else None,
-                                    lock=self.handler.commit_lock, held_by=held_by)
+                                    lock=self.handler.commit_lock, held_by=lambda: replay_leases(self.settings, topic))
         threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.archive_keep_seconds),
                          name=f"archive-{self.view.ref}", daemon=True).start()
 
