@@ -332,10 +332,11 @@ def expired_prefixes(spark: "SparkSession", table: str, cutoff_ms: int) -> dict[
 
 
 def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms: int | None = None,
-         held_by: tuple[str, ...] = (), lock: Any = None) -> Kept:
+         holds: Any = tuple, lock: Any = None) -> Kept:
     """The archive's upkeep, run by its own job between its commits (``lock``: the job's commit lock; one writer
     per table also on an object store): records older than ``retention_ms`` leave (:func:`expired_prefixes`, one
-    DELETE) unless a replay's lease holds the topic (``held_by``: a replay may be reading them); then the small
+    DELETE) unless a replay's lease holds the topic (``holds()``: the replays whose lease does - they may be reading
+    them; asked again right before the DELETE, a replay may have taken its lease meanwhile); then the small
     files of live micro-batches are compacted (OPTIMIZE: no data change, streaming readers skip it) and, when either
     changed files, files older than Delta's vacuum retention (7 days) that no version references any more are
     deleted."""
@@ -346,11 +347,15 @@ def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms:
 
     guard = lock if lock is not None else contextlib.nullcontext()
     removed: dict[int, tuple[int, int]] = {}
+    held_by = tuple(holds())
     if retention_ms is not None and not held_by:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         removed = expired_prefixes(spark, table, now_ms - retention_ms)
     delta = DeltaTable.forPath(spark, table)
     with guard:
+        if removed:
+            held_by = tuple(holds())
+            removed = {} if held_by else removed
         if removed:
             if delta.detail().first()["properties"].get("delta.appendOnly") == "true":  # tables of older releases
                 spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
@@ -404,8 +409,8 @@ class ArchiveKeeper:
 
         while not stop.wait(period):
             try:
-                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms,
-                                 held_by=tuple(self.held_by()), lock=self.lock)
+                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms, holds=self.held_by,
+                                 lock=self.lock)
                 log.info("%s: archive upkeep: %s", self.ref, self.last.line())
             except Exception as exc:  # noqa: BLE001 - the next period tries again; the archive is never left half-done
                 log.warning("%s: archive upkeep failed (tried again in %.0f s): %s", self.ref, period, one_line(exc))
