@@ -19,9 +19,8 @@ Measures, in one run on one machine (numbers are only comparable side by side):
     with and without the view's ``late_bound``; the live measurement (c) keeps them too (none arrive late there);
 (i) replay from the archive (:mod:`kappa.runtime.archive`): a half, all and twice the events of (b) read from the
     topic's archive view (copied first, not timed; each replayed twice, the faster counts), then the largest from
-    the log again beside it; events/s, the
-    ratios to (a), to the live rate and to the log replay, the sizes' linear fit, its fixed cost phase by phase,
-    and whether each table equals its log replay's;
+    the log again beside it; events/s, the ratios to (a), to the live rate and to the log replay, the sizes' linear
+    fit, its fixed cost phase by phase, and whether each table equals its log replay's;
 (h) replay per core: the replay of (b) in a Spark of 1 and of 2 cores (``local[1]``, ``local[2]``; shuffle
     partitions = cores; each after a warm-up replay in its own session), events/s per core and how much of the
     second core the replay uses; with (b)'s fixed cost and marginal rate, what a history of N events takes on C
