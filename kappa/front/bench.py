@@ -540,7 +540,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                   + f", linear fit R^2 {_fmt(a['linear_r2'])}; tables equal to the log replays': {a['equals_log_replay']}")
             if "fixed_by_phase_s" in a:
                 print(f"    fixed cost {a['fixed_s']:.1f} s, marginal {a['marginal_events_per_s']:,.0f} events/s; the fixed "
-                      "cost by phase: " + ", ".join(f"{k} {_fmt2(v)}" for k, v in a["fixed_by_phase_s"].items()))
+                      "cost by phase: " + ", ".join(f"{k} {_secs(v, 2)}" for k, v in a["fixed_by_phase_s"].items()))
 
             result["peer"] = peer_run(settings, topic, events, home, result["replay"]["events_per_s"])
 
@@ -769,12 +769,8 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _secs(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f} s"
-
-
-def _fmt2(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f} s"
+def _secs(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f} s"
 
 
 def _report(result: dict[str, Any], out: Path) -> None:
@@ -863,7 +859,7 @@ def _report(result: dict[str, Any], out: Path) -> None:
                           f"{arch['fixed_s']:.1f} s / {arch['marginal_events_per_s']:,.0f} events/s")
         if "fixed_by_phase_s" in arch:
             table.add_row("    fixed cost by phase (intercepts)",
-                          ", ".join(f"{k} {_fmt2(v)}" for k, v in arch["fixed_by_phase_s"].items()))
+                          ", ".join(f"{k} {_secs(v, 2)}" for k, v in arch["fixed_by_phase_s"].items()))
         table.add_row("    total s per phase", ", ".join(f"{k} {v:.2f}" for k, v in arch["phases_s"].items()))
     cores = result.get("per_core") or {}
     for n, r in (cores.get("runs") or {}).items():

@@ -399,9 +399,9 @@ class ArchiveKeeper:
     starting job catches up first)."""
 
     def __init__(self, spark: "SparkSession", table: str, *, ref: str, retention_ms: int | None, lock: Any,
-                 held_by: Any) -> None:
+                 holds: Any) -> None:
         self.spark, self.table, self.ref, self.retention_ms, self.lock = spark, table, ref, retention_ms, lock
-        self.held_by = held_by  # () -> the replays whose lease holds the archived topic
+        self.holds = holds  # () -> the replays whose lease holds the archived topic (replay_leases)
         self.last: Kept | None = None
 
     def run(self, stop: Any, period: float) -> None:
@@ -409,7 +409,7 @@ class ArchiveKeeper:
 
         while not stop.wait(period):
             try:
-                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms, holds=self.held_by,
+                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms, holds=self.holds,
                                  lock=self.lock)
                 log.info("%s: archive upkeep: %s", self.ref, self.last.line())
             except Exception as exc:  # noqa: BLE001 - the next period tries again; the archive is never left half-done

@@ -462,7 +462,7 @@ class ViewJob:
         topic = self.settings.topic(self.view.stream_topic)
         self.keeper = ArchiveKeeper(self.spark, self.paths.table, ref=self.view.ref,
                                     retention_ms=spec.retention_ms if spec is not None else None,
-                                    lock=self.handler.commit_lock, held_by=lambda: replay_leases(self.settings, topic))
+                                    lock=self.handler.commit_lock, holds=lambda: replay_leases(self.settings, topic))
         threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.archive_keep_seconds),
                          name=f"archive-{self.view.ref}", daemon=True).start()
 

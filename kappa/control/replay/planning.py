@@ -94,9 +94,7 @@ class Preflight:
     @property
     def archived_records(self) -> int:
         """Records the replay reads from the archive (0 when the log holds its whole range)."""
-        if self.archive is None:
-            return 0
-        return sum(int(h) - int(self.archive["start"].get(p, 0)) for p, h in self.archive["handover"].items())
+        return 0 if self.archive is None else _archived(self.archive)
 
     @property
     def starting(self) -> str:
@@ -385,8 +383,7 @@ def _archive_part(settings: Settings, req: ReplayRequest, declared_topic: str, t
     except ArchiveError as exc:
         lead = f"{topic} no longer retains the start of {req.ref} ({detail})" if gaps else why
         raise ReplayError(f"{lead} and {exc}") from None
-    return {"view": found[0], "table": found[1], "start": {str(p): int(o) for p, o in sorted(start.items())},
-            "handover": {str(p): int(o) for p, o in sorted(handover.items())}}
+    return _archive_plan(found, start, handover)
 
 
 #: ``source=auto`` reads history the log still holds from the archive when the archive serves at least this many
@@ -410,10 +407,19 @@ def _archive_if_faster(settings: Settings, declared_topic: str, start: Mapping[i
     except ArchiveError as exc:  # the archive cannot serve it exactly: the log can
         log.info("the archive %s is not used: %s", found[0], one_line(exc))
         return None
-    if sum(h - start.get(p, 0) for p, h in handover.items()) < ARCHIVE_FASTER_RECORDS:
-        return None
+    plan = _archive_plan(found, start, handover)
+    return plan if _archived(plan) >= ARCHIVE_FASTER_RECORDS else None
+
+
+def _archive_plan(found: tuple[str, str], start: Mapping[int, int], handover: Mapping[int, int]) -> dict[str, Any]:
+    """The ``archive`` of a run's plan (run.json): the archive view and table, the start and handover offsets."""
     return {"view": found[0], "table": found[1], "start": {str(p): int(o) for p, o in sorted(start.items())},
             "handover": {str(p): int(o) for p, o in sorted(handover.items())}}
+
+
+def _archived(plan: Mapping[str, Any]) -> int:
+    """Records an archive plan reads from the archive."""
+    return sum(int(h) - int(plan["start"].get(p, 0)) for p, h in plan["handover"].items())
 
 
 def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int],
