@@ -52,6 +52,9 @@ Operating it:
   reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
 - ``KAPPA_ARCHIVE_KEEP_SECONDS`` -- how often an archive's job applies the archive's retention and compacts its
   small files (3600 s; :class:`kappa.runtime.archive.ArchiveKeeper`).
+- ``KAPPA_VERIFY_CACHE_MB`` -- how much disk the records staged by strict verifications may keep under
+  ``$KAPPA_HOME/verify-cache`` for the next verification of the same version (4096 MB; the least recently used go
+  first; 0: keep nothing, every verification reads its whole range again; :mod:`kappa.verify.stagecache`).
 - ``KAPPA_LEASE_TTL_SECONDS`` -- a replay's retention lease expires when its job committed nothing for this long
   (900 s: a crashed driver's lease does not hold the topic's retention forever).
 - ``KAPPA_DRIVER_LEASE_SECONDS`` -- on an object-store lake, how long a view version's driver lease outlives its
@@ -156,7 +159,7 @@ class Settings:
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
-        archive_keep_seconds, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        archive_keep_seconds, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -198,6 +201,7 @@ class Settings:
     driver_lease_seconds: float = 120.0
     kafka_outage_seconds: float = 1800.0
     archive_keep_seconds: float = 3600.0
+    verify_cache_mb: int = 4096
     bench_events: int = 2_000_000
     fault: str | None = None
 
@@ -287,6 +291,7 @@ class Settings:
             driver_lease_seconds=number("KAPPA_DRIVER_LEASE_SECONDS", float, 120.0),
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             archive_keep_seconds=number("KAPPA_ARCHIVE_KEEP_SECONDS", float, 3600.0),
+            verify_cache_mb=number("KAPPA_VERIFY_CACHE_MB", int, 4096),
             bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
             fault=get("KAPPA_FAULT"),
         )
@@ -401,6 +406,8 @@ class Settings:
         if not self.driver_lease_seconds >= 3:
             raise ConfigError(f"KAPPA_DRIVER_LEASE_SECONDS={self.driver_lease_seconds:g}: at least 3 (it is renewed "
                               "every quarter of it)")
+        if self.verify_cache_mb < 0:
+            raise ConfigError(f"KAPPA_VERIFY_CACHE_MB={self.verify_cache_mb}: 0 (keep nothing) or more")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:
             raise ConfigError(
                 f"KAPPA_KAFKA_SSL_CA_LOCATION: set but KAPPA_KAFKA_SECURITY_PROTOCOL is {proto or 'unset'} "

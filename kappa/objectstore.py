@@ -247,6 +247,8 @@ class LocalObjectStore:
         #: Seconds the last :meth:`start` took until the store was usable (None before one).
         self.last_start_seconds: float | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: Exit codes of processes the last :meth:`start` launched that have exited since (reaped here).
+        self._exit_codes: dict[str, int] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> LocalObjectStore:
@@ -447,6 +449,7 @@ class LocalObjectStore:
     def _process(self, role: str) -> psutil.Process | None:
         own = self._procs.get(role)
         if own is not None and own.poll() is not None:
+            self._exit_codes[role] = own.returncode
             del self._procs[role]  # reaped
         # guard against pid reuse: it must be *our* process (weed <role> on this home's folder)
         folder = self.data_dir if role == "server" else self.volumes_dir
@@ -514,6 +517,7 @@ class LocalObjectStore:
         # rebuilt master to report; this store's only volume server comes with it: no hold (a write waits otherwise)
         env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_ALLOCATION_DEFERRAL": "0s"}
         started = time.monotonic()
+        self._exit_codes = {}
         for role in _ROLES:
             with open(self.log_file(role), "ab") as out:
                 proc = subprocess.Popen(
@@ -554,8 +558,12 @@ class LocalObjectStore:
         last_error = "S3 port not open yet"
         while time.monotonic() < deadline:
             if not self.is_running():
-                raise ObjectStoreError(f"object store process exited during startup{self._low_disk()}; see "
-                                       f"{self.home / 'logs'}\n{self.log_tail()}")
+                # the processes this object started are the ground truth while they run (a check of a pid file
+                # and a command line is not); one of them reaped (is_running polled them), or none started here
+                if self._exit_codes or not self._procs:
+                    codes = ", ".join(f"{role} exit code {code}" for role, code in self._exit_codes.items())
+                    raise ObjectStoreError(f"object store process exited during startup{f' ({codes})' if codes else ''}"
+                                           f"{self._low_disk()}; see {self.home / 'logs'}\n{self.log_tail()}")
             if port_open(self.host, self.ports.s3):
                 try:
                     last_error = self._not_ready(requests, max(0.5, min(5.0, deadline - time.monotonic())))

@@ -63,6 +63,8 @@ def test_sasl_ssl() -> None:
         ({"KAPPA_KAFKA_SSL_CA_LOCATION": "/ca.pem"}, "KAPPA_KAFKA_SSL_CA_LOCATION"),
         ({"KAPPA_DRIVER_LEASE_SECONDS": "1"}, "KAPPA_DRIVER_LEASE_SECONDS=1: at least 3"),
         ({"KAPPA_SPARK_CDS": "maybe"}, "KAPPA_SPARK_CDS='maybe': not a yes/no setting"),
+        ({"KAPPA_VERIFY_CACHE_MB": "-1"}, r"KAPPA_VERIFY_CACHE_MB=-1: 0 \(keep nothing\) or more"),
+        ({"KAPPA_VERIFY_CACHE_MB": "lots"}, "KAPPA_VERIFY_CACHE_MB='lots': not an integer"),
     ],
 )
 def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:

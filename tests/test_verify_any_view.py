@@ -422,6 +422,71 @@ def test_many_small_batches_with_late_rows_verify_coalesced_as_one_at_a_time_doe
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
+def test_verifying_again_reads_only_the_batches_recorded_since_and_still_catches_a_wrong_row(
+        kafka, lake, spark, team_view, tmp_path, monkeypatch):
+    """A version verified, then following the stream further, is verified again: the records the first check staged
+    are reused and only the batches recorded since are read; the outcome is the one a check reading everything
+    again gives; a row changed by hand afterwards is caught by the next check, which reads nothing new."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from kappa.log.topics import partition_offsets
+    from kappa.runtime.job import ViewJob
+    from kappa.runtime.view import load_view
+    from kappa.verify.stagecache import cache_root
+
+    settings = lake.replace(home=tmp_path / "home")
+    _platform_env(monkeypatch, settings)
+    topic = settings.topic("ad-events")
+    u = generator.universe(seed=53, campaigns=4, users=300)
+
+    def follow(count: int, seed: int, start_ms: int) -> int:
+        """Produce ``count`` events (late and malformed ones among them); the total records the log holds."""
+        events = generator.events(count, seed=seed, universe=u, start_ms=start_ms, rate_per_s=20, late_fraction=0.05,
+                                  max_lateness_ms=20_000, malformed_fraction=0.03)
+        assert generator.produce(settings, topic, events).delivered == count
+        return sum(high - low for low, high in partition_offsets(settings, topic).values())
+
+    first_records = follow(1200, 53, T0)
+    assert _run_version(spark, settings, 1, None, max_offsets=150) is None
+    first = replay.verify(VIEW, 1, settings, "strict", by="test")
+    assert first.passed, first.message
+    assert first.recompute["details"]["staged_before"] == {"batches": 0, "records": 0}, first.recompute
+    assert (cache_root(settings) / f"{VIEW}_v1" / "_manifest.json").is_file()
+
+    all_records = follow(600, 54, T0 + 60_000)  # the version follows the stream further: same checkpoint, same run
+    job = ViewJob(load_view(f"teamviews.{VIEW}_v1"), settings, spark=spark, starting="earliest", available_now=True,
+                  max_offsets_per_trigger=150)
+    try:
+        job.start()
+        assert job.await_termination(300) and job.failure() is None, job.failure()
+    finally:
+        job.stop()
+
+    again = replay.verify(VIEW, 1, settings, "strict", by="test")
+    assert again.passed, again.message
+    staged = again.recompute["details"]["staged_before"]
+    assert staged == {"batches": first.recompute["details"]["batches"], "records": first_records}, staged
+    assert again.recompute["details"]["batches"] > staged["batches"], again.recompute
+    assert f"{all_records:,} records checked" in again.message and f"{first_records:,} of them staged" in again.message
+    everything = replay.verify(VIEW, 1, settings.replace(verify_cache_mb=0), "strict", by="test")
+    assert everything.passed and everything.recompute["details"]["staged_before"]["records"] == 0, everything.message
+    assert (everything.rows, everything.expected_rows) == (again.rows, again.expected_rows)
+
+    table = replay.ViewVersion.resolve(VIEW, 1, settings).paths.table
+    row = spark.read.format("delta").load(table).orderBy("ad_type", "window_start").first()
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")  # a change by hand
+    DeltaTable.forPath(spark, table).update(
+        (F.col("ad_type") == F.lit(row["ad_type"])) & (F.col("window_start") == F.lit(row["window_start"])),
+        {"events": F.col("events") + F.lit(1)})
+    caught = replay.verify(VIEW, 1, settings, "strict", by="test")
+    assert not caught.passed and caught.different == 1, caught.message
+    assert f"first differing key (ad_type='{row['ad_type']}'" in caught.message, caught.message
+    assert caught.recompute["details"]["staged_before"]["records"] == all_records, caught.recompute
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
 def test_expectations_warn_drop_fail_are_counted_and_block_promotion(kafka, lake, spark, team_view, tmp_path,
                                                                     monkeypatch):
     import urllib.request

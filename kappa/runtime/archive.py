@@ -101,7 +101,7 @@ def archived_decoded(spark: "SparkSession", table: str, fmt: "RecordFormat", ran
     """
     from pyspark.sql import functions as F
 
-    from kappa.runtime.parsing import BARRIER, decode
+    from kappa.runtime.parsing import BARRIER, decode, decoded_schema
 
     reader = spark.readStream if stream else spark.read
     if stream:  # the whole range in one micro-batch, however many files hold it
@@ -109,26 +109,13 @@ def archived_decoded(spark: "SparkSession", table: str, fmt: "RecordFormat", ran
     archived = reader.format("delta").load(table).where(_ranges_filter(ranges))
     archived = archived.withColumnRenamed(ERROR, "_error")
     have = {f.name: f.dataType for f in archived.schema.fields}
-    wanted = [f for f in _decoded_schema(spark, fmt).fields if f.name != BARRIER]
+    wanted = [f for f in decoded_schema(spark, fmt).fields if f.name != BARRIER]
     if all(have.get(f.name) == f.dataType for f in wanted):
         return archived.select(*(f.name for f in wanted)).withColumn(BARRIER, F.rand(0))
     log.info("archive %s: decoded columns differ from the schema now; decoding its raw bytes again", table)
     raw = archived.select(F.col("raw_key").alias("key"), F.col("raw_value").alias("value"), "topic", "partition",
                           "offset", F.col("kafka_timestamp").alias("timestamp"))
     return decode(raw, fmt)
-
-
-def _decoded_schema(spark: "SparkSession", fmt: "RecordFormat") -> Any:
-    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
-        TimestampType
-
-    from kappa.runtime.parsing import decode
-
-    kafka = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()),
-                        StructField("topic", StringType()), StructField("partition", IntegerType()),
-                        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-                        StructField("timestampType", IntegerType())])
-    return decode(spark.createDataFrame([], kafka), fmt).schema
 
 
 # coverage -------------------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "CAMPAIGN_WINDOWS", "decode", "valid_rows", "invalid_rows",
+__all__ = ["RecordFormat", "AD_EVENTS", "CAMPAIGNS", "CAMPAIGN_WINDOWS", "decode", "decoded_schema", "valid_rows", "invalid_rows",
            "KAFKA_META_COLUMNS", "INTERNAL_COLUMNS"]
 
 #: Kafka metadata kept on every decoded row (and in the quarantine table).
@@ -142,6 +143,18 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
         fmt.key_column, *fields, *extra, "raw_key", "raw_value", *KAFKA_META_COLUMNS, error.alias("_error"),
         F.rand(0).alias(BARRIER),  # keeps `_error` filters above this projection: _error is computed once
     )
+
+
+def decoded_schema(spark: "SparkSession", fmt: RecordFormat) -> "StructType":
+    """The schema of :func:`decode` output for ``fmt``, without reading a record."""
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
+        TimestampType
+
+    kafka = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()),
+                        StructField("topic", StringType()), StructField("partition", IntegerType()),
+                        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+                        StructField("timestampType", IntegerType())])
+    return decode(spark.createDataFrame([], kafka), fmt).schema
 
 
 def _split(decoded: "DataFrame", error_is_null: bool) -> "DataFrame":

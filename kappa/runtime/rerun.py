@@ -3,12 +3,12 @@
 Used by verification (:mod:`kappa.verify.recompute`: re-run a live version over exactly the batches its Delta
 table holds and compare) and by the view authors' testing kit (:mod:`kappa.runtime.testing`: a transform on a
 few hand-written records). Both hand it *steps* - the recorded micro-batches, each with the lookups it joined -
-and staged input, one parquet folder per batch:
+and staged input, parquet folders per recorded batch:
 
 .. code-block:: text
 
-    Kafka [start, end) ─ decode ─> valid records tagged with their micro-batch (stage_batches; invalid ones
-      │                            tagged INVALID, for the quarantine check)
+    Kafka [start, end) ─ decode ─> records in a folder per recorded micro-batch and kind (stage_batches: valid,
+      │                            dropped as late by the original, invalid - for the quarantine check)
       ▼
     stateful views: one batch at a time into a fresh streaming query (rerun_stateful: same cuts, same
       │ watermarks, also the no-data batches) - or, for a windowed aggregation that declares its late bound,
@@ -41,17 +41,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.runtime.lineage import BatchBoundary
     from kappa.runtime.view import ViewDefinition
 
-__all__ = ["BATCH", "COALESCE_RECORDS", "CutsMatter", "INVALID", "LookupSnapshots", "RecomputeError", "Step",
-           "apply_writes", "coalesce_steps", "coalescable", "empty_parquet", "plan_steps", "read_range",
-           "rerun_stateful", "rerun_stateless", "scratch_dir", "session_for", "spark_session", "stage_batches",
-           "step_records", "without_dropped"]
+__all__ = ["BATCH", "COALESCE_RECORDS", "CutsMatter", "INVALID", "KIND", "LATE", "LookupSnapshots", "RecomputeError",
+           "Step", "VALID", "apply_writes", "batch_ranges", "coalesce_steps", "coalescable", "empty_parquet",
+           "plan_steps", "read_range", "rerun_stateful", "rerun_stateless", "scratch_dir", "session_for",
+           "spark_session", "stage_batches", "staged_files", "step_records", "without_dropped"]
 
 log = logging.getLogger("kappa.runtime.rerun")
 
 #: Column tagging a recomputed row with the recorded micro-batch (position) that produced it.
 BATCH = "_kappa_batch"
-#: ``_kappa_batch`` of the staged invalid records (compared with the quarantine, never re-run).
-INVALID = -1
+#: Second partition column of staged records: what a record is to the re-run (:func:`stage_batches`).
+KIND = "_kappa_kind"
+#: A valid record the original run processed.
+VALID = "valid"
+#: A valid record the original run dropped as late (the view's ``late_bound`` behind the watermark it ran with):
+#: left out of a coalesced re-run, handed to a re-run of one recorded batch at a time (Spark drops it again).
+LATE = "late"
+#: An invalid record (compared with the quarantine, never re-run).
+INVALID = "invalid"
 #: How long the re-run may stay idle where the original ran a no-data batch before that batch is skipped.
 NO_DATA_WAIT_SECONDS = 5.0
 
@@ -213,15 +220,17 @@ def step_records(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], start
 class _Feeder:
     """Hands the recorded micro-batches to the re-run one at a time and collects each batch's output.
 
-    The next batch's files are moved into the watched folder from within the current batch's ``foreachBatch``
+    The next batch's files are linked into the watched folder from within the current batch's ``foreachBatch``
     call, so the engine finds them when it plans its next batch: no no-data batch can slip in between, unless
-    the original ran one there - then nothing is handed over and the engine runs its own no-data batch.
+    the original ran one there - then nothing is handed over and the engine runs its own no-data batch. The
+    staged files stay where they are (a verification may keep them for the next one).
     """
 
     def __init__(self, *, view: "ViewDefinition", steps: list[Step], staged: Path, feed: Path, out: Path,
                  empty: Callable[[], Path], no_data_wait: float = NO_DATA_WAIT_SECONDS,
-                 checkpoint: Path | None = None) -> None:
+                 checkpoint: Path | None = None, kinds: Sequence[str] = (VALID, LATE)) -> None:
         self.view, self.steps, self.staged, self.feed, self.out, self.empty = view, steps, staged, feed, out, empty
+        self.kinds = tuple(kinds)
         self.no_data_wait = no_data_wait
         self.checkpoint = checkpoint  # the re-run's own: a coalesced step's watermark is read from its offset log
         self.cuts_matter: str | None = None
@@ -248,13 +257,16 @@ class _Feeder:
         if not step.data:
             self.expect_data = False
             return
-        folder = self.staged / f"{BATCH}={step.pos}"
-        files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+        files = staged_files(self.staged, step.covers, self.kinds)
         if not files:  # a batch that read records none of which was valid: still a batch, with no rows
-            shutil.copyfile(self.empty(), self.feed / f".{step.pos:09d}.tmp")
-            os.replace(self.feed / f".{step.pos:09d}.tmp", self.feed / f"{step.pos:09d}-empty.parquet")
-        for i, f in enumerate(files):
-            os.replace(f, self.feed / f"{step.pos:09d}-{i}.parquet")
+            files = [self.empty()]
+        for i, f in enumerate(files):  # a link is atomic: the engine never lists a file half written
+            target = self.feed / f"{step.pos:09d}-{i}.parquet"
+            try:
+                os.link(f, target)
+            except OSError:  # another file system (or one without links): a copy, renamed into place
+                shutil.copyfile(f, self.feed / f".{step.pos:09d}-{i}.tmp")
+                os.replace(self.feed / f".{step.pos:09d}-{i}.tmp", target)
         self.expect_data = True
 
     def skip_no_data(self) -> bool:
@@ -341,13 +353,14 @@ PROGRESS_EVERY_SECONDS = 15.0
 def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[Step], *, staged: Path, feed: Path,
                     out: Path, schema: Any, lookups_for: Any, empty: Callable[[], Path], checkpoint: Path,
                     timeout: float, no_data_wait: float = NO_DATA_WAIT_SECONDS,
-                    records: Sequence[int] | None = None) -> tuple[Any, int, list[int]]:
+                    records: Sequence[int] | None = None, late_rows: bool = True) -> tuple[Any, int, list[int]]:
     """Re-run a stateful transform in a fresh streaming query fed one step at a time (:class:`_Feeder`): a
     recorded batch, or a run of them (:func:`coalesce_steps`). Returns the output schema, the micro-batches run and
     the recorded no-data batches skipped. ``records``: what each step reads, for the progress lines (by records,
-    the time left at the pace so far)."""
+    the time left at the pace so far). ``late_rows`` False: the staged records the original dropped as late
+    (:data:`LATE`) are left out, as a coalesced re-run needs."""
     feeder = _Feeder(view=view, steps=steps, staged=staged, feed=feed, out=out, empty=empty,
-                     no_data_wait=no_data_wait, checkpoint=checkpoint)
+                     no_data_wait=no_data_wait, checkpoint=checkpoint, kinds=(VALID, LATE) if late_rows else (VALID,))
     transformed = view.transform(spark.readStream.schema(schema).parquet(str(feed)), **lookups_for.single())
     recorded = sum(len(step.covers) for step in steps)
     weights = list(records) if records is not None and len(records) == len(steps) else [1] * len(steps)
@@ -405,8 +418,8 @@ def rerun_stateless(spark: "SparkSession", view: "ViewDefinition", steps: list[S
             groups.append([pos])
     out_schema = None
     for group in groups:
-        folders = [str(staged / f"{BATCH}={p}") for p in group if (staged / f"{BATCH}={p}").is_dir()]
-        rows = spark.read.schema(schema).parquet(*folders) if folders else spark.createDataFrame([], schema)
+        files = [str(f) for f in staged_files(staged, group, (VALID, LATE))]  # no watermark here: none is late
+        rows = spark.read.schema(schema).parquet(*files) if files else spark.createDataFrame([], schema)
         output = without_dropped(view, view.transform(rows, **lookups_for(group[-1])))
         out_schema = output.schema
         output.withColumn(BATCH, F.lit(group[-1])).write.mode("append").parquet(str(out))
@@ -475,42 +488,61 @@ def _archived(spark: "SparkSession", settings: "Settings", view: "ViewDefinition
     return archived_decoded(spark, found[1], view.stream_format, ranges)
 
 
-def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: list[Step], ends: Mapping[int, list[int]],
-                  start: Mapping[int, int], staged: Path, *, tags: Mapping[int, int] | None = None,
-                  late_bound: "Column | None" = None) -> None:
-    """Write every record of the range once, in one Spark job, as parquet under ``staged/_kappa_batch=<pos>``:
-    the valid ones in the folder of the recorded micro-batch that read them, the invalid ones (kept for the
-    quarantine check) under ``_kappa_batch=-1``. The batch is found by a broadcast join with the batches'
-    offset ranges (JVM only, no Python worker).
+def batch_ranges(steps: Sequence[Step], ends: Mapping[int, Sequence[int]],
+                 start: Mapping[int, int]) -> list[tuple[int, dict[int, tuple[int, int]], int]]:
+    """Per recorded batch: its position, the offsets it read per partition (``[low, high)``, non-empty ones) and
+    the watermark its late rows were dropped by (the batch before its own ran with it; 0: none)."""
+    out = []
+    low = {p: int(start.get(p, 0)) for p in ends}
+    for i, step in enumerate(steps):
+        read = {}
+        for p, after in ends.items():
+            high = int(after[i])
+            if high > low[p]:
+                read[int(p)] = (low[p], high)
+            low[p] = max(low[p], high)
+        out.append((step.pos, read, int(steps[i - 1].watermark_ms) if i else 0))
+    return out
 
-    For a coalesced re-run (:func:`coalesce_steps`), ``tags`` maps each recorded batch to the step that re-runs it
-    (the folder its records go to), and ``late_bound`` (the view's) leaves out the valid records the original run
-    dropped as late: those whose bound the watermark of the batch before their own had passed, Spark's rule
-    (:mod:`kappa.runtime.late`)."""
+
+def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: Sequence[Step],
+                  ends: Mapping[int, Sequence[int]], start: Mapping[int, int], staged: Path, *, first: int = 0,
+                  late_bound: "Column | None" = None) -> None:
+    """Write every record ``decoded`` holds of the recorded batches ``steps[first:]`` once, in one Spark job, as
+    parquet under ``staged/_kappa_batch=<pos>/_kappa_kind=<kind>``: in the folder of the recorded micro-batch
+    that read it, of kind :data:`VALID`, :data:`LATE` (with the view's ``late_bound``: the valid records the
+    original run dropped as late - those whose bound the watermark of the batch before their own had passed,
+    Spark's rule, :mod:`kappa.runtime.late`) or :data:`INVALID` (kept for the quarantine check). The batch is
+    found by a broadcast join with the batches' offset ranges (JVM only, no Python worker).
+
+    ``decoded`` holds the records from the end of ``steps[first - 1]`` on (all of them with ``first`` 0); a
+    re-run picks the folders and kinds it needs (:func:`staged_files`), so one staging serves a coalesced re-run
+    and one of a recorded batch at a time alike."""
     from pyspark.sql import functions as F
 
     from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS
 
-    ranges = []
-    late_after = {step.pos: (steps[i - 1].watermark_ms if i else 0) for i, step in enumerate(steps)}
-    for partition, after in ends.items():
-        low = int(start.get(partition, 0))
-        for step, high in zip(steps, after):
-            if high > low:
-                ranges.append((int(partition), (tags or {}).get(step.pos, step.pos), low, high,
-                               int(late_after[step.pos])))
-            low = max(low, high)
+    ranges = [(p, pos, low, high, late_after)
+              for pos, read, late_after in batch_ranges(steps, ends, start)[first:]
+              for p, (low, high) in read.items()]
     spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG, r_late LONG")
     tagged = decoded.join(F.broadcast(spans), (F.col("partition") == F.col("r_partition"))
                           & (F.col("offset") >= F.col("r_low")) & (F.col("offset") < F.col("r_high")), "left")
     # the barrier keeps from_json evaluated once per record (see kappa.runtime.parsing._split)
     valid = F.col("_error").isNull() & (F.col(BARRIER) >= F.lit(0.0))
     keep = [c for c in decoded.columns if c not in INTERNAL_COLUMNS]
+    kind = F.when(~valid, F.lit(INVALID))
     if late_bound is not None:  # as kappa.runtime.late.late_records: a NULL bound is never late; watermark 0 = none
         dropped = (F.col("r_late") > 0) & F.coalesce(late_bound <= F.timestamp_millis(F.col("r_late")), F.lit(False))
-        tagged = tagged.where(~valid | ~dropped)
-    (tagged.select(*keep, F.when(valid, F.col("r_pos")).otherwise(F.lit(INVALID)).alias(BATCH))
-     .write.partitionBy(BATCH).parquet(str(staged)))
+        kind = kind.when(dropped, F.lit(LATE))
+    (tagged.select(*keep, F.col("r_pos").alias(BATCH), kind.otherwise(F.lit(VALID)).alias(KIND))
+     .write.partitionBy(BATCH, KIND).parquet(str(staged)))
+
+
+def staged_files(staged: Path, positions: Sequence[int], kinds: Sequence[str]) -> list[Path]:
+    """The parquet files :func:`stage_batches` wrote for the recorded batches ``positions``, of ``kinds``."""
+    return [f for pos in positions for kind in kinds
+            for f in sorted((staged / f"{BATCH}={pos}" / f"{KIND}={kind}").glob("*.parquet"))]
 
 
 def empty_parquet(spark: "SparkSession", schema: Any, folder: Path) -> Path:

@@ -17,13 +17,15 @@ What the stream was allowed to see is reproduced from the lineage every Delta co
     Kafka [start, end) ─ decode ─> valid records, each tagged with the recorded micro-batch it belonged to
       │                           (the invalid ones are compared with the quarantine: none lost or doubled)
       ▼
-    one parquet folder per recorded micro-batch (local scratch; one Kafka read, one Spark job, no Python UDF)
+    one parquet folder per recorded micro-batch and kind (valid / dropped as late / invalid; one Kafka read, one
+      │ Spark job, no Python UDF), kept under $KAPPA_HOME/verify-cache for the next check of the same run, which
+      │ reads and stages only the batches recorded since (kappa.verify.stagecache)
       │ Stateful views: handed one batch at a time to a fresh streaming query (file source -> the view's
       │ transform in the streaming plan), so Spark keeps state, evicts it and drops late rows exactly as it did -
       │ same cuts, same watermarks (also the no-data batches, by not handing the next batch over before the
       │ engine ran them). A windowed aggregation that declares its late bound is coalesced instead: runs of
       │ recorded batches (up to ~500,000 records) are handed over as one, the rows the original dropped as late
-      │ left out when staging (each by the watermark of the batch before its own), and each run's watermark is
+      │ left out (staged apart, each by the watermark of the batch before its own), and each run's watermark is
       │ checked against the recorded one - the re-run then costs what its records cost, not ~0.35 s per
       │ recorded micro-batch (kappa.runtime.rerun.coalescable says why the rest may not; a watermark that
       │ differs falls back to one batch at a time). Stateless views: batch jobs, each batch joined with the
@@ -57,10 +59,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kappa.runtime.rerun import (BATCH, INVALID, CutsMatter, LookupSnapshots, RecomputeError, Step, apply_writes,
-                                 coalesce_steps, coalescable, empty_parquet, plan_steps, read_range, rerun_stateful,
-                                 rerun_stateless, scratch_dir, session_for, stage_batches, step_records)
+from kappa.runtime.rerun import (BATCH, INVALID, KIND, CutsMatter, LookupSnapshots, RecomputeError, Step,
+                                 apply_writes, batch_ranges, coalesce_steps, coalescable, empty_parquet, plan_steps,
+                                 read_range, rerun_stateful, rerun_stateless, scratch_dir, session_for, stage_batches,
+                                 step_records)
 from kappa.verify.compare import Check, compare
+from kappa.verify.stagecache import Staging, format_fingerprint, staging
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +81,8 @@ log = logging.getLogger("kappa.verify.recompute")
 def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, delta_version: int,
               batches: Sequence["BatchBoundary"], start: Mapping[int, int], end_timestamp_ms: int | None = None,
               quarantine_path: str | None = None, spark: "SparkSession | None" = None,
-              timeout: float = 1800.0, base: tuple[str, int] | None = None, coalesce: bool = True) -> Check:
+              timeout: float = 1800.0, base: tuple[str, int] | None = None, coalesce: bool = True,
+              run: str | None = None) -> Check:
     """Recompute ``view`` over the micro-batches ``batches`` (every batch of the run, from its first) starting at
     ``start`` and compare the result with the table at ``delta_version``.
 
@@ -96,6 +101,9 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
             come before the first batch, and the write semantics apply the batches on top of them.
         coalesce: Re-run runs of recorded batches as one micro-batch where the view allows it
             (:func:`kappa.runtime.rerun.coalescable`); False: one recorded batch at a time.
+        run: What identifies the recorded run (e.g. its table's Delta id and its application id): the staged
+            records are kept for the next recompute of the same run, which then reads and stages only the batches
+            recorded since (:mod:`kappa.verify.stagecache`). None: staged in scratch, removed afterwards.
 
     Returns:
         A :class:`Check` named ``recompute``; ``passed`` False (with the reason as message) also when the run
@@ -107,17 +115,25 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
     except RecomputeError as exc:
         return Check(name="recompute", passed=False, message=f"recompute impossible: {exc}")
     session, own = session_for(settings, spark)
-    scratch = Path(tempfile.mkdtemp(prefix=f"recompute-{view.name}-v{view.version}-",
-                                    dir=scratch_dir(settings)))
+    late_bound = view.late_bound() if view.stateful and view.late_bound is not None else None
+    key = None if run is None else {
+        "run": run, "topic": settings.topic(view.stream_topic), "start": {str(p): int(o) for p, o in start.items()},
+        "end_timestamp_ms": end_timestamp_ms, "format": format_fingerprint(view),
+        "late_bound": None if late_bound is None else str(late_bound)}
+    scratch = Path(tempfile.mkdtemp(prefix=f"recompute-{view.name}-v{view.version}-", dir=scratch_dir(settings)))
     args = dict(table_path=table_path, delta_version=delta_version, steps=steps, ends=ends, start=start,
-                end_timestamp_ms=end_timestamp_ms, quarantine_path=quarantine_path, timeout=timeout, t0=t0, base=base)
+                end_timestamp_ms=end_timestamp_ms, quarantine_path=quarantine_path, timeout=timeout, t0=t0, base=base,
+                late_bound=late_bound)
     try:
-        try:
-            return _recompute(session, view, settings, scratch=scratch / "run", coalesce=coalesce, **args)
-        except CutsMatter as exc:  # the view's result depends on the cuts after all: as recorded, one at a time
-            log.warning("recompute of %s: the coalesced re-run does not reproduce the recorded cuts (%s); re-running "
-                        "one recorded batch at a time", view.ref, exc)
-            return _recompute(session, view, settings, scratch=scratch / "per-batch", coalesce=False, **args)
+        with staging(settings, view, key, str(scratch)) as staged:
+            try:
+                return _recompute(session, view, settings, staged=staged, scratch=scratch / "run", coalesce=coalesce,
+                                  **args)
+            except CutsMatter as exc:  # the view's result depends on the cuts after all: as recorded, one at a time
+                log.warning("recompute of %s: the coalesced re-run does not reproduce the recorded cuts (%s); "
+                            "re-running one recorded batch at a time", view.ref, exc)
+                return _recompute(session, view, settings, staged=staged, scratch=scratch / "per-batch",
+                                  coalesce=False, **args)
     except RecomputeError as exc:
         return Check(name="recompute", passed=False, message=f"recompute impossible: {exc}",
                      details={"seconds": round(time.monotonic() - t0, 1)})
@@ -131,24 +147,38 @@ def recompute(view: "ViewDefinition", settings: "Settings", *, table_path: str, 
 
 def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Settings", *, table_path: str,
                delta_version: int, steps: list[Step], ends: dict[int, list[int]], start: Mapping[int, int],
-               end_timestamp_ms: int | None, quarantine_path: str | None, scratch: Path, timeout: float,
-               t0: float, base: tuple[str, int] | None = None, coalesce: bool = True) -> Check:
+               end_timestamp_ms: int | None, quarantine_path: str | None, staged: Staging, scratch: Path,
+               timeout: float, t0: float, base: tuple[str, int] | None = None, coalesce: bool = True,
+               late_bound: Any = None) -> Check:
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, StructField, StructType
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-    from kappa.runtime.parsing import valid_rows
-
-    topic = settings.topic(view.stream_topic)
-    end = {p: e[-1] for p, e in ends.items() if e}
-    decoded = read_range(spark, settings, view, topic, start, end)
-    if end_timestamp_ms is not None:  # what a bounded run's job filters right after decoding
-        decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(int(end_timestamp_ms))))
+    from kappa.runtime.parsing import INTERNAL_COLUMNS, decoded_schema
 
     phases: dict[str, float] = {}
     mark = time.monotonic()
-    staged, feed, out = scratch / "batches", scratch / "feed", scratch / "out"
+    schema = StructType([f for f in decoded_schema(spark, view.stream_format).fields
+                         if f.name not in INTERNAL_COLUMNS])
+    entries = Staging.entries(batch_ranges(steps, ends, start))
+    first = staged.reuse(entries)  # the leading batches an earlier recompute of this run staged already
+    reused = staged.records()
+    since = {p: int(e[first - 1]) if first else int(start.get(p, 0)) for p, e in ends.items()}
+    end = {p: e[-1] for p, e in ends.items() if e}
+    incoming = None
+    if first == 0 or any(end[p] > since[p] for p in end):
+        decoded = read_range(spark, settings, view, settings.topic(view.stream_topic),
+                             start if first == 0 else since, end)
+        if end_timestamp_ms is not None:  # what a bounded run's job filters right after decoding
+            decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(int(end_timestamp_ms))))
+        incoming = staged.incoming()
+        stage_batches(spark, decoded, steps, ends, start, incoming, first=first, late_bound=late_bound)
+    if first < len(entries):
+        staged.adopt(incoming, entries[first:])
+    if first:
+        log.info("recompute of %s: %d of %d recorded batches (%s records) staged by an earlier recompute of the run; "
+                 "read %s records", view.ref, first, len(steps), f"{reused:,}", f"{staged.records() - reused:,}")
+    feed, out = scratch / "feed", scratch / "out"
     feed.mkdir(parents=True)
-    schema = valid_rows(decoded).schema
     lookups_for = LookupSnapshots(spark, settings, view, steps)
     run_steps, run_ends, per_batch = steps, ends, "coalescing off"
     try:
@@ -158,20 +188,17 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
             if per_batch is None:
                 run_steps, run_ends = coalesce_steps(steps, ends, start)
         coalesced = per_batch is None
-        stage_batches(spark, decoded, steps, ends, start, staged,
-                      tags={pos: step.pos for step in run_steps for pos in step.covers} if coalesced else None,
-                      late_bound=view.late_bound() if coalesced else None)
         phases["read_and_stage"], mark = round(time.monotonic() - mark, 1), time.monotonic()
         log.info("recompute of %s: re-running %d recorded micro-batches (%s records) %s", view.ref, len(steps),
                  f"{sum(step_records(steps, ends, start)):,}",
                  f"as {len(run_steps)} steps" if coalesced else f"one at a time ({per_batch})")
         if view.stateful:
             out_schema, batches_run, skipped = rerun_stateful(
-                spark, view, run_steps, staged=staged, feed=feed, out=out, schema=schema, lookups_for=lookups_for,
+                spark, view, run_steps, staged=staged.root, feed=feed, out=out, schema=schema, lookups_for=lookups_for,
                 empty=lambda: empty_parquet(spark, schema, scratch / "empty"), checkpoint=scratch / "checkpoint",
-                timeout=timeout, records=step_records(run_steps, run_ends, start))
+                timeout=timeout, records=step_records(run_steps, run_ends, start), late_rows=not coalesced)
         else:
-            out_schema, batches_run, skipped = rerun_stateless(spark, view, steps, staged=staged, out=out,
+            out_schema, batches_run, skipped = rerun_stateless(spark, view, steps, staged=staged.root, out=out,
                                                                schema=schema, lookups_for=lookups_for)
     finally:
         lookups_for.close()
@@ -188,14 +215,16 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     table = spark.read.format("delta").option("versionAsOf", delta_version).load(table_path)
     check = compare(expected, table, keys=view.keys, name="recompute")
     details: dict[str, Any] = {"batches": len(steps), "batches_run": batches_run,
-                               "no_data_batches_skipped": skipped}
+                               "no_data_batches_skipped": skipped, "staged_before": {"batches": first,
+                                                                                       "records": reused}}
     if view.stateful:  # how the recorded batches were re-run: coalesced, or one at a time and why
         details["rerun"] = (f"coalesced: {len(steps)} recorded batches in {len(run_steps)} steps" if coalesced
                             else f"one recorded batch at a time: {per_batch}")
     quarantine = None
     if quarantine_path is not None:
-        invalid = (spark.read.schema(StructType([*schema.fields, StructField(BATCH, IntegerType())]))
-                   .parquet(str(staged)).where(F.col(BATCH) == INVALID))
+        invalid = (spark.read.schema(StructType([*schema.fields, StructField(BATCH, IntegerType()),
+                                                 StructField(KIND, StringType())]))
+                   .parquet(str(staged.root)).where(F.col(KIND) == INVALID))
         quarantine = _quarantine_check(spark, view, quarantine_path, invalid, last_batch=steps[-1].pos)
         details.update(quarantine)
     phases["compare"] = round(time.monotonic() - mark, 1)

@@ -364,6 +364,8 @@ def measured_verification(registry: Any, view: str) -> tuple[float | None, str]:
     for e in events:
         found = _CHECKED.search(e.note or "") if e.to_state == "verified" else None
         records = int(found["records"].replace(",", "")) if found else 0
+        if found and found["staged"]:  # a check that read only part of its records measures another rate
+            continue
         if records >= MIN_MEASURED_RECORDS and float(found["seconds"]) > 0:
             runs.append((e.at, records, float(found["seconds"]), view_ref(e.view, e.version)))
     if not runs:
@@ -373,7 +375,8 @@ def measured_verification(registry: Any, view: str) -> tuple[float | None, str]:
 
 
 #: How a ``verified`` note records the check's size and time (read back by :func:`measured_verification`).
-_CHECKED = re.compile(r"(?P<records>[\d,]+) records checked in (?P<seconds>[\d.]+) s")
+_CHECKED = re.compile(r"(?P<records>[\d,]+) records checked in (?P<seconds>[\d.]+) s"
+                      r"(?P<staged>, [\d,]+ of them staged by an earlier check)?")
 
 
 def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
@@ -384,6 +387,7 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     from kappa.verify import oracle
     from kappa.runtime.rerun import spark_session
     from kappa.verify.recompute import recompute
+    from kappa.verify.stagecache import staged_records
 
     if mode not in VERIFY_MODES:
         raise ReplayError(f"verify mode {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
@@ -440,15 +444,18 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     seed = vv.run_info().get("seed")  # a continued version: its range lands on the serving version's rows
     base = (seed["table"], int(seed["delta_version"])) if seed else None
     records = sum(max(0, o - start.get(p, o)) for p, o in end.items())
+    run = f"{table.metadata().id}:{app_id}"  # the recorded run: what an earlier check staged of it is reused
+    staged = min(records, staged_records(settings, definition, run))
     rate, source = measured_verification(registry, view)
+    new = f" for the {records - staged:,} not staged by an earlier check" if staged else ""
     on_start(f"verifying {ref}: {len(batches):,} recorded micro-batches, {records:,} records"
-             + (f"; ETA ~{_human_seconds(records / rate)} at {rate:,.0f} records/s ({source})" if rate else
-                f"; ETA unknown ({source}): the re-run logs its progress and the time left"))
+             + (f"; ETA ~{_human_seconds((records - staged) / rate)}{new} at {rate:,.0f} records/s ({source})"
+                if rate else f"; ETA unknown ({source}): the re-run logs its progress and the time left"))
     began = time.monotonic()
     with spark_session(settings) as spark:
         checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
                             batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
-                            quarantine_path=paths.quarantine, spark=spark, base=base)]
+                            quarantine_path=paths.quarantine, spark=spark, base=base, run=run)]
         report = _diff_against_serving(spark, vv, delta_version)
     expectations = _expectations(vv, upto=batch)
     if expectations is not None:
@@ -464,8 +471,10 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     failed = [c for c in checks if not c.passed]
     versus = (f"; vs serving v{report.serving_version}: {report.added} keys only here, {report.removed} only "
               f"there, {report.changed} changed (diff report {report.json_path})" if report is not None else "")
+    reused = int(((checks[0].details or {}).get("staged_before") or {}).get("records") or 0)
     where = (f"Delta version {delta_version} = batch {batch}, offsets {_short_offsets(start)}..{_short_offsets(end)}"
-             f"; {records:,} records checked in {time.monotonic() - began:.1f} s")
+             f"; {records:,} records checked in {time.monotonic() - began:.1f} s"
+             + (f", {reused:,} of them staged by an earlier check" if reused else ""))
     if seed:
         where += f", on v{seed.get('from_version')}'s rows at its Delta version {seed['delta_version']}"
     names = " and the ".join(c.name for c in checks if c.name != "expectations")
