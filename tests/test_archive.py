@@ -195,6 +195,38 @@ def test_an_archive_with_a_gap_is_refused_naming_it(spark, kafka, lake, tmp_path
 
 
 @pytest.mark.integration
+def test_records_the_archive_lost_after_preflight_refuse_the_launch(spark, kafka, lake, tmp_path):
+    """The archive's retention removes records between preflight and launch (its keeper runs when it runs): the
+    launch takes the topic's lease first - from then on the keeper deletes nothing of it - then finds the hole,
+    releases the lease and refuses in one line; nothing is registered, no job starts."""
+    from kappa.control.leases import leases
+    from kappa.control.runners.local import LocalRunner
+    from kappa.identity import ViewPaths
+
+    settings = lake.replace(home=tmp_path / "home")
+    topic = settings.topic("ad-events")
+    assert generator.produce(settings, topic, generator.events(400, seed=7)).delivered == 400
+    _run(load_view("jobs.ad_events_archive.v1"), settings, spark)
+    _delete_records(settings, topic, {p: hi // 2 for p, (_lo, hi) in partition_offsets(settings, topic).items()})
+    runner = LocalRunner(settings)
+    req = ReplayRequest(view="user_sessions", version=1, start="offsets", triggered_by="test",
+                        start_offsets={str(p): 0 for p in range(4)})
+    pre = replay.preflight(req, settings, runner)
+    assert pre.archive is not None and pre.archived_records > 0
+    table = ViewPaths(settings.lake_uri, "ad_events_archive", 1).table
+    DeltaTable(table).delete('"partition" = 0 AND "offset" < 5')  # what the keeper's retention deletes: a prefix
+    with pytest.raises(ReplayError) as refused:
+        replay.launch(req, settings, runner, pre)
+    message = str(refused.value)
+    assert "\n" not in message and "the archive ad_events_archive no longer holds partition 0 [0, " in message \
+        and "replay again" in message, message
+    assert Registry(settings.lake_uri).get("user_sessions", 1) is None
+    taken = [lease for lease in leases(settings) if (lease.view, lease.version) == ("user_sessions", 1)]
+    assert taken and all(lease.released_at is not None for lease in taken), taken
+    assert runner.status("user_sessions", 1).state != "running"
+
+
+@pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_a_driver_killed_in_the_archive_part_resumes_without_losing_or_repeating_a_row(spark, kafka, lake, tmp_path,
                                                                                        monkeypatch):

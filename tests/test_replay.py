@@ -18,7 +18,6 @@ micro-batch semantics in plain Python.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import os
@@ -860,6 +859,36 @@ def test_preflight_eta_comes_from_replays_measured_here(tmp_path):
         "target_reached_at": (registered + timedelta(seconds=4)).isoformat()}))
     rate, _why = replay.measured_throughput(registry)
     assert rate == pytest.approx(40_000 / 4), rate
+
+    # a replay whose history came from the archive measures the archive's rate, not the log's
+    assert replay.measured_throughput(registry, source="archive") == (
+        None, "no replay from the archive of >= 10,000 records measured here yet")
+    replayed(3, 2_000_000)
+    registered = registry.events(VIEW, 3)[0].at
+    checkpoint = Path(ViewPaths(registry.lake_uri, VIEW, 3).checkpoint)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "run.json").write_text(json.dumps({
+        "run_id": "r3", "start_offsets": {"0": 0}, "target_offsets": {"0": 2_000_000},
+        "archive": {"view": "ad_events_archive", "table": "/a", "start": {"0": 0}, "handover": {"0": 1_900_000}},
+        "target_reached_at": (registered + timedelta(seconds=8)).isoformat()}))
+    rate, why = replay.measured_throughput(registry, source="archive")
+    assert rate == pytest.approx(2_000_000 / 8) and why.startswith(f"measured here: 1 replay from the archive ({VIEW}@v3)")
+    assert replay.measured_throughput(registry)[0] == pytest.approx(40_000 / 4)  # the log's rate: v2 alone
+
+    # preflight's ETA of a replay with an archive part: each part at its own rate
+    from kappa.control.replay.planning import Preflight
+
+    pre = Preflight(request=replay.ReplayRequest(view=VIEW, version=4), module="m", topic="t", start_offsets={0: 0},
+                    log_start={0: 3_000_000}, log_end={0: 3_100_000}, target_offsets={0: 3_100_000},
+                    records=3_100_000, avg_record_bytes=200.0, bytes_estimate=620_000_000, throughput=10_000.0,
+                    throughput_source="log runs", eta_seconds=3_000_000 / 250_000 + 100_000 / 10_000,
+                    archive={"view": "ad_events_archive", "table": "/a", "start": {"0": 0}, "handover": {"0": 3_000_000}},
+                    archive_throughput=250_000.0, archive_throughput_source="archive runs")
+    assert ("; ETA ~22 s: 3,000,000 from the archive ~12 s at 250,000 rec/s (archive runs) + 100,000 from the log "
+            "~10 s at 10,000 rec/s (log runs)") in pre.summary(), pre.summary()
+    unknown = dataclasses.replace(pre, archive_throughput=None, archive_throughput_source="none yet", eta_seconds=None)
+    assert "; ETA unknown: 3,000,000 from the archive unknown (none yet) + 100,000 from the log ~10 s" \
+        in unknown.summary(), unknown.summary()
 
 
 @pytest.mark.integration

@@ -186,38 +186,34 @@ def plan_handover(table: str, start: Mapping[int, int], log_start: Mapping[int, 
         ArchiveError: The archive misses a record the replay needs (its start, a hole inside, or the gap
             between the archive's end and the log's start) or holds one twice, named partition by partition.
     """
-    held = coverage(table)
+    first = {p: int(start.get(p, log_start.get(p, 0))) for p in target}
+    # one query: what the archive holds of [first, target) - how far it reaches, and whether exactly once
+    held = coverage(table, {p: (lo, int(target[p])) for p, lo in first.items() if int(target[p]) > lo})
     handover: dict[int, int] = {}
     problems: list[str] = []
+    holes: list[str] = []
     for p in sorted(target):
-        lo = int(start.get(p, log_start.get(p, 0)))
+        lo = first[p]
         need_to = max(lo, int(log_start.get(p, 0)))  # below this the log holds nothing
         got = held.get(p)
-        if need_to <= lo and not prefer_archive:
-            handover[p] = lo  # the log still has the start
+        if need_to <= lo and not prefer_archive or int(target[p]) <= lo:
+            handover[p] = lo  # the log still has the start (or there is nothing to read)
             continue
         if got is None or got.low > lo:
             have = f"it starts at {got.low}" if got else "it holds nothing of it"
             problems.append(f"partition {p}: the replay starts at {lo}, {have}")
             continue
-        end = min(got.high, int(target[p])) if got.high >= need_to else got.high
         if got.high < need_to:
             problems.append(f"partition {p}: the archive ends at {got.high} and the log starts at {need_to} "
                             f"({need_to - got.high:,} records in neither)")
             continue
-        handover[p] = max(end, need_to)
+        handover[p] = got.high  # <= target: the query stopped there
+        if got.rows != got.high - lo:
+            holes.append(f"partition {p}: {got.high - lo - got.rows:,} of [{lo}, {got.high}) missing")
+        elif got.records != got.rows:  # written twice: a replay would count those records twice
+            holes.append(f"partition {p}: {got.records - got.rows:,} records of [{lo}, {got.high}) held twice")
     if problems:
         raise ArchiveError(f"archive {table} cannot serve the replay: " + "; ".join(problems))
-    inside = coverage(table, {p: (int(start.get(p, 0)), h) for p, h in handover.items() if h > start.get(p, 0)})
-    holes: list[str] = []
-    for p, h in sorted(handover.items()):
-        s, got = int(start.get(p, 0)), inside.get(p)
-        if h <= s:
-            continue
-        if got is None or got.rows != h - s:
-            holes.append(f"partition {p}: {h - s - (got.rows if got else 0):,} of [{s}, {h}) missing")
-        elif got.records != got.rows:  # written twice: a replay would count those records twice
-            holes.append(f"partition {p}: {got.records - got.rows:,} records of [{s}, {h}) held twice")
     if holes:
         raise ArchiveError(f"archive {table} does not hold the replay's range exactly once: " + "; ".join(holes))
     return handover

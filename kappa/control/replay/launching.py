@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from kappa.errors import one_line
 from kappa.identity import app_id
-from kappa.control.leases import take
+from kappa.control.leases import release, take
 from kappa.control.registry import RegistryError, VersionRecord
 from kappa.control.replay.planning import Preflight
 from kappa.control.replay.request import ReplayError, ReplayRequest, spark_offsets
@@ -85,6 +85,8 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
     try:
         adopt_serving(req.view, settings, by=req.triggered_by, exclude=req.version)
         existing = registry.get(req.view, req.version)
+        if pre.archive is not None and existing is None:
+            _archive_still_holds(settings, vv, req, pre)
         run_id = vv.ensure_run_id(existing, seed=pre.seed, archive=pre.archive)
         rec = registry.register(
             req.view, req.version, code_module=vv.module, table_path=vv.paths.table,
@@ -98,6 +100,7 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
     except RegistryError as exc:
         raise ReplayError(one_line(exc)) from None
     if rec.state == "building":  # the log it is about to read stays until it has read it (kappa.control.leases)
+        # (the archive's records too: its keeper deletes nothing of a topic a lease holds)
         try:
             take(settings, vv.topic, req.view, req.version, by=req.triggered_by)
         except Exception as exc:  # noqa: BLE001 - Kafka / lake errors become one line
@@ -113,3 +116,35 @@ def launch(req: ReplayRequest, settings: Settings, runner: Runner, pre: Prefligh
             raise ReplayError(f"{req.ref}: starting the job failed: {one_line(exc)}") from None
         log.info("%s: job %s (%s) %s", req.ref, status.state, status.detail, status.metrics_url or "")
     return rec
+
+
+def _archive_still_holds(settings: "Settings", vv: ViewVersion, req: ReplayRequest, pre: Preflight) -> None:
+    """A new run with an archive part: take the topic's lease (from now on the archive's keeper deletes nothing
+    of it), then check that the archive still holds what preflight planned to read from it - its retention may
+    have removed records between the two.
+
+    Raises:
+        ReplayError: A record of ``[start, handover)`` is gone (the lease released again; nothing registered).
+    """
+    from kappa.runtime.archive import ArchiveError, coverage
+
+    plan = pre.archive or {}
+    start = {int(p): int(o) for p, o in plan["start"].items()}
+    wanted = {int(p): (start.get(int(p), 0), int(h)) for p, h in plan["handover"].items()
+              if int(h) > start.get(int(p), 0)}
+    try:
+        take(settings, vv.topic, req.view, req.version, by=req.triggered_by)
+    except Exception as exc:  # noqa: BLE001 - Kafka / lake errors become one line
+        raise ReplayError(f"{req.ref}: taking the retention lease on {vv.topic} failed: {one_line(exc)}") from None
+    try:
+        held = coverage(plan["table"], wanted)
+        gone = [f"partition {p} [{lo}, {hi})" for p, (lo, hi) in sorted(wanted.items())
+                if p not in held or not held[p].contiguous or (held[p].low, held[p].high) != (lo, hi)]
+        problem = f"no longer holds {', '.join(gone)}" if gone else None
+    except ArchiveError as exc:
+        problem = one_line(exc)
+    if problem:
+        release(settings, req.view, req.version, by=req.triggered_by, note="the archive changed after preflight")
+        raise ReplayError(f"{req.ref}: the archive {plan['view']} {problem} - its retention removed records after "
+                          "preflight planned the replay; nothing was started: replay again (preflight plans from "
+                          "what the log and the archive hold now)")

@@ -57,9 +57,10 @@ class Preflight:
         records: Records to replay (``target - start``; live logs keep growing).
         avg_record_bytes: Average key + value size of a sample of the records.
         bytes_estimate: ``records * avg_record_bytes``.
-        throughput: Records/s this platform replayed at (earlier replays), None when not measured yet.
+        throughput: Records/s this platform replayed at from the log (earlier replays), None when not measured yet.
         throughput_source: Where it comes from, or why it is unknown.
-        eta_seconds: ``records / throughput`` (None: unknown until the replay's first batches give a rate).
+        eta_seconds: ``records / throughput`` - with an archive part, its records at ``archive_throughput`` plus
+            the log's at ``throughput`` (None: a rate it needs is unknown until the replay's first batches give one).
         existing_state: Registry state of the version if it was registered already (resume), else None.
         job_state: Runner status of its job.
         seed: ``upgrade=continue``: the serving version's table and Delta version the new table is seeded with,
@@ -70,6 +71,9 @@ class Preflight:
         archive: The part of the range the log no longer holds, read from the topic's archive: its view and table,
             the start and, per partition, the handover offset where the log takes over
             (:func:`_archive_part`); None when the log holds it all.
+        archive_throughput: With an archive part: records/s of earlier replays that read the archive
+            (:func:`measured_throughput` with ``source="archive"``), None when not measured yet.
+        archive_throughput_source: Where it comes from, or why it is unknown.
     """
 
     request: ReplayRequest
@@ -90,6 +94,8 @@ class Preflight:
     seed: dict[str, Any] | None = None
     same_start: str | None = None
     archive: dict[str, Any] | None = None
+    archive_throughput: float | None = None
+    archive_throughput_source: str = ""
 
     @property
     def archived_records(self) -> int:
@@ -112,7 +118,9 @@ class Preflight:
             what += f" ({self.archived_records:,} of them from the archive {self.archive['view']}, the rest from the log)"
         end = (f" until ts {self.request.end_timestamp_ms}" if self.request.bounded else " then follow live")
         bound = self.request.max_offsets_per_trigger
-        if self.throughput is None or self.eta_seconds is None:
+        if self.archive is not None:
+            eta = self._parts_eta()
+        elif self.throughput is None or self.eta_seconds is None:
             if bound and bound < self.records:  # the follow's rate comes from the first bounded micro-batches
                 eta = (f"; ETA unknown until its first micro-batches of at most {bound:,} records "
                        f"({self.throughput_source})")
@@ -130,6 +138,17 @@ class Preflight:
                   + (f"; {self.same_start}" if self.same_start else "") + "): this follows that run, no second "
                   "job" if self.existing_state else "")
         return what + end + eta + resume
+
+    def _parts_eta(self) -> str:
+        """``; ETA ...`` of a replay with an archive part: each part's records at its own measured rate."""
+        archived = self.archived_records
+        parts = [(archived, "the archive", self.archive_throughput, self.archive_throughput_source)]
+        if self.records > archived:
+            parts.append((self.records - archived, "the log", self.throughput, self.throughput_source))
+        said = [f"{n:,} from {where} " + (f"~{_human_seconds(n / rate)} at {rate:,.0f} rec/s ({why})" if rate
+                                          else f"unknown ({why})") for n, where, rate, why in parts]
+        head = "ETA unknown" if self.eta_seconds is None else f"ETA ~{_human_seconds(self.eta_seconds)}"
+        return f"; {head}: " + " + ".join(said)
 
     def plan(self) -> list[str]:
         """The steps a replay of this request would take, one line each (what ``--dry-run`` prints)."""
@@ -343,13 +362,21 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
     records = sum(max(0, target[p] - start.get(p, 0)) for p in target)
     avg = _sample_record_bytes(settings, topic, start, target) if records else 0.0
     rate, source = measured_throughput(registry)
+    eta = None if rate is None else records / rate
+    archive_rate, archive_source = None, ""
+    if from_archive is not None:  # each part at its own rate: the archive's is several times the log's
+        archive_rate, archive_source = measured_throughput(registry, source="archive")
+        archived = min(records, _archived(from_archive))
+        eta = (None if archive_rate is None or (rate is None and records > archived)
+               else archived / archive_rate + (records - archived) / rate if records > archived
+               else archived / archive_rate)
     return Preflight(
         request=req, module=module, topic=topic, start_offsets=dict(sorted(start.items())), log_start=log_start,
         log_end=log_end, target_offsets=target, records=records, avg_record_bytes=avg,
-        bytes_estimate=int(records * avg), throughput=rate, throughput_source=source,
-        eta_seconds=None if rate is None else records / rate,
+        bytes_estimate=int(records * avg), throughput=rate, throughput_source=source, eta_seconds=eta,
         existing_state=existing.state if existing is not None else None, job_state=job.state, seed=seed,
-        same_start=same_start, archive=from_archive,
+        same_start=same_start, archive=from_archive, archive_throughput=archive_rate,
+        archive_throughput_source=archive_source,
     )
 
 
@@ -456,10 +483,11 @@ def _sample_record_bytes(settings: Settings, topic: str, start: Mapping[int, int
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
-def measured_throughput(registry: Registry) -> tuple[float | None, str]:
+def measured_throughput(registry: Registry, source: str = "log") -> tuple[float | None, str]:
     """Records/s this platform replayed at: all records over all seconds (registration -> the run reached its
     target, start-up included) of the last :data:`THROUGHPUT_HISTORY` replays of at least
-    :data:`MIN_MEASURED_RECORDS` records. The job records when its committed batches first reached the run's
+    :data:`MIN_MEASURED_RECORDS` records that read from ``source``: ``log`` (runs without an archive part) or
+    ``archive`` (runs whose history came from the topic's archive - ``archive`` in run.json - several times faster). The job records when its committed batches first reached the run's
     target (``target_reached_at`` in run.json, with the run's start and target offsets); a run without it counts
     to its ``caught_up`` event and the offsets recorded then - later than the replay itself when nothing sampled
     it for a while (a detached replay). (None, why) when there is no such replay: the ETA is then unknown until
@@ -480,10 +508,12 @@ def measured_throughput(registry: Registry) -> tuple[float | None, str]:
             if (rec := records.get(key)) is not None:
                 caught.append((e, rec, registered.pop(key)))
     runs: list[tuple[datetime, int, float, str]] = []
-    for e, rec, began in reversed(caught):  # the newest first: run.json is read only for the ones that count
+    for e, rec, began in reversed(caught):  # the newest first: run.json is read only until enough count
         start, end = offsets_from_json(rec.start_offsets), offsets_from_json(rec.end_offsets)
         finished = e.at
         info = run_info(ViewPaths(registry.lake_uri, e.view, e.version).checkpoint)
+        if bool(info.get("archive")) != (source == "archive"):
+            continue
         if info.get("target_reached_at") and info.get("start_offsets") and info.get("target_offsets"):
             start, end = offsets_of(info["start_offsets"]), offsets_of(info["target_offsets"])
             finished = datetime.fromisoformat(info["target_reached_at"])
@@ -493,10 +523,11 @@ def measured_throughput(registry: Registry) -> tuple[float | None, str]:
             runs.append((e.at, done, seconds, rec.ref))
             if len(runs) == THROUGHPUT_HISTORY:
                 break
+    of = " from the archive" if source == "archive" else ""
     if not runs:
-        return None, f"no replay of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
+        return None, f"no replay{of} of >= {MIN_MEASURED_RECORDS:,} records measured here yet"
     rate, refs = recent_rate(runs)
-    return rate, (f"measured here: {len(refs)} replay{'s' if len(refs) > 1 else ''} ({', '.join(refs)}), "
+    return rate, (f"measured here: {len(refs)} replay{'s' if len(refs) > 1 else ''}{of} ({', '.join(refs)}), "
                   "start-up included")
 
 
