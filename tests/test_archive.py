@@ -326,14 +326,14 @@ def test_the_archive_keeps_itself_retention_removes_old_prefixes_never_under_a_l
             key, value, _meta = next(values)
             producer.produce(topic, key=key, value=value, partition=p, timestamp=young)
         assert producer.flush(30) == 0
-        _wait_for(lambda: len(_rows(table)) == 85, 60, "the archive to copy 4 more records")
+        _wait_for(lambda: len(_rows(table)) == 85, 180, "the archive to copy 4 more records")
         assert len(DeltaTable(table).file_uris()) == 8
-        held = _wait_for(lambda: job.keeper.last, 60, "the archive's first upkeep")
+        held = _wait_for(lambda: job.keeper.last, 180, "the archive's first upkeep")
         assert held.held_by == ("user_sessions@v9",) and held.removed == {}, held
         assert len(_rows(table)) == 85, "nothing leaves while a lease holds the topic"
 
         leases.release(settings, "user_sessions", 9, by="test", note="caught up", converge=False)
-        kept = _wait_for(lambda: job.keeper.last if job.keeper.last.removed else None, 60, "the retention")
+        kept = _wait_for(lambda: job.keeper.last if job.keeper.last.removed else None, 180, "the retention")
         assert kept.removed == {0: (0, 10), 1: (0, 15), 2: (0, 15), 3: (0, 15)}, kept
         assert "retention removed partition 0 offsets 0-9, partition 1 offsets 0-14" in kept.line(), kept.line()
         rows = _rows(table)

@@ -46,6 +46,18 @@ def test_runs_of_recorded_batches_become_one_step_each_and_the_last_data_batch_s
     one, _ = coalesce_steps(steps[:1], {0: [50], 1: [50]}, {0: 0, 1: 0})
     assert one == steps[:1] and one[0].covers == (0,)
 
+    # the runs an earlier re-run staged come first as they were (a run of two, then batch 2, that re-run's last
+    # data batch, as recorded), the rest is grouped anew; every recorded batch still exactly once
+    merged, merged_ends = coalesce_steps(steps, per_partition, {0: 0, 1: 0}, max_records=250,
+                                         fixed=[[0, 1], [2]])
+    assert [s.covers for s in merged] == [(0, 1), (2,), (3, 4, 5), (6,), (7,)]
+    assert merged[1] == steps[2] and [s.watermark_ms for s in merged] == [0, 2000, 3000, 6000, 7000]
+    assert merged_ends[0] == [100, 150, 250, 300, 300]
+    with pytest.raises(ValueError, match="consecutive"):
+        coalesce_steps(steps, per_partition, {0: 0, 1: 0}, fixed=[[0, 2]])
+    with pytest.raises(ValueError, match="before the last data batch"):
+        coalesce_steps(steps, per_partition, {0: 0, 1: 0}, fixed=[[0, 1, 2, 3, 4, 5, 6]])
+
 
 @pytest.mark.integration
 def test_only_an_aggregation_that_declares_its_late_bound_is_coalesced(spark):

@@ -174,12 +174,15 @@ def coalescable(view: "ViewDefinition", transformed: "DataFrame") -> str | None:
 
 
 def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], start: Mapping[int, int], *,
-                   max_records: int | None = None) -> tuple[list[Step], dict[int, list[int]]]:
+                   max_records: int | None = None,
+                   fixed: Sequence[Sequence[int]] = ()) -> tuple[list[Step], dict[int, list[int]]]:
     """The recorded steps as a coalesced re-run feeds them: every step before the last data batch in runs of about
     ``max_records`` records (default :data:`COALESCE_RECORDS`), each run one step standing for its members (the
     recorded no-data batches among them need no batch of their own: what they closed, the next batch closes), then
     the last data batch and what follows it as recorded (the table's last batch decides the finality flag).
-    Returns the steps and, per partition, the end offset after each."""
+    ``fixed``: the first runs, given (lists of consecutive recorded batch positions from the first, all before the
+    last data batch - the runs an earlier re-run staged, :mod:`kappa.verify.stagecache`); the rest are formed as
+    above. Returns the steps and, per partition, the end offset after each."""
     max_records = COALESCE_RECORDS if max_records is None else max_records
     last_data = max((i for i, step in enumerate(steps) if step.data), default=-1)
     partitions = list(ends)
@@ -196,7 +199,22 @@ def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], sta
             merged_ends[p].append(ends[p][group[-1]])
 
     records = step_records(steps, ends, start)
-    for i in range(max(0, last_data)):
+    index = {step.pos: i for i, step in enumerate(steps)}
+    done = 0
+    for members in fixed:
+        group = [index[pos] for pos in members]
+        if group != list(range(done, done + len(group))) or len(group) > 1 and group[-1] >= max(0, last_data):
+            raise ValueError(f"fixed runs must be consecutive recorded batches, several only before the last data "
+                             f"batch: {list(members)}")
+        if len(group) > 1:
+            close()
+        else:  # one recorded batch: as recorded
+            merged.append(steps[group[0]])
+            for p in partitions:
+                merged_ends[p].append(ends[p][group[0]])
+        done += len(group)
+    group = []
+    for i in range(done, max(0, last_data)):
         group.append(i)
         count += records[i]
         if count >= max_records:
@@ -204,7 +222,7 @@ def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], sta
             group, count = [], 0
     if group:
         close()
-    for i in range(max(0, last_data), len(steps)):
+    for i in range(max(done, last_data, 0), len(steps)):
         merged.append(steps[i])
         for p in partitions:
             merged_ends[p].append(ends[p][i])
@@ -257,7 +275,7 @@ class _Feeder:
         if not step.data:
             self.expect_data = False
             return
-        files = staged_files(self.staged, step.covers, self.kinds)
+        files = staged_files(self.staged, [step.pos], self.kinds)  # a coalesced step's records: one folder
         if not files:  # a batch that read records none of which was valid: still a batch, with no rows
             files = [self.empty()]
         for i, f in enumerate(files):  # a link is atomic: the engine never lists a file half written
@@ -507,22 +525,22 @@ def batch_ranges(steps: Sequence[Step], ends: Mapping[int, Sequence[int]],
 
 def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: Sequence[Step],
                   ends: Mapping[int, Sequence[int]], start: Mapping[int, int], staged: Path, *, first: int = 0,
-                  late_bound: "Column | None" = None) -> None:
+                  tags: Mapping[int, int] | None = None, late_bound: "Column | None" = None) -> None:
     """Write every record ``decoded`` holds of the recorded batches ``steps[first:]`` once, in one Spark job, as
-    parquet under ``staged/_kappa_batch=<pos>/_kappa_kind=<kind>``: in the folder of the recorded micro-batch
-    that read it, of kind :data:`VALID`, :data:`LATE` (with the view's ``late_bound``: the valid records the
-    original run dropped as late - those whose bound the watermark of the batch before their own had passed,
-    Spark's rule, :mod:`kappa.runtime.late`) or :data:`INVALID` (kept for the quarantine check). The batch is
-    found by a broadcast join with the batches' offset ranges (JVM only, no Python worker).
-
-    ``decoded`` holds the records from the end of ``steps[first - 1]`` on (all of them with ``first`` 0); a
-    re-run picks the folders and kinds it needs (:func:`staged_files`), so one staging serves a coalesced re-run
-    and one of a recorded batch at a time alike."""
+    parquet under ``staged/_kappa_batch=<pos>/_kappa_kind=<kind>``: in the folder of the step that re-runs the
+    recorded micro-batch that read it - the batch itself, or with ``tags`` (recorded batch -> step) the coalesced
+    run it belongs to (:func:`coalesce_steps`; a few big folders, not one per batch) - of kind :data:`VALID`,
+    :data:`LATE` (with the view's ``late_bound``: the valid records the original run dropped as late - those whose
+    bound the watermark of the batch before their own had passed, Spark's rule, :mod:`kappa.runtime.late`; a
+    coalesced re-run leaves them out, one of a batch at a time hands them over) or :data:`INVALID` (kept for the
+    quarantine check). The batch is found by a broadcast join with the batches' offset ranges (JVM only, no
+    Python worker). ``decoded`` holds the records from the end of ``steps[first - 1]`` on (all of them with
+    ``first`` 0)."""
     from pyspark.sql import functions as F
 
     from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS
 
-    ranges = [(p, pos, low, high, late_after)
+    ranges = [(p, (tags or {}).get(pos, pos), low, high, late_after)
               for pos, read, late_after in batch_ranges(steps, ends, start)[first:]
               for p, (low, high) in read.items()]
     spans = spark.createDataFrame(ranges, "r_partition INT, r_pos INT, r_low LONG, r_high LONG, r_late LONG")
@@ -540,7 +558,7 @@ def stage_batches(spark: "SparkSession", decoded: "DataFrame", steps: Sequence[S
 
 
 def staged_files(staged: Path, positions: Sequence[int], kinds: Sequence[str]) -> list[Path]:
-    """The parquet files :func:`stage_batches` wrote for the recorded batches ``positions``, of ``kinds``."""
+    """The parquet files :func:`stage_batches` wrote into the folders of the steps ``positions``, of ``kinds``."""
     return [f for pos in positions for kind in kinds
             for f in sorted((staged / f"{BATCH}={pos}" / f"{KIND}={kind}").glob("*.parquet"))]
 

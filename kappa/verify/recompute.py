@@ -160,34 +160,38 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
     schema = StructType([f for f in decoded_schema(spark, view.stream_format).fields
                          if f.name not in INTERNAL_COLUMNS])
     entries = Staging.entries(batch_ranges(steps, ends, start))
-    first = staged.reuse(entries)  # the leading batches an earlier recompute of this run staged already
-    reused = staged.records()
-    since = {p: int(e[first - 1]) if first else int(start.get(p, 0)) for p, e in ends.items()}
-    end = {p: e[-1] for p, e in ends.items() if e}
-    incoming = None
-    if first == 0 or any(end[p] > since[p] for p in end):
-        decoded = read_range(spark, settings, view, settings.topic(view.stream_topic),
-                             start if first == 0 else since, end)
-        if end_timestamp_ms is not None:  # what a bounded run's job filters right after decoding
-            decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(int(end_timestamp_ms))))
-        incoming = staged.incoming()
-        stage_batches(spark, decoded, steps, ends, start, incoming, first=first, late_bound=late_bound)
-    if first < len(entries):
-        staged.adopt(incoming, entries[first:])
-    if first:
-        log.info("recompute of %s: %d of %d recorded batches (%s records) staged by an earlier recompute of the run; "
-                 "read %s records", view.ref, first, len(steps), f"{reused:,}", f"{staged.records() - reused:,}")
     feed, out = scratch / "feed", scratch / "out"
     feed.mkdir(parents=True)
     lookups_for = LookupSnapshots(spark, settings, view, steps)
-    run_steps, run_ends, per_batch = steps, ends, "coalescing off"
+    per_batch = "coalescing off"
     try:
         if view.stateful and coalesce:
             per_batch = coalescable(view, view.transform(spark.readStream.schema(schema).parquet(str(feed)),
                                                          **lookups_for.single()))
-            if per_batch is None:
-                run_steps, run_ends = coalesce_steps(steps, ends, start)
         coalesced = per_batch is None
+        # the leading units an earlier recompute of this run staged (a coalesced run's steps, else single batches)
+        fixed = staged.reuse(entries, single=not coalesced)
+        reused, first = staged.records(), sum(len(unit) for unit in fixed)
+        run_steps, run_ends = coalesce_steps(steps, ends, start, fixed=fixed) if coalesced else (steps, ends)
+        new_units = [step for step in run_steps if step.covers[0] >= first]  # batch ids are 0..N (plan_steps)
+        since = {p: int(e[first - 1]) if first else int(start.get(p, 0)) for p, e in ends.items()}
+        end = {p: e[-1] for p, e in ends.items() if e}
+        incoming = None
+        if first == 0 or any(end[p] > since[p] for p in end):
+            decoded = read_range(spark, settings, view, settings.topic(view.stream_topic),
+                                 start if first == 0 else since, end)
+            if end_timestamp_ms is not None:  # what a bounded run's job filters right after decoding
+                decoded = decoded.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(int(end_timestamp_ms))))
+            incoming = staged.incoming()
+            stage_batches(spark, decoded, steps, ends, start, incoming, first=first, late_bound=late_bound,
+                          tags={pos: step.pos for step in new_units for pos in step.covers})
+        by_pos = {entry["pos"]: entry for entry in entries}
+        staged.adopt(incoming, [{"pos": step.pos, "batches": [by_pos[pos] for pos in step.covers]}
+                                for step in new_units])
+        if first:
+            log.info("recompute of %s: %d of %d recorded batches (%s records) staged by an earlier recompute of the "
+                     "run; read %s records", view.ref, first, len(steps), f"{reused:,}",
+                     f"{staged.records() - reused:,}")
         phases["read_and_stage"], mark = round(time.monotonic() - mark, 1), time.monotonic()
         log.info("recompute of %s: re-running %d recorded micro-batches (%s records) %s", view.ref, len(steps),
                  f"{sum(step_records(steps, ends, start)):,}",

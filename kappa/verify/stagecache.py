@@ -11,15 +11,23 @@ change, and neither do a retained log's records), so only the new batches are re
     $KAPPA_HOME/verify-cache/<view>_v<version>.lock   one verification of the version at a time uses its folder
                                                       (flock); another stages in a scratch folder of its own
     $KAPPA_HOME/verify-cache/<view>_v<version>/
-      _manifest.json     what the folder holds: the key below, then per recorded batch its position, offsets
-                         per partition and the watermark its late rows were judged by - written last, atomically
-      _kappa_batch=<pos>/_kappa_kind=<valid|late|invalid>/part-*.parquet    (kappa.runtime.rerun.stage_batches)
+      _manifest.json     what the folder holds: the key below, then its units - a folder each: the step of the
+                         re-run it feeds (one recorded batch, or a coalesced run of them) and per recorded batch
+                         its position, offsets per partition and the watermark its late rows were judged by -
+                         written last, atomically
+      _kappa_batch=<step>/_kappa_kind=<valid|late|invalid>/part-*.parquet   (kappa.runtime.rerun.stage_batches)
+
+A unit is what one step of the re-run reads: a coalesced re-run's runs of recorded batches (a few big folders,
+kappa.runtime.rerun.coalesce_steps) or, re-run one recorded batch at a time, each batch. The next check re-runs
+the units it reuses as they were staged (coalesce_steps' ``fixed`` runs) and forms new ones from the batches
+recorded since.
 
 The key names everything the staged rows depend on besides the offsets: the run (the table's Delta id and the
 run's application id), the topic, the run's start offsets, a bounded run's end timestamp, the record format
-(its schema and the decoding code) and the view's late bound. Another key empties the folder. A batch is
-reused only while every batch before it is too; the first that differs (or is new) and every later one are
-staged again. Folders the manifest does not list (a verification killed while staging) are removed.
+(its schema and the decoding code) and the view's late bound. Another key empties the folder. A unit is reused
+only while every unit before it is too and its batches are recorded as they were; the first that differs and
+every later one are staged again. Folders the manifest does not list (a check killed while staging) are
+removed.
 
 The cache holds at most ``KAPPA_VERIFY_CACHE_MB`` (the least recently verified versions' folders go first;
 0: no cache, each verification stages into scratch and removes it). Deleting the folder is always safe: the
@@ -49,7 +57,7 @@ __all__ = ["LAYOUT", "Staging", "cache_root", "format_fingerprint", "prune", "st
 log = logging.getLogger("kappa.verify.stagecache")
 
 #: Version of the folder layout and manifest; another one empties old folders.
-LAYOUT = 1
+LAYOUT = 2
 MANIFEST = "_manifest.json"
 
 
@@ -78,32 +86,42 @@ class Staging:
         root: The folder.
         kept: True for a version's cache folder (kept after the verification), False for scratch.
         key: What the rows depend on besides the offsets (see the module docs).
-        batches: Per recorded batch staged so far: ``{"pos", "read": {partition: [low, high]}, "late_after"}``.
+        units: The units staged so far, in order: ``{"pos": the step's position, "batches": [per recorded batch
+            {"pos", "read": {partition: [low, high]}, "late_after"}]}``.
     """
 
     root: Path
     kept: bool
     key: Mapping[str, Any]
-    batches: list[dict[str, Any]] = field(default_factory=list)
+    units: list[dict[str, Any]] = field(default_factory=list)
 
-    def reuse(self, wanted: Sequence[dict[str, Any]]) -> int:
-        """How many leading batches of ``wanted`` are staged already (and stay); every other staged batch is
-        removed. ``wanted``: every recorded batch of the run, as :meth:`entries` gives them."""
+    def reuse(self, wanted: Sequence[dict[str, Any]], *, single: bool = False) -> list[list[int]]:
+        """The leading units staged already for the recorded batches ``wanted`` (every batch of the run, as
+        :meth:`entries` gives them), as the lists of batch positions each stands for; they stay, every other
+        staged unit is removed. ``single``: only units of one recorded batch count (a re-run of one batch at a
+        time). Units at the end whose batches read no record are left out (nothing staged to reuse: those batches
+        start the next run)."""
         manifest = self._read_manifest()
-        held = manifest["batches"] if manifest is not None and manifest.get("key") == _plain(self.key) else []
-        same = 0
-        for have, want in zip(held, wanted):
-            if have != want:
+        same_key = manifest is not None and manifest.get("key") == _plain(self.key)
+        held = manifest["units"] if same_key else []
+        units, done = [], 0
+        for unit in held:
+            n = len(unit["batches"])
+            if unit["batches"] != list(wanted[done:done + n]) or single and n != 1:
                 break
-            same += 1
-        self.batches = list(wanted[:same])
-        keep = {f"_kappa_batch={b['pos']}" for b in self.batches}
+            units.append(unit)
+            done += n
+        while units and not any(b["read"] for b in units[-1]["batches"]):
+            units.pop()
+        changed = len(units) != len(held) or not same_key
+        self.units = units
+        keep = {f"_kappa_batch={u['pos']}" for u in units}
         for child in self.root.iterdir() if self.root.is_dir() else ():
             if child.name.startswith("_kappa_batch=") and child.name not in keep or child.name.startswith(".incoming"):
                 shutil.rmtree(child, ignore_errors=True)
-        if self.kept and (manifest is None or len(held) != same or manifest.get("key") != _plain(self.key)):
+        if self.kept and changed:
             self._write_manifest()
-        return same
+        return [[b["pos"] for b in u["batches"]] for u in units]
 
     @staticmethod
     def entries(ranges: Sequence[tuple[int, Mapping[int, tuple[int, int]], int]]) -> list[dict[str, Any]]:
@@ -119,8 +137,8 @@ class Staging:
         return folder
 
     def adopt(self, incoming: Path | None, added: Sequence[dict[str, Any]]) -> None:
-        """Move the batches staged into ``incoming`` into the root and record them (manifest written last).
-        ``incoming`` None: the batches ``added`` read no record."""
+        """Move the units staged into ``incoming`` into the root and record them (``{"pos", "batches"}``; the
+        manifest written last). ``incoming`` None: the units ``added`` read no record."""
         self.root.mkdir(parents=True, exist_ok=True)
         if incoming is not None and incoming.is_dir():
             for child in sorted(incoming.iterdir()):
@@ -128,13 +146,13 @@ class Staging:
                     shutil.rmtree(self.root / child.name, ignore_errors=True)
                     os.replace(child, self.root / child.name)
             shutil.rmtree(incoming, ignore_errors=True)
-        self.batches.extend(added)
+        self.units.extend(added)
         if self.kept:
             self._write_manifest()
 
     def records(self) -> int:
-        """Records of the batches staged (valid, late and invalid; by their offsets)."""
-        return sum(hi - lo for b in self.batches for lo, hi in b["read"].values())
+        """Records of the units staged (valid, late and invalid; by their offsets)."""
+        return sum(hi - lo for u in self.units for b in u["batches"] for lo, hi in b["read"].values())
 
     # ------------------------------------------------------------------ manifest
     def _read_manifest(self) -> dict[str, Any] | None:
@@ -142,11 +160,11 @@ class Staging:
             manifest = json.loads((self.root / MANIFEST).read_text())
         except (OSError, ValueError):
             return None
-        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("batches"), list) else None
+        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("units"), list) else None
 
     def _write_manifest(self) -> None:
         tmp = self.root / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps({"key": _plain(self.key), "batches": self.batches}, separators=(",", ":")) + "\n")
+        tmp.write_text(json.dumps({"key": _plain(self.key), "units": self.units}, separators=(",", ":")) + "\n")
         os.replace(tmp, self.root / MANIFEST)
 
 
@@ -208,7 +226,7 @@ def staged_records(settings: "Settings", view: "ViewDefinition", run: str) -> in
         manifest = json.loads((cache_root(settings) / f"{view.name}_v{view.version}" / MANIFEST).read_text())
         if manifest["key"].get("run") != run:
             return 0
-        return sum(hi - lo for b in manifest["batches"] for lo, hi in b["read"].values())
+        return sum(hi - lo for u in manifest["units"] for b in u["batches"] for lo, hi in b["read"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0
 
