@@ -172,7 +172,15 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
         # the leading units an earlier recompute of this run staged (a coalesced run's steps, else single batches)
         fixed = staged.reuse(entries, single=not coalesced)
         reused, first = staged.records(), sum(len(unit) for unit in fixed)
-        run_steps, run_ends = coalesce_steps(steps, ends, start, fixed=fixed) if coalesced else (steps, ends)
+        run_steps, run_ends = steps, ends
+        if coalesced:
+            try:
+                run_steps, run_ends = coalesce_steps(steps, ends, start, fixed=fixed)
+            except ValueError as exc:  # staged runs this plan cannot re-run as they were: stage everything again
+                log.warning("recompute of %s: not reusing what was staged (%s)", view.ref, exc)
+                staged.reuse([])  # removes every staged unit
+                reused, first = 0, 0
+                run_steps, run_ends = coalesce_steps(steps, ends, start)
         new_units = [step for step in run_steps if step.covers[0] >= first]  # batch ids are 0..N (plan_steps)
         since = {p: int(e[first - 1]) if first else int(start.get(p, 0)) for p, e in ends.items()}
         end = {p: e[-1] for p, e in ends.items() if e}
