@@ -3,12 +3,12 @@
 Used by verification (:mod:`kappa.verify.recompute`: re-run a live version over exactly the batches its Delta
 table holds and compare) and by the view authors' testing kit (:mod:`kappa.runtime.testing`: a transform on a
 few hand-written records). Both hand it *steps* - the recorded micro-batches, each with the lookups it joined -
-and staged input, parquet folders per recorded batch:
+and staged input, parquet folders per step of the re-run (a recorded batch, or a coalesced run of them):
 
 .. code-block:: text
 
-    Kafka [start, end) ─ decode ─> records in a folder per recorded micro-batch and kind (stage_batches: valid,
-      │                            dropped as late by the original, invalid - for the quarantine check)
+    Kafka [start, end) ─ decode ─> records in a folder per step and kind (stage_batches: valid, dropped as late
+      │                            by the original, invalid - for the quarantine check)
       ▼
     stateful views: one batch at a time into a fresh streaming query (rerun_stateful: same cuts, same
       │ watermarks, also the no-data batches) - or, for a windowed aggregation that declares its late bound,
@@ -180,9 +180,9 @@ def coalesce_steps(steps: Sequence[Step], ends: Mapping[int, Sequence[int]], sta
     ``max_records`` records (default :data:`COALESCE_RECORDS`), each run one step standing for its members (the
     recorded no-data batches among them need no batch of their own: what they closed, the next batch closes), then
     the last data batch and what follows it as recorded (the table's last batch decides the finality flag).
-    ``fixed``: the first runs, given (lists of consecutive recorded batch positions from the first, all before the
-    last data batch - the runs an earlier re-run staged, :mod:`kappa.verify.stagecache`); the rest are formed as
-    above. Returns the steps and, per partition, the end offset after each."""
+    ``fixed``: the first steps, given (lists of consecutive recorded batch positions from the first - the steps an
+    earlier re-run staged, :mod:`kappa.verify.stagecache`; a run of several only before the last data batch, a
+    single batch as recorded); the rest are formed as above. Returns the steps and, per partition, the end offset after each."""
     max_records = COALESCE_RECORDS if max_records is None else max_records
     last_data = max((i for i, step in enumerate(steps) if step.data), default=-1)
     partitions = list(ends)
