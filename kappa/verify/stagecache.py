@@ -152,7 +152,7 @@ class Staging:
 
     def records(self) -> int:
         """Records of the units staged (valid, late and invalid; by their offsets)."""
-        return sum(hi - lo for u in self.units for b in u["batches"] for lo, hi in b["read"].values())
+        return _records(self.units)
 
     # ------------------------------------------------------------------ manifest
     def _read_manifest(self) -> dict[str, Any] | None:
@@ -166,6 +166,11 @@ class Staging:
         tmp = self.root / f".{MANIFEST}.tmp"
         tmp.write_text(json.dumps({"key": _plain(self.key), "units": self.units}, separators=(",", ":")) + "\n")
         os.replace(tmp, self.root / MANIFEST)
+
+
+def _records(units: Sequence[Mapping[str, Any]]) -> int:
+    """Records the manifest units ``units`` stand for (by their batches' offsets)."""
+    return sum(hi - lo for u in units for b in u["batches"] for lo, hi in b["read"].values())
 
 
 def _plain(value: Any) -> Any:
@@ -224,9 +229,7 @@ def staged_records(settings: "Settings", view: "ViewDefinition", run: str) -> in
     its manifest without a lock - an estimate for what a verification about to start need not read again."""
     try:
         manifest = json.loads((cache_root(settings) / f"{view.name}_v{view.version}" / MANIFEST).read_text())
-        if manifest["key"].get("run") != run:
-            return 0
-        return sum(hi - lo for u in manifest["units"] for b in u["batches"] for lo, hi in b["read"].values())
+        return _records(manifest["units"]) if manifest["key"].get("run") == run else 0
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0
 
