@@ -82,6 +82,8 @@ _log = logging.getLogger(__name__)
 
 #: Free space under which a store that does not come up says how little there is.
 LOW_DISK_BYTES = 10 * 2**30
+#: Free disk space under which the local store's volumes turn read-only (see ``LocalObjectStore(min_free_space=)``).
+MIN_FREE_SPACE = "512MiB"
 #: The platform's bucket (``make objectstore-up`` creates it).
 DEFAULT_BUCKET = "kappa"
 #: The bucket :meth:`LocalObjectStore.wait_ready` writes its probe object to (``probe``) on every start.
@@ -222,6 +224,10 @@ class LocalObjectStore:
         startup_timeout: Seconds :meth:`start` waits for the store to become usable.
         volume_size_limit_mb: Size at which a volume stops taking writes (a volume is one file of object contents).
         max_volumes: Most volumes the volume server keeps; 0: as many as the free disk space holds.
+        min_free_space: Free disk space under which the volume server marks its volumes read-only (SeaweedFS'
+            ``-minFreeSpace``: a percentage when <= 100, else a size such as ``512MiB``). SeaweedFS' own default,
+            1 %, is 2.5 GiB of a 250 GiB disk shared with other work: a local store refused writes, and did not
+            come up, while gigabytes were still free; the default here is :data:`MIN_FREE_SPACE`.
     """
 
     host = "127.0.0.1"
@@ -236,6 +242,7 @@ class LocalObjectStore:
         startup_timeout: float = 60.0,
         volume_size_limit_mb: int = 64,
         max_volumes: int = 0,
+        min_free_space: str = "",
     ) -> None:
         self.home = Path(home).resolve()
         self.ports = ports or DEFAULT_PORTS
@@ -244,6 +251,7 @@ class LocalObjectStore:
         self.startup_timeout = startup_timeout
         self.volume_size_limit_mb = int(volume_size_limit_mb)
         self.max_volumes = int(max_volumes)
+        self.min_free_space = min_free_space or MIN_FREE_SPACE
         #: Seconds the last :meth:`start` took until the store was usable (None before one).
         self.last_start_seconds: float | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -464,6 +472,7 @@ class LocalObjectStore:
             return common + [
                 f"-dir={self.volumes_dir}", f"-master={h}:{p.master}.{p.master_grpc}",
                 f"-port={p.volume}", f"-port.grpc={p.volume_grpc}", f"-max={self.max_volumes}",
+                f"-minFreeSpace={self.min_free_space}",
                 "-preStopSeconds=0",  # no load balancer to drain: stop at once
             ]
         return common + [
