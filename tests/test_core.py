@@ -46,6 +46,38 @@ def test_stateful_view_reads_and_decodes_its_topic_once_per_batch(spark, kafka, 
     assert not job.paths.local("quarantine").exists(), "a second (quarantine) query ran"
 
 
+def test_a_bounded_run_whose_last_batch_was_staged_writes_it_when_its_query_ends(spark, kafka, declared_topics,
+                                                                                 lake):
+    """A bounded run of a stateful view stages a batch that wrote rows, expecting the no-data batch after it to
+    compact it; when none follows (no-data batches off here), the job writes the staged rows to the view table as
+    soon as its query ended - before it is stopped - in one append keyed by that batch."""
+    from tests.helpers import delta_txns
+
+    u = generator.universe(seed=5, campaigns=4, users=40)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    generator.produce(lake, lake.topic("ad-events"), generator.events(1500, seed=5, universe=u,
+                                                                      start_ms=1_700_000_000_000, rate_per_s=10))
+    view = load_view("jobs.campaign_window_counts.v1")
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    try:
+        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
+        job.start()
+        try:
+            assert job.await_termination(300) and job.failure() is None, job.failure()
+            staged = spark.read.format("delta").load(job.paths.staging)
+            table = spark.read.format("delta").load(job.paths.table)
+            assert {r[0] for r in staged.select("_kappa_batch").distinct().collect()} == {0}
+            assert staged.count() > 20 and table.count() == staged.count(), "the staged batch is not in the table"
+            # nothing followed batch 0, so no window is final yet (as a MERGE of it alone would have written)
+            assert table.where("is_final").count() == 0
+            assert table.drop("is_final").exceptAll(staged.drop("_kappa_batch")).isEmpty()
+            assert delta_txns(job.paths.table)[job.app_id] == 0
+        finally:
+            job.stop()
+    finally:
+        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+
+
 def test_lookup_is_reread_only_when_its_topic_moves(spark, kafka, declared_topics, lake):
     u = generator.universe(seed=4, campaigns=3, users=10)
     mapping = generator.campaign_records(u)

@@ -52,6 +52,11 @@ def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_t
 
     _run_all(spark, lake)
     stats = assert_views_match(spark, lake)
+    # a bounded run of a stateful merge view writes its table once: the batch that read the log is staged, and the
+    # no-data batch after it (which finalises the windows the watermark passed) compacts it in one append, no MERGE
+    paths = ViewPaths(lake.lake_uri, "campaign_window_counts", 1)
+    assert _batch_commits(paths.table) == [("CREATE TABLE", None), ("WRITE", 1)], _batch_commits(paths.table)
+    assert [b for _op, b in _batch_commits(paths.staging) if b is not None] == [0]
     # the flood really was a flood, and nothing was lost: valid + quarantined == consumed
     assert stats["valid"] + stats["quarantined"] == stats["consumed"]
     assert stats["quarantined"] >= 0.25 * stats["consumed"]
@@ -74,6 +79,12 @@ def _commit_infos(table: str) -> list[dict]:
             if "commitInfo" in action:
                 infos.append(action["commitInfo"])
     return infos
+
+
+def _batch_commits(table: str) -> list[tuple[str, int | None]]:
+    """(operation, micro-batch of its lineage) of a Delta table's commits, oldest first."""
+    return [(info["operation"], json.loads(info.get("userMetadata") or "{}").get("kappa", {}).get("batch"))
+            for info in _commit_infos(table)]
 
 
 def _operations(table: str) -> list[str]:
@@ -105,8 +116,7 @@ def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka,
         # (operation, micro-batch) of each commit: the table is created, then written once, by the batch that
         # caught up (the compaction of the staged ones); a batch after it in the same run (a no-data batch that
         # moves the watermark) commits as the run does once caught up
-        commits = [(info["operation"], json.loads(info.get("userMetadata") or "{}").get("kappa", {}).get("batch"))
-                   for info in _commit_infos(paths.table)]
+        commits = _batch_commits(paths.table)
         caught_up = max(staged) + 1
         assert commits[:2] == [("CREATE TABLE", None), ("WRITE", caught_up)], f"{name}: {commits}"
         assert all(batch > caught_up for _op, batch in commits[2:]), f"{name} merged while catching up: {commits}"

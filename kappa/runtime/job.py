@@ -23,6 +23,7 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -241,6 +242,7 @@ class ViewJob:
         self.publisher: Any = None  # kappa.runtime.publish.Publisher of a version that publishes
         self.repairs: Any = None  # kappa.runtime.repairs.RepairInbox (object-store lakes)
         self.keeper: Any = None  # kappa.runtime.archive.ArchiveKeeper of an archive's job
+        self._stream: Any = None  # the view query's plan (planned when the query first starts)
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -390,26 +392,25 @@ class ViewJob:
         self._prepare_run()
         self._refuse_old_layout()
         view = self.view
-        lookups = self.lookups.frames(view.lookups)
-        stream, output_schema = self._plan(self._decoded_stream(), lookups)
-        ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
-                     partition_by=view.partition_by,
-                     properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
-                                 "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
-                                 # an archive's retention deletes its oldest records
-                                 "true" if view.write == "append" and not view.keep_invalid else "false"})
-        if enable_change_feed(self.spark, self.paths.table):
-            log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
-        # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
-        # protocol per table (on an object store, delta-spark's log store would not exclude another process)
-        create_table(rs_uri(self.paths.quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
+        # the lookups' data is read while the tables are created: the plans need their DataFrames, not their rows
+        lookups = self.lookups.frames(view.lookups, read=False)
+        archived = self._archive_stream(lookups)
+        if archived is None:
+            self._stream, output_schema = self._plan(self._decoded_stream(), lookups)
+        else:  # the view's own query plans once the archive part is done, if it starts at all
+            self._stream, output_schema = None, archived[1]
+        with ThreadPoolExecutor(1, thread_name_prefix=f"lookups-{view.name}") as pool:
+            reading = pool.submit(self.lookups.read, view.lookups.values())
+            self._create_tables(output_schema)
+            reading.result()
         seed = self._run_info.get("seed")
         if seed and seed_table(self.spark, self.paths.table, seed, self.app_id or ""):
             log.info("%s: table seeded with v%s's rows at Delta version %s (upgrade=continue from %s)", view.ref,
                      seed.get("from_version"), seed.get("delta_version"), seed.get("end_offsets"))
         # a seeded table holds rows already: its first batches merge into them instead of bulk-appending
         self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=None if seed else self.paths.staging,
-                              fresh=not batch_ids(f"{self.paths.checkpoint}/main/offsets"))
+                              fresh=not batch_ids(f"{self.paths.checkpoint}/main/offsets"),
+                              stage_rows=self.available_now and view.stateful)
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
@@ -423,14 +424,14 @@ class ViewJob:
             self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
             log.info("%s metrics on http://127.0.0.1:%s/metrics", view.ref, self.bound_port)
         self._install_listener()
-        self._stream = stream
-        complete = self._from_archive(lookups)
+        complete = self._from_archive(archived[0] if archived is not None else None)
         if self._stop.is_set():
             return
         if complete and self.available_now:
             # the archive part read the log up to its end when it started: a bounded run is done (a live one goes on
             # with the view's own query)
             log.info("%s: the run's range is committed; nothing left for the view's query", view.ref)
+            self._settle()
         else:
             self.queries = [self._start_query()]
         if view.publish is not None:  # views over this one read what it publishes (kappa.runtime.publish)
@@ -453,6 +454,21 @@ class ViewJob:
                              name=f"repairs-{view.ref}", daemon=True).start()
         if view.keep_invalid and not self.available_now:  # an archive keeps itself (kappa.runtime.archive.keep)
             self._start_keeper()
+
+    def _create_tables(self, output_schema: Any) -> None:
+        """The view table (with the run's properties, change data feed on) and the shared quarantine, if missing."""
+        view = self.view
+        ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
+                     partition_by=view.partition_by,
+                     properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
+                                 "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
+                                 # an archive's retention deletes its oldest records
+                                 "true" if view.write == "append" and not view.keep_invalid else "false"})
+        if enable_change_feed(self.spark, self.paths.table):
+            log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
+        # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
+        # protocol per table (on an object store, delta-spark's log store would not exclude another process)
+        create_table(rs_uri(self.paths.quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
 
     def _start_keeper(self) -> None:
         from kappa.catalog import load_catalog
@@ -481,12 +497,33 @@ class ViewJob:
         rows = archive_rows(decoded) if view.keep_invalid else valid_rows(decoded)
         return decoded, view.transform(rows, **lookups).schema
 
-    def _from_archive(self, lookups: Mapping[str, "DataFrame"]) -> bool:
-        """A run that starts in the topic's archive (its start is gone from the log; ``archive`` in run.json):
-        micro-batch 0 reads ``[start, handover)`` from the archive and the rest of the log, with the same plan, then
-        the checkpoint is switched to the log alone (:mod:`kappa.runtime.archive`). Nothing to do once switched; a
-        crash before the switch re-runs or finishes it. True when this call ran that micro-batch to its end (the
-        log read up to its end at the query's start)."""
+    def _archive_stream(self, lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any] | None:
+        """(the plan, the schema of the rows it writes) of a run's archive part still to run (``archive`` in
+        run.json: micro-batch 0 reads ``[start, handover)`` from the topic's archive and the rest of the log, with
+        the view's plan); None when the run has no archive part or it is committed."""
+        from kappa.runtime import archive
+
+        plan = self._run_info.get("archive")
+        if not plan or archive.phase_done(self._files, f"{self.paths.checkpoint}/main"):
+            return None
+        topic = self.settings.topic(self.view.stream_topic)
+        start, handover = offsets_of(plan["start"]), offsets_of(plan["handover"])
+        archived = archive.archived_decoded(self.spark, plan["table"], self.view.stream_format,
+                                            {p: (start.get(p, 0), h) for p, h in handover.items()}, stream=True)
+        if self.end_timestamp_ms is not None:  # a bounded replay: as _decode bounds the log's records
+            from pyspark.sql import functions as F
+
+            archived = archived.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
+        logged = self._decode(self._read_stream(topic, starting=starting_options(
+            {topic: {str(p): o for p, o in handover.items()}})))
+        return self._plan(archived.unionByName(logged), lookups)
+
+    def _from_archive(self, stream: "DataFrame | None") -> bool:
+        """Run the archive part of a run that starts in the topic's archive (its start is gone from the log:
+        :meth:`_archive_stream` planned it), then switch the checkpoint to the log alone
+        (:mod:`kappa.runtime.archive`). Nothing to do once switched; a crash before the switch re-runs or finishes
+        it. True when this call ran that micro-batch to its end (the log read up to its end at the query's
+        start)."""
         from kappa.runtime import archive
 
         plan = self._run_info.get("archive")
@@ -496,19 +533,10 @@ class ViewJob:
         main = f"{self.paths.checkpoint}/main"
         topic = self.settings.topic(self.view.stream_topic)
         start, handover = offsets_of(plan["start"]), offsets_of(plan["handover"])
-        if not archive.phase_done(self._files, main):
+        if stream is not None:
             log.info("%s: reading %s records of [start, handover) from the archive %s, the rest from the log",
                      self.view.ref, f"{sum(h - start.get(p, 0) for p, h in handover.items()):,}", plan["table"])
             self._remember_start(start)
-            archived = archive.archived_decoded(self.spark, plan["table"], self.view.stream_format,
-                                                {p: (start.get(p, 0), h) for p, h in handover.items()}, stream=True)
-            if self.end_timestamp_ms is not None:  # a bounded replay: as _decode bounds the log's records
-                from pyspark.sql import functions as F
-
-                archived = archived.where(F.col("kafka_timestamp") < F.timestamp_millis(F.lit(self.end_timestamp_ms)))
-            logged = self._decode(self._read_stream(topic, starting=starting_options(
-                {topic: {str(p): o for p, o in handover.items()}})))
-            stream, _schema = self._plan(archived.unionByName(logged), lookups)
             writer = stream.writeStream.queryName(self.archive_query_name).option("checkpointLocation", main)
             if self.view.stateful:
                 writer = writer.outputMode(self.view.output_mode)
@@ -537,6 +565,8 @@ class ViewJob:
                 "table and checkpoint to rebuild it)")
 
     def _start_query(self) -> "StreamingQuery":
+        if self._stream is None:  # planned only now: the run's archive part ran first
+            self._stream = self._plan(self._decoded_stream(), self.lookups.frames(self.view.lookups))[0]
         writer = self._stream.writeStream.queryName(self.query_name).option(
             "checkpointLocation", f"{self.paths.checkpoint}/main")
         if self.view.stateful:
@@ -862,6 +892,8 @@ class ViewJob:
                     break
             if self.failure() and self.recover():
                 continue
+            if self.available_now and self.failure() is None and getattr(self, "sink", None) is not None:
+                self._settle()  # a bounded run that ended on a staged batch: its rows belong in the table now
             return True
 
     def failure(self) -> str | None:

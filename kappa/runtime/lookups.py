@@ -64,22 +64,35 @@ class LookupCache:
         self._frames: dict[Lookup, "DataFrame"] = {}  # what views join: the cached data with a broadcast hint
         self._cached: dict[Lookup, "DataFrame"] = {}  # the cached data itself
         self._offsets: dict[Lookup, dict[int, int]] = {}
+        self._unread: set[Lookup] = set()  # frames handed out before their data was read (see frame())
         self._lock = threading.Lock()
 
-    def frame(self, lookup: Lookup) -> "DataFrame":
-        """The lookup's DataFrame (cached, broadcast); the same object on every call."""
+    def frame(self, lookup: Lookup, *, read: bool = True) -> "DataFrame":
+        """The lookup's DataFrame (cached, broadcast); the same object on every call.
+
+        ``read=False``: its data is read later, by :meth:`read` (a driver plans its query meanwhile: the plan needs
+        the DataFrame, not its rows); a lineage names the offsets read, so :meth:`read` must be done before a batch.
+        """
         with self._lock:
             if lookup not in self._frames:
                 from pyspark.sql import functions as F
 
                 self._cached[lookup] = lookup_frame(self.spark, self.settings, lookup)
                 self._frames[lookup] = F.broadcast(self._cached[lookup])
+                self._unread.add(lookup)
+            if read and lookup in self._unread:
                 self._materialize(lookup)
+                self._unread.discard(lookup)
             return self._frames[lookup]
 
-    def frames(self, declared: "Mapping[str, Lookup]") -> dict[str, "DataFrame"]:
+    def frames(self, declared: "Mapping[str, Lookup]", *, read: bool = True) -> dict[str, "DataFrame"]:
         """A view's declared lookups as the keyword arguments of its transform (name -> DataFrame)."""
-        return {name: self.frame(lookup) for name, lookup in declared.items()}
+        return {name: self.frame(lookup, read=read) for name, lookup in declared.items()}
+
+    def read(self, lookups: "Iterable[Lookup]") -> None:
+        """Read the data of those of ``lookups`` handed out unread (``frame(read=False)``)."""
+        for lookup in lookups:
+            self.frame(lookup)
 
     def offsets(self, lookup: Lookup) -> dict[int, int]:
         """End offsets of the lookup topic when it was last read."""
@@ -90,7 +103,7 @@ class LookupCache:
         refreshed = []
         for lookup in lookups:
             with self._lock:
-                if lookup not in self._frames:
+                if lookup not in self._frames or lookup in self._unread:
                     continue
                 ends = self._end_offsets(lookup)
                 if ends == self._offsets.get(lookup):
@@ -109,6 +122,7 @@ class LookupCache:
                     pass
             self._frames.clear()
             self._cached.clear()
+            self._unread.clear()
 
     # ---------------------------------------------------------------------------------------------------
     def _end_offsets(self, lookup: Lookup) -> dict[int, int]:

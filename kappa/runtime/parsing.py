@@ -145,16 +145,28 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
     )
 
 
+#: :func:`decoded_schema` by (format, its schema file's contents): analysing an empty decode costs ~0.1-0.3 s, and
+#: each replay from the archive and each verification asks for it
+_DECODED_SCHEMAS: dict[tuple[RecordFormat, str], "StructType"] = {}
+
+
 def decoded_schema(spark: "SparkSession", fmt: RecordFormat) -> "StructType":
     """The schema of :func:`decode` output for ``fmt``, without reading a record."""
+    import json
+
     from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType, \
         TimestampType
 
-    kafka = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()),
-                        StructField("topic", StringType()), StructField("partition", IntegerType()),
-                        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-                        StructField("timestampType", IntegerType())])
-    return decode(spark.createDataFrame([], kafka), fmt).schema
+    from kappa.log.schemas import load
+
+    key = (fmt, json.dumps(load(fmt.subject), sort_keys=True))
+    if key not in _DECODED_SCHEMAS:
+        kafka = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()),
+                            StructField("topic", StringType()), StructField("partition", IntegerType()),
+                            StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+                            StructField("timestampType", IntegerType())])
+        _DECODED_SCHEMAS[key] = decode(spark.createDataFrame([], kafka), fmt).schema
+    return _DECODED_SCHEMAS[key]
 
 
 def _split(decoded: "DataFrame", error_is_null: bool) -> "DataFrame":

@@ -18,7 +18,10 @@ its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata`
 such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
 staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
 of all of them but the last (see **Finality**), tombstones dropped, in ONE append commit to the view table keyed by
-that batch id. From then on the run merges as usual. Nobody reads a run's table before it caught up (a replay is promoted after verification;
+that batch id. From then on the run merges as usual. A bounded run of a stateful view (``availableNow``: a replay) also stages a
+batch that wrote rows: the no-data batch Spark runs after it once the watermark moved compacts it, so the rows and
+the finality that batch sets go into the table in one append instead of an append and a MERGE (a run whose last
+batch was staged is compacted when its query ends). Nobody reads a run's table before it caught up (a replay is promoted after verification;
 a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
 
 **Finality** (windowed views, :class:`kappa.runtime.view.Finality`). Spark drops a late row of micro-batch ``k``
@@ -230,6 +233,11 @@ class DeltaSink:
     #: the run's checkpoint has planned no micro-batch yet, so neither table can hold a commit of this run (the
     #: Delta snapshot that would say so is not read: a fresh replay starts sooner)
     fresh: bool = False
+    #: a bounded run of a stateful view (``availableNow``): while it may stage, a batch that wrote rows is staged
+    #: too, and compacted with the batch after it - the no-data batch Spark runs once the watermark moved, whose
+    #: rows (or finality: the windows that batch closes) go into the same single append instead of a MERGE of its
+    #: own. A run whose last batch was staged is compacted when its query ends (:meth:`ViewJob._settle`).
+    stage_rows: bool = False
     _event_max: Any = field(default=None, init=False, repr=False)
     _event_max_known: bool = field(default=False, init=False, repr=False)
     _bulk: bool | None = field(default=None, init=False, repr=False)
@@ -276,7 +284,7 @@ class DeltaSink:
         (appended to the staging table) or ``compact`` (the staged batches and this one, in one append).
         """
         if self.bulk(batch.sparkSession):
-            if catching_up:
+            if catching_up or (self.stage_rows and bool(rows)):
                 self._stage(batch, batch_id, user_metadata)
                 return "stage"
             self.compact(batch.sparkSession, batch_id, user_metadata, batch=batch)
@@ -299,6 +307,7 @@ class DeltaSink:
 
         _append_once(batch.withColumn(STAGED_BATCH, F.lit(batch_id).cast("bigint")), self.staging, self.app_id,
                      batch_id, user_metadata)
+        self.fresh = False  # the staging table holds a commit of this run now: pending() must look
 
     def compact(self, session: "SparkSession", batch_id: int, user_metadata: str | None, *,
                 batch: "DataFrame | None" = None) -> None:
@@ -336,17 +345,22 @@ class DeltaSink:
                   .where("_rn = 1").drop("_rn", STAGED_BATCH))
         if self.view.write == "upsert_delete":
             latest = latest.where(~F.col("is_tombstone"))
-        event_max = None
+        event_max, open_ends = None, None
         result = latest.persist()
         try:
             if fin is not None:
-                # finality from the batches before the last one compacted, as a MERGE of it would have set it
-                before, event_max = result.agg(F.max("_before"), F.max("_max")).collect()[0]
+                # finality from the batches before the last one compacted, as a MERGE of it would have set it; when
+                # nothing came before it (a replay's one batch), no row is final: the open windows are all the ends,
+                # collected in the same pass (the next batch's close needs them; else it reads them from the table)
+                before, event_max, ends = result.agg(
+                    F.max("_before"), F.max("_max"),
+                    F.collect_set(F.when(F.col("_before").isNull(), F.col(fin.window_end_column)))).collect()[0]
+                open_ends = set(ends) if before is None else None
                 result = result.drop("_before", "_max").withColumn(fin.flag_column, final_flag(fin, before))
             self._append(result, batch_id, user_metadata)
         finally:
             latest.unpersist()
-        self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, None
+        self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, open_ends
         self._last_batch = batch_id
 
     def _append(self, batch: "DataFrame", batch_id: int, user_metadata: str | None) -> None:
