@@ -20,7 +20,9 @@ Measures, in one run on one machine (numbers are only comparable side by side):
 (i) replay from the archive (:mod:`kappa.runtime.archive`): a half, all and twice the events of (b) read from the
     topic's archive view (copied first, not timed; each replayed twice, the faster counts), then the largest from
     the log again beside it; events/s, the ratios to (a), to the live rate and to the log replay, the sizes' linear
-    fit, its fixed cost phase by phase, and whether each table equals its log replay's;
+    fit, its fixed cost phase by phase, and whether each table equals its log replay's; (i') the engine's floor
+    under it: the view's transform over the same archived records in plain Structured Streaming, one Delta append
+    per micro-batch (:func:`engine_floor_run`), at the same sizes - its fixed cost is what no job of ours can go under;
 (h) replay per core: the replay of (b) in a Spark of 1 and of 2 cores (``local[1]``, ``local[2]``; shuffle
     partitions = cores; each after a warm-up replay in its own session), events/s per core and how much of the
     second core the replay uses; with (b)'s fixed cost and marginal rate, what a history of N events takes on C
@@ -243,6 +245,15 @@ def archive_phases(events: list[tuple[str, str, dict[str, Any]]], started: float
     return phases
 
 
+def _archive_table(settings: Any, version: int) -> str:
+    """The table of the bench's archive view version ``version`` (:func:`archive_replay_run` writes it)."""
+    from kappa.catalog import load_catalog
+    from kappa.identity import ViewPaths
+
+    name = next(v.name for v in load_catalog().views.values() if v.archives == "ad-events")
+    return ViewPaths(settings.lake_uri, name, version).table
+
+
 def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events: int, *, versions: tuple[int, ...],
                        archive_version: int) -> dict[str, Any]:
     """(i) The replay of (b) with its whole range read from the topic's archive (:mod:`kappa.runtime.archive`): the
@@ -279,6 +290,53 @@ def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events:
     best = dict(min(runs, key=lambda r: r["seconds"]))
     best["archive_copy_seconds"], best["seconds_all"] = copied, [r["seconds"] for r in runs]
     return best
+
+
+def engine_floor_run(spark: Any, settings: Any, view: Any, table: str, ranges: dict[int, tuple[int, int]],
+                     events: int, *, tries: int = 2) -> dict[str, Any]:
+    """(i') The floor under a replay from the archive: the view's own transform over the same archived records in
+    plain Structured Streaming - its output mode, availableNow, so the same two micro-batches (the range, then the
+    no-data batch the watermark asks for) - each micro-batch counted and appended to a Delta table with
+    txnAppId/txnVersion; nothing of the platform's job (run bookkeeping, staging and compaction, finality,
+    quarantine, lineage, metrics). Timed like a replay, from reading the lookups to the query's end; the faster of
+    ``tries`` runs."""
+    import shutil
+    import tempfile
+
+    from kappa.runtime.archive import archived_decoded
+    from kappa.runtime.lookups import LookupCache
+    from kappa.runtime.parsing import valid_rows
+
+    home = Path(tempfile.mkdtemp(prefix="floor-", dir=str(settings.home)))
+    seconds = []
+    try:
+        for i in range(tries):
+            out = str(home / f"table-{i}")
+
+            def append(batch: Any, batch_id: int) -> None:
+                batch.persist()
+                try:
+                    batch.count()
+                    (batch.write.format("delta").mode("append").option("txnAppId", "floor")
+                     .option("txnVersion", batch_id).save(out))
+                finally:
+                    batch.unpersist()
+
+            t0 = time.monotonic()
+            lookups = LookupCache(spark, settings)
+            try:
+                rows = valid_rows(archived_decoded(spark, table, view.stream_format, ranges, stream=True))
+                query = (view.transform(rows, **lookups.frames(view.lookups)).writeStream
+                         .outputMode(view.output_mode if view.stateful else "append")
+                         .option("checkpointLocation", str(home / f"checkpoint-{i}"))
+                         .trigger(availableNow=True).foreachBatch(append).start())
+                query.awaitTermination()
+                seconds.append(time.monotonic() - t0)
+            finally:
+                lookups.close()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return {"events": events, "seconds": min(seconds), "seconds_all": seconds, "events_per_s": events / min(seconds)}
 
 
 def same_table(spark: Any, settings: Any, view: Any, version: int, other: int) -> bool:
@@ -426,7 +484,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     from kappa.log import generator
     from kappa.runtime.job import ViewJob
     from kappa.runtime.spark import build_spark, stop_spark
-    from kappa.log.topics import create_topic, delete_topics
+    from kappa.log.topics import create_topic, delete_topics, partition_offsets
     from kappa.runtime.view import load_view
 
     settings, broker = bench_settings("bench")
@@ -507,6 +565,10 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             archived = [archive_replay_run(spark, settings, view, topics[size], size, versions=(210 + i, 230 + i),
                                            archive_version=300 + i)
                         for i, size in enumerate(_sizes(2 * events))]
+            floors = [engine_floor_run(spark, settings, view, _archive_table(settings, 300 + i),
+                                       {p: (0, hi) for p, (_lo, hi) in partition_offsets(settings, topics[size]).items()},
+                                       size)
+                      for i, size in enumerate(_sizes(2 * events))]
             largest = archived[-1]["events"]
             again = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topics[largest], version=220),
                                largest)
@@ -532,12 +594,22 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
                     line = _line([r["events"] for r in archived], [r["timeline_s"].get(phase, 0.0) for r in archived])
                     by_phase[phase] = line[0] if line is not None else None
                 result["archive_replay"]["fixed_by_phase_s"] = by_phase
+            floor = {"sizes": floors, "linear_r2": _r_squared([r["events"] for r in floors],
+                                                              [r["seconds"] for r in floors])}
+            fit = _line([r["events"] for r in floors], [r["seconds"] for r in floors])
+            if fit is not None:
+                floor["fixed_s"], floor["marginal_events_per_s"] = fit[0], 1.0 / fit[1]
+            result["archive_replay"]["engine_floor"] = floor
             a = result["archive_replay"]
             print(f"(i) replay from the archive: {a['events_per_s']:,.0f} events/s ({a['ratio_to_raw']:.2f}x raw, "
                   f"{a['ratio_to_live_rate']:.1f}x live rate, {a['ratio_to_log_replay']:.2f}x the log replay beside "
                   f"it at {a['log_replay_beside_events_per_s']:,.0f}); sizes "
                   + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in archived)
                   + f", linear fit R^2 {_fmt(a['linear_r2'])}; tables equal to the log replays': {a['equals_log_replay']}")
+            if "fixed_s" in floor:
+                print("(i') the engine's floor (the view's transform in plain Structured Streaming, one Delta append "
+                      "per micro-batch): sizes " + ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in floors)
+                      + f"; fixed cost {floor['fixed_s']:.1f} s, marginal {floor['marginal_events_per_s']:,.0f} events/s")
             if "fixed_by_phase_s" in a:
                 print(f"    fixed cost {a['fixed_s']:.1f} s, marginal {a['marginal_events_per_s']:,.0f} events/s; the fixed "
                       "cost by phase: " + ", ".join(f"{k} {_secs(v, 2)}" for k, v in a["fixed_by_phase_s"].items()))
@@ -861,6 +933,12 @@ def _report(result: dict[str, Any], out: Path) -> None:
             table.add_row("    fixed cost by phase (intercepts)",
                           ", ".join(f"{k} {_secs(v, 2)}" for k, v in arch["fixed_by_phase_s"].items()))
         table.add_row("    total s per phase", ", ".join(f"{k} {v:.2f}" for k, v in arch["phases_s"].items()))
+        floor = arch.get("engine_floor") or {}
+        if "fixed_s" in floor:
+            table.add_row("(i') the engine's floor: the view's transform in plain Structured Streaming",
+                          ", ".join(f"{r['events']:,}: {r['seconds']:.1f} s" for r in floor["sizes"])
+                          + f"; fixed cost {floor['fixed_s']:.1f} s, marginal {floor['marginal_events_per_s']:,.0f} "
+                          "events/s")
     cores = result.get("per_core") or {}
     for n, r in (cores.get("runs") or {}).items():
         table.add_row(f"(h) replay on {n} core{'s' if r['cores'] > 1 else ''}",
