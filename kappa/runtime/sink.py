@@ -18,11 +18,12 @@ its batch id (same appId/txnVersion idempotency, same lineage as ``userMetadata`
 such a catch-up batch (or the end of a bounded run, or a restart) *compacts*: the latest row per key across the
 staged batches and itself (later batch wins, as consecutive MERGEs would), finality from the event-time maximum
 of all of them but the last (see **Finality**), tombstones dropped, in ONE append commit to the view table keyed by
-that batch id. From then on the run merges as usual. A bounded run of a stateful view (``availableNow``: a replay) also stages a
-batch that wrote rows: the no-data batch Spark runs after it once the watermark moved compacts it, so the rows and
-the finality that batch sets go into the table in one append instead of an append and a MERGE (a run whose last
-batch was staged is compacted when its query ends). Nobody reads a run's table before it caught up (a replay is promoted after verification;
-a new view has nothing to show yet), so only the result has to equal what per-batch MERGEs would have written.
+that batch id. From then on the run merges as usual. A bounded run of a stateful view (``availableNow``: a
+replay) also stages a batch that wrote rows: the no-data batch Spark runs after it once the watermark moved
+compacts it, so the rows and the finality that batch sets go into the table in one append instead of an append
+and a MERGE (a run whose last batch was staged is compacted when its query ends). Nobody reads a run's table
+before it caught up (a replay is promoted after verification; a new view has nothing to show yet), so only the
+result has to equal what per-batch MERGEs would have written.
 
 **Finality** (windowed views, :class:`kappa.runtime.view.Finality`). Spark drops a late row of micro-batch ``k``
 with the watermark batch ``k - 1`` ran with, ``max(event time through batch k - 2) - delay``, and evicts state with
