@@ -219,6 +219,17 @@ class LocalBroker:
         # guard against pid reuse: it must be *our* broker (same main class and config file)
         return owned_process(self.pid_file, lambda cmd: _MAIN_CLASS in cmd and str(self.config_file) in cmd)
 
+    def _exited(self) -> str | None:
+        """None while the broker runs; else what is known of its end (`` (exit code N)`` or empty).
+
+        A broker this object started is asked through its own process handle: the pid file's guard reads the
+        process' command line, and one read of it that failed while the JVM was starting once reported a live
+        broker as gone (it went on running, orphaned, while every test that needed it errored)."""
+        if self._proc is not None:
+            code = self._proc.poll()
+            return None if code is None else f" (exit code {code})"
+        return None if self.is_running() else ""
+
     # ------------------------------------------------------------------ start
     def start(self, wait: bool = True, *, timeout: float | None = None) -> LocalBroker:
         """Start the broker (no-op if already running).
@@ -285,8 +296,9 @@ class LocalBroker:
         admin: AdminClient | None = None
         last_error = "port not open yet"
         while time.monotonic() < deadline:
-            if not self.is_running():
-                raise BrokerError(f"broker process exited during startup\n{self.log_tail()}")
+            exited = self._exited()
+            if exited is not None:
+                raise BrokerError(f"broker process exited during startup{exited}\n{self.log_tail()}")
             if port_open(self.host, self.port):
                 try:
                     if admin is None:
