@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -17,6 +19,23 @@ from kappa.runtime.view import load_view
 pytestmark = pytest.mark.integration
 
 
+@contextmanager
+def _bounded_run_without_no_data_batches(spark, lake, view) -> Iterator[ViewJob]:
+    """``view`` run from earliest to the log's end (availableNow) with Spark's no-data batches off; yields the job
+    once its query ended without failure, before it is stopped."""
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    try:
+        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
+        job.start()
+        try:
+            assert job.await_termination(300) and job.failure() is None, job.failure()
+            yield job
+        finally:
+            job.stop()
+    finally:
+        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+
+
 def test_stateful_view_reads_and_decodes_its_topic_once_per_batch(spark, kafka, declared_topics, lake):
     u = generator.universe(seed=3, campaigns=5, users=50)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
@@ -24,17 +43,8 @@ def test_stateful_view_reads_and_decodes_its_topic_once_per_batch(spark, kafka, 
                                                                       malformed_fraction=0.1))
     view = load_view("jobs.campaign_window_counts.v1")
     # without no-data batches the last execution is the data batch, whose plan we inspect
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    try:
-        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
-        job.start()
-        try:
-            assert job.await_termination(300) and job.failure() is None, job.failure()
-            plan = job.queries[0]._jsq.explainInternal(False)
-        finally:
-            job.stop()
-    finally:
-        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+    with _bounded_run_without_no_data_batches(spark, lake, view) as job:
+        plan = job.queries[0]._jsq.explainInternal(False)
     # one scan of the topic feeds both the aggregation and the quarantine (the second branch reuses the exchange)
     assert plan.count("MicroBatchScan") == 1, plan
     assert "ReusedExchange" in plan, plan
@@ -57,25 +67,15 @@ def test_a_bounded_run_whose_last_batch_was_staged_writes_it_when_its_query_ends
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
     generator.produce(lake, lake.topic("ad-events"), generator.events(1500, seed=5, universe=u,
                                                                       start_ms=1_700_000_000_000, rate_per_s=10))
-    view = load_view("jobs.campaign_window_counts.v1")
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    try:
-        job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
-        job.start()
-        try:
-            assert job.await_termination(300) and job.failure() is None, job.failure()
-            staged = spark.read.format("delta").load(job.paths.staging)
-            table = spark.read.format("delta").load(job.paths.table)
-            assert {r[0] for r in staged.select("_kappa_batch").distinct().collect()} == {0}
-            assert staged.count() > 20 and table.count() == staged.count(), "the staged batch is not in the table"
-            # nothing followed batch 0, so no window is final yet (as a MERGE of it alone would have written)
-            assert table.where("is_final").count() == 0
-            assert table.drop("is_final").exceptAll(staged.drop("_kappa_batch")).isEmpty()
-            assert delta_txns(job.paths.table)[job.app_id] == 0
-        finally:
-            job.stop()
-    finally:
-        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+    with _bounded_run_without_no_data_batches(spark, lake, load_view("jobs.campaign_window_counts.v1")) as job:
+        staged = spark.read.format("delta").load(job.paths.staging)
+        table = spark.read.format("delta").load(job.paths.table)
+        assert {r[0] for r in staged.select("_kappa_batch").distinct().collect()} == {0}
+        assert staged.count() > 20 and table.count() == staged.count(), "the staged batch is not in the table"
+        # nothing followed batch 0, so no window is final yet (as a MERGE of it alone would have written)
+        assert table.where("is_final").count() == 0
+        assert table.drop("is_final").exceptAll(staged.drop("_kappa_batch")).isEmpty()
+        assert delta_txns(job.paths.table)[job.app_id] == 0
 
 
 def test_lookup_is_reread_only_when_its_topic_moves(spark, kafka, declared_topics, lake):

@@ -245,22 +245,13 @@ def archive_phases(events: list[tuple[str, str, dict[str, Any]]], started: float
     return phases
 
 
-def _archive_table(settings: Any, version: int) -> str:
-    """The table of the bench's archive view version ``version`` (:func:`archive_replay_run` writes it)."""
-    from kappa.catalog import load_catalog
-    from kappa.identity import ViewPaths
-
-    name = next(v.name for v in load_catalog().views.values() if v.archives == "ad-events")
-    return ViewPaths(settings.lake_uri, name, version).table
-
-
 def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events: int, *, versions: tuple[int, ...],
                        archive_version: int) -> dict[str, Any]:
     """(i) The replay of (b) with its whole range read from the topic's archive (:mod:`kappa.runtime.archive`): the
     archive view copies ``topic`` first (not timed: in production it is written as the log is), then a version whose
     run starts in the archive, handover at the log end, replays it, once per version of ``versions``; the fastest
-    run's events/s as (b) (``version``: its version; ``seconds_all``: every run's), and where its time went
-    (:func:`archive_phases`)."""
+    run's events/s as (b) (``version``: its version; ``seconds_all``: every run's), where its time went
+    (:func:`archive_phases`), and the archive table and ranges it read (``archive_table``, ``ranges``)."""
     from kappa.catalog import load_catalog
     from kappa.identity import ViewPaths
     from kappa.log.topics import partition_offsets
@@ -289,6 +280,8 @@ def archive_replay_run(spark: Any, settings: Any, view: Any, topic: str, events:
         runs.append(run)
     best = dict(min(runs, key=lambda r: r["seconds"]))
     best["archive_copy_seconds"], best["seconds_all"] = copied, [r["seconds"] for r in runs]
+    best["archive_table"] = ViewPaths(settings.lake_uri, archiver.name, archive_version).table
+    best["ranges"] = {p: (0, end) for p, end in ends.items()}
     return best
 
 
@@ -484,7 +477,7 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
     from kappa.log import generator
     from kappa.runtime.job import ViewJob
     from kappa.runtime.spark import build_spark, stop_spark
-    from kappa.log.topics import create_topic, delete_topics, partition_offsets
+    from kappa.log.topics import create_topic, delete_topics
     from kappa.runtime.view import load_view
 
     settings, broker = bench_settings("bench")
@@ -565,10 +558,8 @@ def run(*, events: int, live_rate: float, live_seconds: float, out: Path, partit
             archived = [archive_replay_run(spark, settings, view, topics[size], size, versions=(210 + i, 230 + i),
                                            archive_version=300 + i)
                         for i, size in enumerate(_sizes(2 * events))]
-            floors = [engine_floor_run(spark, settings, view, _archive_table(settings, 300 + i),
-                                       {p: (0, hi) for p, (_lo, hi) in partition_offsets(settings, topics[size]).items()},
-                                       size)
-                      for i, size in enumerate(_sizes(2 * events))]
+            floors = [engine_floor_run(spark, settings, view, r["archive_table"], r["ranges"], r["events"])
+                      for r in archived]
             largest = archived[-1]["events"]
             again = replay_run(spark, settings, dataclasses.replace(view, stream_topic=topics[largest], version=220),
                                largest)
