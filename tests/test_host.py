@@ -125,3 +125,64 @@ def test_static_versions_handed_over_to_the_kubernetes_runner_are_not_run(tmp_pa
     assert set(host._desired()) == {"campaign_window_counts@v1"}, "running in a Deployment of its own"
     record.write_text("{not json")
     assert set(host._desired()) == {"campaign_window_counts@v1", "user_sessions@v1"}, "a bad file is ignored"
+
+
+def test_a_hosted_version_waits_for_its_topics_never_gives_up_and_does_not_hold_the_others(spark, kafka, lake):
+    """The grouped driver in a cluster starts before the topics Job (a post-install hook that runs once every pod is
+    Ready) created the topics. A version whose topic is missing waits - its metrics endpoint up (the pod's probes
+    pass) and saying which topic it waits for - while a version whose topics exist runs; it is not counted as a
+    failure however long it waits (here more polls than the restart limit), and starts once its topic exists."""
+    import urllib.request
+
+    from kappa.log.broker import free_port
+    from kappa.log.topics import declared_topics, ensure_topics
+    from kappa.runtime.host import ViewHost, hosted_status
+
+    from pathlib import Path
+
+    settings = lake.replace(topic_prefix=f"late-{lake.topic_prefix}", home=Path(lake.lake_uri).parent / "home",
+                            host_max_restarts=1, host_restart_backoff_seconds=1.0)
+    topics = {spec.name: spec for spec in declared_topics(settings)}
+    ensure_topics(settings, [topics[settings.topic("ad-events")]])  # campaigns (the window view's lookup) missing
+    u = generator.universe(seed=4, campaigns=3, users=20)
+    sent = generator.produce(settings, settings.topic("ad-events"), generator.events(300, seed=4, universe=u))
+    ports = {"events_raw@v1": free_port(), "campaign_window_counts@v1": free_port()}
+    host = ViewHost(settings, static=[JobSpec(ref.split("@")[0], 1, starting="earliest", metrics_port=port)
+                                      for ref, port in ports.items()])
+    host._spark = spark
+
+    def scrape(ref: str) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{ports[ref]}/metrics", timeout=5).read().decode()
+
+    def waiting_line() -> str | None:
+        """The value of kappa_waiting_for_topic{topic=<campaigns>} on the window view's endpoint."""
+        for line in scrape("campaign_window_counts@v1").splitlines():
+            if line.startswith("kappa_waiting_for_topic{") and f'topic="{settings.topic("campaigns")}"' in line:
+                return line.rsplit(" ", 1)[1]
+        return None
+
+    try:
+        for _ in range(settings.host_max_restarts + 4):  # more polls than a failing version would be allowed
+            host.reconcile()
+            time.sleep(settings.host_restart_backoff_seconds)
+        waiting = hosted_status(settings, "campaign_window_counts@v1")
+        assert waiting["state"] == "waiting", waiting
+        assert settings.topic("campaigns") in waiting["detail"] and "topics ensure" in waiting["detail"], waiting
+        assert "campaign_window_counts@v1" in host.waiting and "campaign_window_counts@v1" not in host.jobs
+        assert waiting_line() == "1.0", "its endpoint (its pod's readiness) says what it waits for"
+        assert hosted_status(settings, "events_raw@v1")["state"] == "running"
+        _wait(lambda: (host.reconcile(), _rows(spark, settings, "events_raw"))[1] == sent.kinds["valid"], 300,
+              "events_raw's rows while the other version waits")
+
+        ensure_topics(settings, [topics[settings.topic("campaigns")]])
+        generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
+        _wait(lambda: (host.reconcile(), hosted_status(settings, "campaign_window_counts@v1")["state"])[1]
+              == "running", 180, "the waiting version to start once its topic exists")
+        assert not host.waiting and host._failures.get("campaign_window_counts@v1", 0) == 0
+        assert host.jobs["campaign_window_counts@v1"].bound_port == ports["campaign_window_counts@v1"]
+        _wait(lambda: (host.reconcile(), _rows(spark, settings, "campaign_window_counts"))[1] > 0, 300,
+              "campaign_window_counts rows")
+        assert waiting_line() == "0.0"
+    finally:
+        for ref in [*host.jobs, *host.waiting]:
+            host._stop_job(ref, "stopped", "test over")

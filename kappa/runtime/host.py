@@ -17,8 +17,13 @@ and remove view versions while it runs:
 
     <home>/run/host/host.json             the host process (pid, start time); host.lock: one host per home
     <home>/run/host/desired/<ref>.json    a JobSpec the host must run (written by LocalRunner.start)
-    <home>/run/host/status/<ref>.json     what the host did with it: running | restarting | finished | failed |
-                                          stopped
+    <home>/run/host/status/<ref>.json     what the host did with it: waiting | running | restarting | finished |
+                                          failed | stopped
+
+A version whose topic does not exist yet (in a cluster the chart's topics Job, a post-install hook, creates them
+only once every pod of the release is Ready) is ``waiting``: its metrics endpoint is up (the pod's probes pass,
+``kappa_waiting_for_topic{topic} 1`` says what it waits for) and it starts at the first poll that finds its
+topics. Waiting is not a failure: it never gives up, and the other versions start meanwhile.
 
 Removing a desired file stops that view version (``LocalRunner.stop``).
 
@@ -83,6 +88,7 @@ class ViewHost:
         self.dir = host_dir(settings)
         self.driver_memory = driver_memory
         self.jobs: dict[str, "ViewJob"] = {}
+        self.waiting: dict[str, "ViewJob"] = {}  # versions whose topics do not exist yet (their metrics are up)
         self.specs: dict[str, JobSpec] = {}
         self._stop = threading.Event()
         self._spark: Any = None
@@ -152,12 +158,27 @@ class ViewHost:
             return
         if self._lookups is None:
             self._lookups = LookupCache(spark, self.settings)
+        job = self.waiting.get(spec.ref) or ViewJob(
+            view, self.settings, spark=spark, starting=spec.starting, available_now=spec.end_timestamp_ms is not None,
+            end_timestamp_ms=spec.end_timestamp_ms, max_offsets_per_trigger=spec.max_offsets_per_trigger,
+            metrics_port=spec.metrics_port, lookups=self._lookups)
+        missing = job.missing_topics()
+        if missing:  # not a failure: it starts at the first poll that finds them (never blocking the others)
+            try:
+                job.serve_metrics()
+            except OSError as exc:
+                self._failed(spec.ref, f"cannot serve its metrics: {one_line(exc)}")
+                return
+            detail = (f"waiting for topic(s) {', '.join(missing)} (created by `{self.settings.cli} topics ensure`; "
+                      "in a cluster by the release's topics Job)")
+            if spec.ref not in self.waiting:
+                log.warning("%s: %s", spec.ref, detail)
+            self.waiting[spec.ref] = job
+            self._status(spec.ref, "waiting", detail, self._url(job))
+            return
+        self.waiting.pop(spec.ref, None)
         # the pool is a property of the thread that starts the query; Spark's stream thread inherits it
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", spec.ref)
-        job = ViewJob(view, self.settings, spark=spark, starting=spec.starting,
-                      available_now=spec.end_timestamp_ms is not None, end_timestamp_ms=spec.end_timestamp_ms,
-                      max_offsets_per_trigger=spec.max_offsets_per_trigger, metrics_port=spec.metrics_port,
-                      lookups=self._lookups)
         try:
             job.start()
         except Exception as exc:  # noqa: BLE001 - one view failing to start must not stop the others
@@ -167,12 +188,16 @@ class ViewHost:
             spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         self.jobs[spec.ref], self.specs[spec.ref] = job, spec
         self._started_at[spec.ref] = time.monotonic()
-        url = f"http://127.0.0.1:{job.bound_port}/metrics" if job.bound_port else None
+        url = self._url(job)
         log.info("%s running in the host (app id %s, pool %s, metrics %s)", spec.ref, job.app_id, spec.ref, url)
         self._status(spec.ref, "running", f"host pid {os.getpid()}, app id {job.app_id}", url)
 
+    @staticmethod
+    def _url(job: "ViewJob") -> str | None:
+        return f"http://127.0.0.1:{job.bound_port}/metrics" if job.bound_port else None
+
     def _stop_job(self, ref: str, state: str, detail: str) -> None:
-        job = self.jobs.pop(ref, None)
+        job = self.jobs.pop(ref, None) or self.waiting.pop(ref, None)
         self.specs.pop(ref, None)
         if job is not None:
             job.stop()
@@ -182,7 +207,7 @@ class ViewHost:
     def reconcile(self) -> None:
         """Start what is desired and not running, stop what runs and is no longer desired, check failures."""
         desired = self._desired()
-        for ref in list(self.jobs):
+        for ref in [*self.jobs, *self.waiting]:
             if ref not in desired:
                 self._stop_job(ref, "stopped", "stopped by request")
         for ref in [r for r in self._restart_at if r not in desired]:  # waiting for a restart, then withdrawn
@@ -254,7 +279,7 @@ class ViewHost:
         finally:
             # every version drains its micro-batch in flight at the same time: one after another, a host of five
             # busy views took the sum of five batches to stop
-            refs = list(self.jobs)
+            refs = [*self.jobs, *self.waiting]
             if refs:
                 with ThreadPoolExecutor(max_workers=len(refs), thread_name_prefix="host-stop") as pool:
                     list(pool.map(lambda ref: self._stop_job(ref, "stopped", "host stopped"), refs))

@@ -379,14 +379,44 @@ class ViewJob:
             raise
         return self
 
+    @property
+    def topics(self) -> list[str]:
+        """The topics the view reads: its stream and the topics of its lookups."""
+        return sorted({self.settings.topic(self.view.stream_topic),
+                       *(self.settings.topic(lookup.topic) for lookup in self.view.lookups.values())})
+
+    def missing_topics(self) -> list[str]:
+        """The topics the view reads that do not exist yet (all of them while the broker cannot be reached); each
+        is shown as ``kappa_waiting_for_topic{topic} 1`` on the metrics endpoint while it is missing."""
+        from kappa.log.topics import list_topics
+
+        try:
+            have = set(list_topics(self.settings, timeout=10.0))
+        except Exception:  # noqa: BLE001 - a broker still starting: every topic counts as missing
+            have = set()
+        missing = [topic for topic in self.topics if topic not in have]
+        self._mark_waiting(missing)
+        return missing
+
+    def _mark_waiting(self, missing: list[str]) -> None:
+        for topic in self.topics:
+            self.metrics.g(self.metrics.waiting_for_topic, topic=topic).set(1 if topic in missing else 0)
+
+    def serve_metrics(self) -> int | None:
+        """Bind the metrics endpoint now (before the query starts: a driver waiting for its topics is alive and
+        says what it waits for); :meth:`start` keeps it."""
+        if self.metrics_port is not None and self.bound_port is None:
+            self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
+        return self.bound_port
+
     def _wait_for_topics(self) -> None:
         from kappa.log.topics import wait_for_topics
 
-        names = [self.settings.topic(self.view.stream_topic),
-                 *(self.settings.topic(lookup.topic) for lookup in self.view.lookups.values())]
-        if self.metrics_port is not None:
-            self.bound_port = self.metrics.serve(self.metrics_port, addr=self.settings.metrics_addr)
-        wait_for_topics(self.settings, names, say=lambda line: log.warning("%s: %s", self.view.ref, line))
+        self.serve_metrics()
+        # the gauges follow what is missing at each poll (the readiness of a pod says what its driver waits for)
+        wait_for_topics(self.settings, self.topics, say=lambda line: log.warning("%s: %s", self.view.ref, line),
+                        alive=self.missing_topics)
+        self._mark_waiting([])
 
     def _start(self) -> None:
         self._prepare_run()

@@ -113,6 +113,8 @@ class ViewMetrics:
         self.batch_read = gauge("kappa_batch_records_read", "Records of the micro-batch running now read so far, "
                                 "estimated from its finished read tasks (batches over 50,000 records that have run "
                                 "2 s; 0 otherwise).")
+        self.waiting_for_topic = gauge("kappa_waiting_for_topic", "1 while the job waits for a topic it reads to "
+                                       "be created (it starts once every one exists), 0 once it exists.", ("topic",))
         self.falling_behind = gauge("kappa_falling_behind", "1 while live micro-batches take longer than the "
                                     "trigger interval (3 in a row; 0 again after 3 that fit).")
         self.published_rows = Counter("kappa_published_rows", "Rows of the table published to the version's "

@@ -146,32 +146,49 @@ def _probe(c: dict, kind: str) -> list[str]:
 
 
 def test_grouped_probes_check_every_view_port(helm: Path, tmp_path: Path) -> None:
-    """readiness: every view's /metrics answers; startup/liveness: at least one (a failed view is stopped alone)."""
+    """readiness: every view's /metrics answers; startup/liveness: at least one (a failed view is stopped alone).
+    A version the Kubernetes runner took over (the mounted view-state file records it: a rollback left the pod
+    0/1 Ready until uninstall when its closed port was still checked) is not checked."""
+    import json
+
     from prometheus_client import CollectorRegistry, start_http_server
 
     from kappa.log.broker import free_port
 
     c = _container(_grouped(h.render(GROUPED, tmp_dir=tmp_path)))
     ports = [str(p["containerPort"]) for p in c["ports"] if p["name"].startswith("m-")]
+    refs = _grouped(h.render(GROUPED, tmp_dir=tmp_path))["metadata"]["annotations"]["kappa.io/views"].split(",")
+    state = "/etc/kappa/view-state/views.json"
+    mount = {m["mountPath"] for m in c["volumeMounts"]}
+    assert state.rsplit("/", 1)[0] in mount, "the probe reads the view-state file the host reads"
     for kind, mode in (("startupProbe", "any"), ("livenessProbe", "any"), ("readinessProbe", "all")):
         cmd = _probe(c, kind)
-        assert cmd[0] == "python" and cmd[1] == "-c" and cmd[3:] == [mode, *ports], kind
+        assert cmd[:2] == ["python", "-c"] and cmd[3:] == [state, mode, *(f"{r}={p}" for r, p in zip(refs, ports))], \
+            kind
         assert c[kind]["timeoutSeconds"] >= 5, f"{kind}: the check's per-port timeout is 3 s"
 
     # run the check itself against real metrics endpoints: two up, one closed
     servers = [start_http_server(free_port(), addr="127.0.0.1", registry=CollectorRegistry()) for _ in range(2)]
+    record = tmp_path / "views.json"
     try:
-        up = [str(s.server_port) for s, _thread in servers]
-        down = str(free_port())
+        up = [f"view{i}@v1={s.server_port}" for i, (s, _thread) in enumerate(servers)]
+        down = f"closed@v1={free_port()}"
 
         def check(mode: str, *targets: str) -> int:
             script = _probe(c, "readinessProbe")[2]
-            return subprocess.run([sys.executable, "-c", script, mode, *targets], timeout=30).returncode
+            return subprocess.run([sys.executable, "-c", script, str(record), mode, *targets], timeout=30).returncode
 
-        assert check("all", *up) == 0 and check("any", *up) == 0
+        assert check("all", *up) == 0 and check("any", *up) == 0, "no view-state file mounted yet"
         assert check("all", *up, down) == 1, "one view down: the pod is not Ready"
         assert check("any", *up, down) == 0, "one view down: the others keep the pod alive"
         assert check("any", down) == 1, "no view left: liveness restarts the host"
+        record.write_text(json.dumps({"closed": {"1": {"state": "stopped"}}}))
+        assert check("all", *up, down) == 0, "a version handed over to the runner is not the host's to answer"
+        assert check("any", down) == 0, "every version handed over: nothing to restart the host for"
+        record.write_text(json.dumps({"view0": {"1": {"state": "running"}}}))
+        assert check("all", *up, down) == 1, "the closed port is still the host's"
+        record.write_text("{not json")
+        assert check("all", *up, down) == 1, "a bad file is ignored, as the host ignores it"
     finally:
         for server, _thread in servers:
             server.shutdown()

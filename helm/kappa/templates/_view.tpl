@@ -74,7 +74,7 @@ Spark-on-Kubernetes mode is refused for it (templates/_validate.tpl).
 {{- $ref := printf "%s@v%s" $rv.view $rv.version -}}
 {{- $args = concat $args (list "--view" $ref "--starting" $rv.starting) -}}
 {{- $ports = append $ports (dict "name" (include "kappa.view.hostedPortName" $i) "containerPort" (add $v.metricsPort $i) "protocol" "TCP") -}}
-{{- $numbers = append $numbers (toString (add $v.metricsPort $i)) -}}
+{{- $numbers = append $numbers (printf "%s=%d" $ref (int (add $v.metricsPort $i))) -}}
 {{- $refs = append $refs $ref -}}
 {{- end -}}
 {{- $args = concat $args (list "--metrics-port" (toString $v.metricsPort) "--driver-memory" $v.groupedDriverMemory "--handed-over" "/etc/kappa/view-state/views.json") -}}
@@ -83,12 +83,15 @@ Probes. A per-view driver is probed with GET /metrics on its one metrics port. T
 endpoint per view version, and a view whose query fails is stopped ALONE (its endpoint closes, the other
 views go on), so probing a single port would either miss failures or, as liveness, restart every healthy
 view because one failed. The same GET /metrics is therefore made on every view's port (a small Python
-check; the image has no curl):
-  readiness        every view version answers: the pod turns NotReady while one of them is down
+check; the image has no curl). A version the Kubernetes runner took over (recorded in the mounted view-state
+file: a promote stopped it, a rollback runs it in a Deployment of its own) is no longer the host's, and its port
+is not checked. A version waiting for its topic to be created answers (kappa_waiting_for_topic says so): the
+topics Job is a post-install hook, run once the pods are Ready.
+  readiness        every view version the host runs answers: the pod turns NotReady while one of them is down
   startup/liveness at least one answers: the host process is alive; it is restarted only when no view
                    is left running (nothing to protect), or when the process hangs
 */ -}}
-{{- $check := list "python" "-c" (include "kappa.view.metricsCheck" .) -}}
+{{- $check := list "python" "-c" (include "kappa.view.metricsCheck" .) "/etc/kappa/view-state/views.json" -}}
 {{- $any := dict "exec" (dict "command" (concat $check (list "any") $numbers)) -}}
 {{- $all := dict "exec" (dict "command" (concat $check (list "all") $numbers)) -}}
 {{- include "kappa.view.driverDeployment" (dict
@@ -105,9 +108,11 @@ check; the image has no curl):
       "volumeMounts" (list (dict "name" "view-state" "mountPath" "/etc/kappa/view-state" "readOnly" true))) -}}
 {{- end -}}
 
-{{/* `python -c` body of the grouped driver's probes: argv = all|any, then the metrics ports. */}}
+{{/* `python -c` body of the grouped driver's probes: argv = the view-state file, all|any, then <view@vN>=<port>
+for each version; versions recorded in the view-state file are skipped (handed over), and a host with none left
+passes. */}}
 {{- define "kappa.view.metricsCheck" -}}
-import http.client, sys
+import http.client, json, sys
 from concurrent.futures import ThreadPoolExecutor
 def up(port):
     try:
@@ -116,9 +121,16 @@ def up(port):
         return conn.getresponse().status == 200
     except (OSError, http.client.HTTPException):
         return False
-with ThreadPoolExecutor(len(sys.argv) - 2) as pool:
-    ok = list(pool.map(up, sys.argv[2:]))
-sys.exit(0 if (all(ok) if sys.argv[1] == "all" else any(ok)) else 1)
+try:
+    with open(sys.argv[1]) as fh:
+        state = json.load(fh)
+    taken = {f"{v}@v{n}" for v, vs in state.items() for n in vs if str(n).isdigit()}
+except (OSError, ValueError, AttributeError, TypeError):
+    taken = set()
+ports = [t.rsplit("=", 1)[1] for t in sys.argv[3:] if t.rsplit("=", 1)[0] not in taken]
+with ThreadPoolExecutor(max(1, len(ports))) as pool:
+    ok = list(pool.map(up, ports))
+sys.exit(0 if (all(ok) if sys.argv[2] == "all" else any(ok) or not ports) else 1)
 {{- end -}}
 
 {{/*

@@ -92,7 +92,8 @@ class LocalRunner:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # the host picks it up within a poll; starting takes a while
             st = host.hosted_status(self.settings, spec.ref)
-            if st and st.get("updated", 0) >= asked and st.get("state") in ("running", "failed", "finished"):
+            if st and st.get("updated", 0) >= asked and st.get("state") in ("running", "waiting", "failed",
+                                                                            "finished"):
                 return self._hosted_status(spec.ref)
             if host.host_pid(self.settings) is None:
                 break
@@ -109,6 +110,8 @@ class LocalRunner:
             return JobStatus(ref, "stopped", f"the view host is not running (last: {st.get('detail', '')})")
         if state == "restarting" and alive:  # a failed query the host restarts after a backoff (kappa.runtime.host)
             return JobStatus(ref, "running", f"restarting in the view host: {st.get('detail', '')}")
+        if state == "waiting" and alive:  # its topics do not exist yet; it starts once they do
+            return JobStatus(ref, "running", f"in the view host, {st.get('detail', '')}", st.get("metrics_url"))
         if state == "running" or (alive and self._hosted(ref) and not st):
             return JobStatus(ref, "running", st.get("detail") or "starting in the view host", st.get("metrics_url"))
         if state not in ("stopped", "failed", "finished"):
