@@ -17,7 +17,7 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 | `wait_chain` | with `cascade` only (else done at once): the new version has published what it held when it caught up, and every dependant built against it has read all of it |
 | `verify` | `strict`: the table equals a recompute of the version's own transform over the exact micro-batches it holds (and the plain-Python oracle, for versions that have one); else the version is `failed` (first differing key in the log) and serving is untouched |
 | `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped; with `cascade` the whole chain switches in one alias commit |
-| `watch` | for `watch_minutes` after the switch: the new version's job runs, the share of records it quarantines stays within `watch_max_quarantine_rate`, its expectations within their limits, its lag within `watch_max_lag`; when it breaks, rolls back to the replaced version (its job restarted) and fails with the reason, also written to the registry's audit log |
+| `watch` | for `watch_minutes` after the switch: the new version's job runs, the share of records it quarantines stays within `watch_max_quarantine_rate`, its expectations within their limits, its lag within `watch_max_lag` (when its metrics cannot be reached from Airflow's pod: its checkpoint's lag behind the log, said so in the result); when it breaks, rolls back to the replaced version (its job restarted) and fails with the reason, also written to the registry's audit log |
 
 Params: `view`, `version` (required), `start` (`earliest` \\| `timestamp` + `start_timestamp_ms` \\| `offsets` +
 `start_offsets` JSON), `end` (`live` \\| `timestamp` + `end_timestamp_ms`), `upgrade` (`replay` \\| `continue`;
@@ -29,6 +29,8 @@ the views over this one against it, verify all, promote the chain together; a wa
 back), `dry_run` (preflight + the plan of steps in its log; every later task skipped, nothing changed).
 
     airflow dags trigger kappa_replay --conf '{"view": "campaign_window_counts", "version": 2, "auto_promote": true}'
+
+A task that fails records why, in one line, in its XCom `kappa_failure` (`kappa airflow trigger --wait` prints it).
 
 One run at a time (`max_active_runs=1`: a replay is a whole extra Spark driver). The sensor's poke interval and
 timeout come from `KAPPA_REPLAY_POKE_SECONDS` (default 60) and
@@ -51,6 +53,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 from kappa.catalog import platform_file
 from kappa.config import DEFAULT_KEEP_HOURS, Settings
 from kappa.errors import one_line
+from kappa.front.airflow_tasks import records_failure
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,7 @@ def _platform() -> tuple[Any, Any]:
 )
 def kappa_replay() -> None:
     @task
+    @records_failure
     def preflight(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
         """Retention covers the start, size and ETA estimate; skip everything if the version already serves."""
         from kappa.control import replay
@@ -178,6 +182,7 @@ def kappa_replay() -> None:
         return pre.to_dict()
 
     @task
+    @records_failure
     def launch(pre: dict[str, Any], params: dict[str, Any] | None = None,
                run_id: str | None = None) -> dict[str, Any]:
         """Register the version (building) and start its job; a job that already runs is left alone."""
@@ -199,6 +204,7 @@ def kappa_replay() -> None:
         return rec.to_dict()
 
     @task.sensor(poke_interval=POKE_SECONDS, timeout=WAIT_TIMEOUT_SECONDS, mode="reschedule")
+    @records_failure
     def wait_caught_up(launched: dict[str, Any], params: dict[str, Any] | None = None,
                        run_id: str | None = None) -> PokeReturnValue:
         """Sample progress (recorded in the registry), log it, done once the replay has caught up."""
@@ -225,6 +231,7 @@ def kappa_replay() -> None:
             "caught_up": caught.reason, "published": published})
 
     @task.sensor(poke_interval=POKE_SECONDS, timeout=WAIT_TIMEOUT_SECONDS, mode="reschedule")
+    @records_failure
     def wait_chain(caught: dict[str, Any], params: dict[str, Any] | None = None,
                    run_id: str | None = None) -> PokeReturnValue:
         """With cascade: the views built over the new version have read what it published (else done at once)."""
@@ -240,6 +247,7 @@ def kappa_replay() -> None:
         return PokeReturnValue(is_done=done.done, xcom_value={**caught, "chain": done.reason})
 
     @task
+    @records_failure
     def verify(caught: dict[str, Any], params: dict[str, Any] | None = None,
                run_id: str | None = None) -> dict[str, Any]:
         """Strict equality with a recompute of the version's own transform over the exact micro-batches the table
@@ -269,11 +277,13 @@ def kappa_replay() -> None:
         return results[0].to_dict()
 
     @task.short_circuit
+    @records_failure
     def promote_requested(verification: dict[str, Any], params: dict[str, Any] | None = None) -> bool:
         """Continue to promote only with auto_promote (otherwise `kappa promote` does it later)."""
         return bool((params or {}).get("auto_promote"))
 
     @task
+    @records_failure
     def promote(verification: dict[str, Any], params: dict[str, Any] | None = None,
                 run_id: str | None = None) -> dict[str, Any]:
         """Atomic alias switch (idempotent), old version retired and its job stopped."""
@@ -291,6 +301,7 @@ def kappa_replay() -> None:
                 "changed": result.changed, "message": "; ".join(r.message for r in results)}
 
     @task
+    @records_failure
     def watch(switched: dict[str, Any], params: dict[str, Any] | None = None,
               run_id: str | None = None) -> dict[str, Any]:
         """Watch window after the switch; roll back to the replaced version when the new one breaks."""

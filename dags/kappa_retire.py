@@ -27,6 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import Param, dag, task
 
 from kappa.errors import one_line
+from kappa.front.airflow_tasks import records_failure
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ DAG_ID = Path(__file__).stem
 )
 def kappa_retire() -> None:
     @task
+    @records_failure
     def retire_expired(params: dict[str, Any] | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """Stop, mark and delete every retired version past its keep period; the outcome per version."""
         from kappa.control import replay
@@ -82,6 +84,7 @@ def kappa_retire() -> None:
                  "message": r.message} for r in results]
 
     @task
+    @records_failure
     def end_expired_leases(params: dict[str, Any] | None = None) -> list[str]:
         """End the retention leases whose replay stopped showing life (or left ``building``) and converge the
         topics: the declared retention comes back where no lease holds (kappa.control.leases)."""

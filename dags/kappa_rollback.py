@@ -27,6 +27,7 @@ from airflow.sdk import Param, dag, task
 from kappa.catalog import platform_file
 from kappa.config import DEFAULT_KEEP_HOURS
 from kappa.errors import one_line
+from kappa.front.airflow_tasks import records_failure
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ VIEWS: list[str] = sorted((yaml.safe_load(platform_file().read_text(encoding="ut
 )
 def kappa_rollback() -> None:
     @task
+    @records_failure
     def rollback(params: dict[str, Any] | None = None, run_id: str | None = None) -> dict[str, Any]:
         """Alias back to ``to_version``, its job restarted, the replaced version's job stopped."""
         from kappa.control import replay

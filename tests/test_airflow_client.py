@@ -1,13 +1,16 @@
 """`kappa airflow trigger` when no Airflow answers or the command lacks what it needs: one line that says so, quickly
 (the calls with a real Airflow - trigger, follow, a refused conf, an unknown DAG through --url - are in the
-first-hour walk, tests/test_first_hour.py)."""
+first-hour walk, tests/test_first_hour.py); and, against a real Airflow standalone (the local stack's, alone),
+a run whose task the platform refuses: the reason the task recorded, in the command's one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +61,55 @@ def test_another_airflow_is_reached_with_url_and_the_password_from_the_environme
     line = _cli({**env, "KAPPA_AIRFLOW_PASSWORD": "secret"}, "kappa_replay", "--url", url, "--user", "ops")
     assert f"Airflow is not reachable at {url} (" in line, line
     assert "make run" not in line and line.endswith("port-forward (if any) running?"), line  # not the local stack
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+@pytest.mark.timeout(900)  # Airflow standalone's first start migrates its database: 1-3 min on 2 busy cores
+def test_a_failed_run_says_why_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local stack's Airflow (standalone, started as `make run` starts it) runs kappa_rollback for a version
+    nothing ever registered: the task refuses, and `kappa airflow trigger --wait` prints that refusal - the
+    platform's own one line, as the task recorded it - in its one error line, exit 2, no traceback."""
+    from kappa.config import Settings
+    from kappa.control import replay
+    from kappa.front import stack
+    from kappa.front.airflow_client import AirflowAPI
+    from kappa.process import Daemon
+    from tests.helpers import FakeRunner
+
+    for key in list(os.environ):  # another test's Airflow settings (the airflow_home fixture) must not leak in
+        if key.startswith("AIRFLOW") or key.startswith("KAPPA_"):
+            monkeypatch.delenv(key)
+    env = {"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake"),
+           "KAPPA_AIRFLOW_PORT": str(free_port()), "KAPPA_RUNNER": "local"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings.from_env()
+    daemon = stack.start_airflow(settings)
+    try:
+        deadline = time.monotonic() + 600
+        while not (stack.airflow_ready(settings) and AirflowAPI.local(settings).has_dag("kappa_rollback")):
+            assert daemon.pid() is not None, f"Airflow exited; see {daemon.log_file}"
+            assert time.monotonic() < deadline, f"Airflow not ready after 600 s; see {daemon.log_file}"
+            time.sleep(3)
+
+        conf = json.dumps({"view": "campaign_window_counts", "to_version": 2})
+        proc = subprocess.run([sys.executable, "-m", "kappa.front.cli", "airflow", "trigger", "kappa_rollback",
+                               "--conf", conf, "--wait", "--timeout", "300"],
+                              env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=400)
+    finally:
+        Daemon("airflow", settings).stop(timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out, out
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1, out
+    # what the platform says to the same request, in this process (an empty registry either way)
+    with pytest.raises(replay.ReplayError) as refused:
+        replay.rollback("campaign_window_counts", 2, settings, FakeRunner(set()), by="test")
+    reason = str(refused.value)
+    assert reason and "\n" not in reason
+    line = errors[0]
+    assert line.startswith("error: kappa_rollback run "), line
+    assert f" failed (tasks rollback): rollback: {reason}; see http://127.0.0.1:" in line, line

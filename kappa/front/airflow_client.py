@@ -15,7 +15,9 @@ library lacks is kept here, and only that:
 - one-line errors: the library raises ``ApiException`` subclasses (status, reason, JSON body) for answers and
   urllib3's ``MaxRetryError`` when nothing answers; both become :class:`AirflowError` with Airflow's detail;
 - the polling loop of ``--wait`` (the library's ``wait_dag_run_until_finished`` is an experimental stream without
-  the task states the CLI prints).
+  the task states the CLI prints);
+- why a run failed: the one-line reason each failed task of the platform's DAGs records in its XCom
+  ``kappa_failure`` (:mod:`kappa.front.airflow_tasks`), read back by :meth:`AirflowAPI.failure_reasons`.
 """
 
 from __future__ import annotations
@@ -162,6 +164,28 @@ class AirflowAPI:
             dag_id, run_id, limit=_TASKS_PAGE, _request_timeout=self.timeout))
         return RunState(dag_id, run_id, _value(info.state), {
             t.task_id: _value(t.state) for t in tasks.task_instances})
+
+    def failure_reasons(self, state: RunState) -> dict[str, str]:
+        """Why the failed tasks of a finished run failed: ``{task: one line}`` from the XCom each of the platform's
+        tasks records when it fails (:mod:`kappa.front.airflow_tasks`). A task that recorded nothing (killed, timed
+        out outside its code, a DAG that does not record) is left out; so is one whose XCom cannot be read."""
+        from kappa.front.airflow_tasks import FAILURE_XCOM_KEY
+
+        out: dict[str, str] = {}
+        for task_id, task_state in state.tasks.items():
+            if task_state != "failed":
+                continue
+            try:
+                entry = self._call(f"GET {state.dag_id} run {state.run_id} task {task_id} XCom {FAILURE_XCOM_KEY}",
+                                   lambda c, t=task_id: af.XComApi(c).get_xcom_entry(
+                                       state.dag_id, t, state.run_id, FAILURE_XCOM_KEY, deserialize=True,
+                                       stringify=False, _request_timeout=self.timeout))
+            except AirflowError:  # 404: nothing recorded
+                continue
+            value = getattr(getattr(entry, "actual_instance", entry), "value", None)
+            if value is not None and str(value).strip():
+                out[task_id] = " ".join(str(value).split())
+        return out
 
     def wait(self, dag_id: str, run_id: str, *, timeout: float = 3600.0, poll: float = 5.0,
              on_change: Callable[[RunState], None] | None = None) -> RunState:

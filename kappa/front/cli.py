@@ -1003,8 +1003,10 @@ def airflow_trigger(
     final = api.wait(dag, run_id, timeout=timeout, on_change=show)
     if final.state != "success":
         failed = [t for t, st in final.tasks.items() if st in ("failed", "upstream_failed")]
-        raise UserError(f"{dag} run {run_id} {final.state} (tasks {', '.join(failed) or '-'}); see "
-                        f"{api.run_url(dag, run_id)}")
+        reasons = api.failure_reasons(final)  # what the failed tasks recorded: the reason, not only the task name
+        why = "; ".join(f"{task}: {reason}" for task, reason in reasons.items())
+        raise UserError(f"{dag} run {run_id} {final.state} (tasks {', '.join(failed) or '-'})"
+                        + (f": {why}" if why else "") + f"; see {api.run_url(dag, run_id)}")
 
 
 def _say(line: str) -> None:

@@ -363,13 +363,24 @@ def test_kafka_reachable_only_from_the_release_workloads(default_objs: list[dict
         assert rules[9092][0]["podSelector"]["matchLabels"].items() <= h.pod_labels(w).items()
 
 
-def test_metrics_only_from_prometheus(default_objs: list[dict]) -> None:
+def test_metrics_only_from_prometheus_and_the_release_s_airflow_scheduler(default_objs: list[dict],
+                                                                          tmp_path: Path) -> None:
+    """Prometheus scrapes the drivers' metrics; the release's Airflow scheduler reads them too (the replay's watch
+    task judges a promoted version on them: without it every in-cluster watch saw the metrics unreachable)."""
+    scheduler = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kappa-airflow-scheduler",
+                                                 "app.kubernetes.io/instance": "kappa"}}}
     pol = h.named(default_objs, "NetworkPolicy", "kappa-view")
     assert pol["spec"]["ingress"] == [{
         "ports": [{"port": "metrics", "protocol": "TCP"}],
         "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}, scheduler],
     }]
+    scheduler_pod = next(d for d in default_objs if d["kind"] == "Deployment"
+                         and d["metadata"]["name"] == "kappa-airflow-scheduler")
+    labels = scheduler_pod["spec"]["template"]["metadata"]["labels"]
+    assert scheduler["podSelector"]["matchLabels"].items() <= labels.items(), "the peer selects the scheduler's pods"
+    without = h.named(h.render({"airflow": {"enabled": False}}, tmp_dir=tmp_path), "NetworkPolicy", "kappa-view")
+    assert scheduler not in without["spec"]["ingress"][0]["from"], "no Airflow, no peer"
 
 
 # ------------------------------------------------------------------------------------------ lake

@@ -243,6 +243,9 @@ def test_grouped_release_hands_versions_over_and_upgrades_keep_them(cluster: Clu
 
         ref, own = "campaign_window_counts@v1", "kappa-view-campaign-window-counts-v1"
         assert ref in hosted() and runner.status("campaign_window_counts", 1).state == "running"
+        # its metrics: the grouped driver's port m-<i>, i its place among the versions the driver hosts
+        assert runner.status("campaign_window_counts", 1).metrics_url == _metrics_endpoint(
+            cluster, ns, "kappa-views", f"m-{hosted().index(ref)}")
         generation = cluster.get("deployment", "kappa-views", "-n", ns)["metadata"]["generation"]
         runner.stop("campaign_window_counts", 1)
         assert cluster.get("deployment", "kappa-views", "-n", ns)["metadata"]["generation"] == generation
@@ -260,3 +263,128 @@ def test_grouped_release_hands_versions_over_and_upgrades_keep_them(cluster: Clu
         assert f"name: {own}" in _manifest(cluster, ns)
     finally:
         cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m", check=False)
+
+
+def _runner(cluster: Cluster, release: str, as_runner: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The runner as Airflow builds it in the release: the mounted view template, the Airflow account's token."""
+    from kappa.control.runners.kubernetes import KubernetesRunner
+
+    template = tmp_path / "view-template"
+    template.mkdir()
+    for name, text in cluster.get("configmap", "kappa-view-template", "-n", release)["data"].items():
+        (template / name).write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(as_runner))
+    monkeypatch.setenv("KAPPA_K8S_NAMESPACE", release)
+    return KubernetesRunner.from_env(template)
+
+
+def _metrics_endpoint(cluster: Cluster, ns: str, deployment: str, port_name: str = "metrics") -> str:
+    """``http://<pod IP>:<port>/metrics`` of the Deployment's Ready pod, read from the API (KWOK gives pods an IP)."""
+    selector = cluster.get("deployment", deployment, "-n", ns)["spec"]["selector"]["matchLabels"]
+    pods = cluster.get("pods", "-n", ns, "-l", ",".join(f"{k}={v}" for k, v in selector.items()))["items"]
+    (pod,) = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                     for c in p["status"].get("conditions", []))]
+    (port,) = [p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])
+               if p["name"] == port_name]
+    return f"http://{pod['status']['podIP']}:{port}/metrics"
+
+
+def test_a_running_driver_s_status_names_its_pod_s_metrics_endpoint(cluster: Cluster, release: str,
+                                                                     as_runner: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """What the watch after an in-cluster promotion reads: the Ready driver pod's IP and its `metrics` container
+    port - the chart's own drivers and the ones the runner starts alike; none once stopped."""
+    runner = _runner(cluster, release, as_runner, tmp_path, monkeypatch)
+    chart = runner.status("user_sessions", 1)  # the chart's driver of user_sessions v1
+    assert chart.state == "running" and chart.metrics_url == _metrics_endpoint(
+        cluster, release, "kappa-view-user-sessions-v1"), chart
+
+    spec = JobSpec("campaign_window_counts", 3, starting="earliest")
+    try:
+        started = runner.start(spec, wait=True, timeout=120)
+        assert started.metrics_url == _metrics_endpoint(cluster, release, "kappa-view-campaign-window-counts-v3")
+        assert started.metrics_url.endswith(":9400/metrics"), started  # viewJobs.metricsPort
+    finally:
+        stopped = runner.stop(spec.view, spec.version, wait=True, timeout=120)
+    assert stopped.state == "stopped" and stopped.metrics_url is None
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_an_in_cluster_promotion_stays_serving_when_the_watch_cannot_reach_the_metrics(
+        cluster: Cluster, release: str, as_runner: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        spark, lake):
+    """The kappa_replay DAG's watch after a promotion in the cluster: the new version's driver runs (a real
+    Deployment, its pod Ready), but its metrics endpoint does not answer from where the watch runs - here because
+    KWOK's pod IPs lead nowhere, in a cluster because the view drivers' NetworkPolicy admits only Prometheus. With
+    the DAG's default watch parameters (a shorter window and poll) the version stays serving, judged on its
+    checkpoint (the real job's, over the real log), and the result says the metrics were not available; once its
+    checkpoint falls behind the log by more than max_lag, the same watch rolls it back."""
+    import dataclasses
+
+    import duckdb
+    from deltalake import write_deltalake
+
+    from kappa.control import replay
+    from kappa.control.registry import Registry
+    from kappa.control.replay.watch import watch
+    from kappa.control.serving import ServingAlias
+    from kappa.log import generator
+    from tests.helpers import run_to_end
+
+    settings, view = lake, "campaign_window_counts"
+    runner = _runner(cluster, release, as_runner, tmp_path, monkeypatch)
+    names = {v: f"kappa-view-campaign-window-counts-v{v}" for v in (1, 2)}
+
+    def drivers() -> set[str]:
+        return {d["metadata"]["name"] for d in cluster.get("deployments", "-n", release)["items"]} & set(names.values())
+
+    # the log, and v2's run over it: the real job, in this process's Spark session, as its driver pod would run it
+    u = generator.universe(seed=41, campaigns=4, users=50)
+    generator.publish_campaigns(settings, generator.campaign_records(u), topic=settings.topic("campaigns"))
+    assert generator.produce(settings, settings.topic("ad-events"),
+                             generator.events(300, seed=41, universe=u, start_ms=1_700_000_000_000)).delivered == 300
+    run_to_end(spark, settings, "jobs.campaign_window_counts.v2")
+
+    registry = Registry(settings.lake_uri)
+    for version in (1, 2):
+        vv = replay.ViewVersion.resolve(view, version, settings)
+        if version == 1:  # the version serving before: only its registry row and a table to switch back to
+            write_deltalake(vv.paths.table, duckdb.sql("SELECT 1 AS v"))
+        registry.register(view, version, code_module=vv.module, table_path=vv.paths.table,
+                          app_id=vv.app_id() or "kappa:t", starting="earliest", triggered_by="test")
+        for state in ("caught_up", "verified"):
+            registry.set_state(view, version, state, by="test")
+    try:
+        replay.promote(view, 1, settings, runner, by="test")
+        runner.start(JobSpec(view, 2, starting="earliest"), wait=True, timeout=120)
+        switched = replay.promote(view, 2, settings, runner, by="test", keep_hours=1)
+        assert switched.previous_version == 1
+        cluster.kubectl("wait", "--for=delete", f"deployment/{names[1]}", "-n", release, "--timeout=120s")
+        assert runner.status(view, 2).metrics_url, "the runner names v2's metrics endpoint"
+
+        # the DAG's defaults (ReplayRequest = the DAG's Params), in a 30 s window polled every second
+        policy = dataclasses.replace(replay.ReplayRequest(view=view, version=2, triggered_by="test").watch_policy(1.0),
+                                     minutes=0.5)
+        assert (policy.max_lag, policy.max_quarantine_rate, policy.strikes) == (50_000, 0.05, 3)
+        result = watch(view, 2, settings, runner, previous_version=1, policy=policy, by="test")
+        assert result.healthy and result.rolled_back_to is None, result.message
+        assert result.polls >= policy.strikes, result  # as many checks as would have rolled it back
+        assert result.metrics is False and "metrics not available" in result.reason, result.message
+        assert "judged on its checkpoint" in result.reason and "lag 0" in result.reason, result.message
+        assert ServingAlias(settings.lake_uri).target(view).version == 2
+        assert registry.get(view, 2).state == "serving" and drivers() == {names[2]}
+
+        # the log moves on while v2's driver commits nothing (no container runs under KWOK): its checkpoint lags
+        assert generator.produce(settings, settings.topic("ad-events"), generator.events(
+            40, seed=42, universe=u, start_ms=1_700_000_100_000)).delivered == 40
+        broke = watch(view, 2, settings, runner, previous_version=1, by="test",
+                      policy=dataclasses.replace(policy, max_lag=10, minutes=3))
+        assert not broke.healthy and broke.rolled_back_to == 1, broke.message
+        assert "its checkpoint lags 40 records behind the log" in broke.reason, broke.message
+        assert ServingAlias(settings.lake_uri).target(view).version == 1
+        cluster.kubectl("wait", "--for=delete", f"deployment/{names[2]}", "-n", release, "--timeout=120s")
+        assert drivers() == {names[1]}
+    finally:  # the release as the other tests expect it: the chart's v1 runs, v2 does not
+        runner.stop(view, 2, wait=True, timeout=120)
+        runner.start(JobSpec(view, 1, starting="earliest"))

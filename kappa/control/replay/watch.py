@@ -8,8 +8,15 @@ what comes next. For ``minutes`` after a promotion the watch polls the new versi
   that went to the quarantine (``kappa_quarantined_records_total`` / ``kappa_input_rows_total``), the share of
   checked rows breaking each declared expectation against its ``max_violation_rate``
   (``kappa_expectation_violations_total`` / ``kappa_expectation_rows_checked_total``), and its lag
-  (``kappa_partition_lag_records``, summed); a lag over ``max_lag`` or an unreachable endpoint breaks it after
-  ``strikes`` polls in a row, so one slow batch does not;
+  (``kappa_partition_lag_records``, summed); a lag over ``max_lag`` breaks it after ``strikes`` polls in a row, so
+  one slow batch does not;
+* when its metrics cannot be had - the runner names no endpoint, or the endpoint does not answer from where the
+  watch runs (in the cluster, Airflow's pod; the view drivers' NetworkPolicy may admit only Prometheus) - its
+  checkpoint instead, read without Spark (:func:`kappa.control.replay.following.progress`): the records between the
+  offsets its last committed micro-batch reached and the log end now. That lag over ``max_lag``, or a checkpoint
+  that cannot be read either, breaks it after ``strikes`` polls in a row; the quarantine share and the expectations
+  are not judged then, and the result says so (``metrics=False``, its reason). A job that is down is judged by the
+  runner's status in both cases;
 
 and when it breaks, rolls back to the version that served before (:func:`kappa.control.replay.switch.rollback`: alias back,
 its job restarted from its checkpoint, the new one stopped) and records why in the registry's audit log.
@@ -44,7 +51,7 @@ class WatchPolicy:
         max_lag: Records behind the log end tolerated (for ``strikes`` polls in a row).
         max_quarantine_rate: Share of the window's records sent to the quarantine that breaks the version.
         min_records: Rates are judged only once the window read at least this many records.
-        strikes: Consecutive bad polls (lag, unreachable metrics) before a rollback.
+        strikes: Consecutive bad polls (lag, neither metrics nor checkpoint readable) before a rollback.
     """
 
     minutes: float = 10.0
@@ -63,7 +70,11 @@ class WatchPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class WatchResult:
-    """Outcome of :func:`watch`."""
+    """Outcome of :func:`watch`.
+
+    ``metrics``: whether the job's metrics were read at every check; False when some or all checks judged the
+    checkpoint instead (the reason then says why the metrics were not available and what was not judged).
+    """
 
     view: str
     version: int
@@ -74,6 +85,7 @@ class WatchResult:
     seconds: float = 0.0
     records: int = 0
     quarantined: int = 0
+    metrics: bool = True
 
     @property
     def message(self) -> str:
@@ -119,6 +131,8 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
     deadline = started + policy.minutes * 60
     baseline: dict[str, float] | None = None
     last: dict[str, float] = {}
+    checkpoint = _CheckpointWindow(view, version, settings)
+    unavailable = ""  # why the metrics could not be read, at the last check that could not
     polls = strikes = 0
     reason = ""
     while True:
@@ -128,13 +142,15 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
             reason = f"its job is {status.state}" + (f" ({status.detail})" if status.detail else "")
             break
         bad = None
-        try:
-            if not status.metrics_url:
-                raise RuntimeError("the job publishes no metrics URL")
-            sample = _scrape(status.metrics_url)
-        except Exception as exc:  # noqa: BLE001 - a driver restarting is unreachable for a moment
-            bad = f"its metrics are unreachable ({one_line(exc)})"
+        sample = None
+        if not status.metrics_url:
+            unavailable = "the job publishes no metrics URL"
         else:
+            try:
+                sample = _scrape(status.metrics_url)
+            except Exception as exc:  # noqa: BLE001 - a NetworkPolicy, a driver restarting: the checkpoint tells
+                unavailable = f"{status.metrics_url} does not answer here ({one_line(exc)})"
+        if sample is not None:
             last = sample
             if baseline is None:
                 baseline = sample
@@ -145,8 +161,13 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
             lag = sample.get("kappa_partition_lag_records", 0.0)
             if lag > policy.max_lag:
                 bad = f"it lags {lag:,.0f} records behind the log (max {policy.max_lag:,})"
+        else:
+            bad = checkpoint.check(policy)
+            if bad is not None:
+                bad = f"its metrics are not available ({unavailable}) and {bad}"
         if bad is not None:
             strikes += 1
+            log.warning("%s@v%s: %s (%s of %s checks in a row)", view, version, bad, strikes, policy.strikes)
             if strikes >= policy.strikes:
                 reason = f"{bad}, {strikes} checks in a row"
                 break
@@ -154,11 +175,19 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
             strikes = 0
         if time.monotonic() >= deadline:
             records, quarantined = _window(last, baseline)
+            summary = f"{records:,} records read, {quarantined:,} quarantined"
+            if checkpoint.polls and baseline is None:  # no check could read the metrics
+                records, summary = checkpoint.records, checkpoint.summary(unavailable)
+            elif checkpoint.polls:  # some could
+                summary = (f"{summary} (its metrics, {polls - checkpoint.polls} of {polls} checks); the other "
+                           f"checks: {checkpoint.summary(unavailable)}")
             return WatchResult(view=view, version=version, healthy=True, polls=polls,
                                seconds=time.monotonic() - started, records=records, quarantined=quarantined,
-                               reason=f"{records:,} records read, {quarantined:,} quarantined")
+                               reason=summary, metrics=not checkpoint.polls)
         sleep(policy.poll_seconds)
     records, quarantined = _window(last, baseline)
+    if checkpoint.polls and baseline is None:
+        records = checkpoint.records
     seconds = time.monotonic() - started
     log.warning("%s@v%s broke %.0f s after the switch: %s", view, version, seconds, reason)
     rolled = None
@@ -169,7 +198,51 @@ def watch(view: str, version: int, settings: "Settings", runner: "Runner", *, pr
             view, version, "retired", by=by, expected={"retired"},
             note=f"rolled back to v{previous_version} automatically: {reason}"[:1000])
     return WatchResult(view=view, version=version, healthy=False, reason=reason, rolled_back_to=rolled, polls=polls,
-                       seconds=seconds, records=records, quarantined=quarantined)
+                       seconds=seconds, records=records, quarantined=quarantined, metrics=not checkpoint.polls)
+
+
+class _CheckpointWindow:
+    """The watch's judgement when the job's metrics cannot be had: its checkpoint's last committed offsets
+    against the log end (:func:`kappa.control.replay.following.progress`, no Spark), over the window."""
+
+    def __init__(self, view: str, version: int, settings: "Settings") -> None:
+        self.view, self.version, self.settings = view, version, settings
+        self.polls = 0
+        self.first: dict[int, int] | None = None
+        self.processed: dict[int, int] = {}
+        self.batch: int | None = None
+        self.lag: int | None = None
+
+    @property
+    def records(self) -> int:
+        """Records its committed micro-batches read since the first check that read the checkpoint."""
+        first = self.first or {}
+        return sum(max(0, end - first.get(p, end)) for p, end in self.processed.items())
+
+    def check(self, policy: WatchPolicy) -> str | None:
+        """None when the checkpoint is within the policy, else why not (one strike)."""
+        from kappa.control.replay.following import progress
+
+        self.polls += 1
+        try:
+            sample = progress(self.view, self.version, self.settings)
+        except Exception as exc:  # noqa: BLE001 - the lake or the broker unreachable for a moment
+            return f"its checkpoint cannot be read ({one_line(exc)})"
+        if sample.batch_id is None:
+            return "its checkpoint holds no committed micro-batch"
+        if self.first is None:
+            self.first = dict(sample.processed_offsets)
+        self.processed, self.batch, self.lag = dict(sample.processed_offsets), sample.batch_id, sample.lag
+        if sample.lag > policy.max_lag:
+            return (f"its checkpoint lags {sample.lag:,} records behind the log (batch {sample.batch_id}, "
+                    f"max {policy.max_lag:,})")
+        return None
+
+    def summary(self, unavailable: str) -> str:
+        return (f"metrics not available ({unavailable}): judged on its checkpoint, {self.records:,} records "
+                f"committed since the switch, lag {self.lag if self.lag is not None else '?'} "
+                f"(batch {self.batch if self.batch is not None else '-'}); quarantine share and expectations "
+                f"not judged")
 
 
 def _window(sample: dict[str, float], baseline: dict[str, float] | None) -> tuple[int, int]:

@@ -18,6 +18,12 @@ kubelet would restart the finished driver forever, so :meth:`KubernetesRunner.jo
 pod template in a ``batch/v1`` Job (``restartPolicy: OnFailure``, ``backoffLimit``): a crash restarts the driver
 from its checkpoint, a clean exit completes the Job, and :meth:`KubernetesRunner.status` reports ``finished``.
 
+:meth:`KubernetesRunner.status` of a running driver carries its metrics URL: ``http://<pod IP>:<port>/metrics`` of
+its Ready pod, the port being the pod's container port ``metrics`` (``m-<i>`` of the grouped driver for the i-th
+version it hosts) - the endpoint the chart's PodMonitor scrapes, so the watch after a promotion
+(:mod:`kappa.control.replay.watch`) reads what Prometheus reads. Whether it can be reached from where the caller runs
+is the NetworkPolicies' business; the watch judges the version on its checkpoint when it cannot.
+
 What the runner did outlives it: the chart renders its drivers from values, and a promote deletes the replaced
 version's Deployment (or, with ``viewJobs.grouping=grouped``, the version runs inside the chart's grouped driver). So
 every start and stop is recorded in the ConfigMap ``<release>-view-state`` (``views.json``:
@@ -141,6 +147,32 @@ def _status(ref: str, state: str, detail: str = "", metrics_url: str | None = No
     except ImportError:  # pragma: no cover - only without the base module
         return _FallbackStatus(ref, state, detail, metrics_url)
     return JobStatus(ref=ref, state=state, detail=detail, metrics_url=metrics_url)  # type: ignore[arg-type]
+
+
+def _get(obj: dict[str, Any], snake: str, camel: str) -> Any:
+    """A field of an API object as a dict: the client's ``to_dict()`` spells it in snake case, raw JSON in camel."""
+    value = obj.get(snake)
+    return obj.get(camel) if value is None else value
+
+
+def _metrics_url(pods: list[dict[str, Any]], port_name: str) -> str | None:
+    """``http://<pod IP>:<container port named port_name>/metrics`` of the first Ready pod not being deleted
+    (None while no pod is Ready, or none declares that port)."""
+    for pod in pods:
+        meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        if _get(meta, "deletion_timestamp", "deletionTimestamp"):
+            continue
+        ip = _get(st, "pod_ip", "podIP")
+        ready = any(c.get("type") == "Ready" and str(c.get("status")) == "True" for c in st.get("conditions") or [])
+        if not ip or not ready:
+            continue
+        for container in spec.get("containers") or []:
+            for port in container.get("ports") or []:
+                number = _get(port, "container_port", "containerPort")
+                if port.get("name") == port_name and number:
+                    host = f"[{ip}]" if ":" in str(ip) else ip
+                    return f"http://{host}:{int(number)}/metrics"
+    return None
 
 
 class KubernetesRunner:
@@ -437,7 +469,8 @@ class KubernetesRunner:
     def status(self, view: str, version: int) -> Any:
         """``running`` while the driver's Deployment (or unfinished Job) exists -- the detail says whether its
         pod is Ready --, ``finished`` once a bounded Job completed, ``failed`` when the driver crash-loops, the
-        rollout exceeded its deadline or the Job ran out of retries, ``stopped`` otherwise."""
+        rollout exceeded its deadline or the Job ran out of retries, ``stopped`` otherwise. A running driver's
+        status carries the metrics URL of its Ready pod (None until a pod is Ready)."""
         manifest = self.manifest(view, version)
         name = manifest["metadata"]["name"]
         ref = view_ref(view, version)
@@ -473,7 +506,8 @@ class KubernetesRunner:
                 if waiting in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"):
                     return _status(ref, "failed", f"{kind}/{name}: {waiting} (restarts {cs.get('restart_count', 0)})")
         ready = (st.get("ready_replicas", st.get("readyReplicas")) if kind == "deployment" else st.get("ready")) or 0
-        return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}")
+        return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}",
+                       _metrics_url(pods.get("items") or [], "metrics"))
 
     # ------------------------------------------------------------------------------------------ recorded state
     def recorded(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -548,7 +582,22 @@ class KubernetesRunner:
             return _status(ref, "stopped", "no deployment")
         ready = ((host or {}).get("status") or {}).get("ready_replicas") or 0
         return _status(ref, "running", f"hosted by deployment/{self.grouped_deployment} "
-                                       f"{'ready' if ready else 'starting (0/1 ready)'}")
+                                       f"{'ready' if ready else 'starting (0/1 ready)'}",
+                       self._hosted_metrics_url(host or {}, ref))
+
+    def _hosted_metrics_url(self, host: dict[str, Any], ref: str) -> str | None:
+        """Metrics URL of ``ref`` in the grouped driver: container port ``m-<i>`` of its Ready pod, ``i`` being the
+        version's place in the driver's ``kappa.io/views`` annotation (the chart's order)."""
+        refs = (((host.get("metadata") or {}).get("annotations") or {}).get("kappa.io/views") or "").split(",")
+        selector = ((host.get("spec") or {}).get("selector") or {}).get("match_labels") or \
+            ((host.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if ref not in refs or not selector:
+            return None
+        _apps, core = self._clients()
+        pods = self._call(f"list pods of deployment/{self.grouped_deployment}", core.list_namespaced_pod,
+                          self.namespace, label_selector=",".join(f"{k}={v}" for k, v in selector.items()))
+        pods = pods.to_dict() if hasattr(pods, "to_dict") else (pods or {})
+        return _metrics_url(pods.get("items") or [], f"m-{refs.index(ref)}")
 
     def wait(self, view: str, version: int, *, ready: bool = True, timeout: float = 600.0, poll: float = 5.0) -> Any:
         """Poll until the driver is Ready (``ready=True``) or gone (``ready=False``); raise on timeout/failure."""
