@@ -61,6 +61,8 @@ Operating it:
   last renewal (120 s; renewed every quarter of it): a driver on another machine takes over a crashed one's after
   this long, and a driver that cannot renew it when a commit comes due five sixths of it after the last renewal
   fails that micro-batch (kappa.runtime.lock.LakeLease).
+- ``KAPPA_LIVE_COMMITS`` -- how a view commits its small live micro-batches: ``delta-rs`` (default; no Spark job
+  per commit) or ``spark`` (delta-spark, as every larger batch; :mod:`kappa.runtime.sink`).
 - ``KAPPA_BENCH_EVENTS`` -- the largest replay of ``make bench`` (2,000,000 events).
 - ``KAPPA_FAULT`` -- fault injection for the crash tests (``<phase>:<batch>``; never set in production).
 
@@ -155,7 +157,7 @@ class Settings:
         metrics_addr: Bind address of the Prometheus ``/metrics`` servers.
         cli: The command line as users invoke it, for the commands that messages suggest.
         platform: The platform declaration file (``KAPPA_PLATFORM``).
-        runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds,
+        runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
@@ -183,6 +185,7 @@ class Settings:
     metrics_port: int = 9400
     exit_file: str | None = None
     stop_drain_seconds: float = 45.0
+    live_commits: str = "delta-rs"
     host_poll_seconds: float = 1.0
     host_restart_backoff_seconds: float = 5.0
     host_max_restarts: int = 5
@@ -273,6 +276,7 @@ class Settings:
             metrics_port=number("KAPPA_METRICS_PORT", int, 9400),
             exit_file=get("KAPPA_EXIT_FILE"),
             stop_drain_seconds=number("KAPPA_STOP_DRAIN_SECONDS", float, 45.0),
+            live_commits=(get("KAPPA_LIVE_COMMITS") or "delta-rs").lower(),
             host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
             host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
@@ -376,6 +380,8 @@ class Settings:
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
+        if self.live_commits not in ("delta-rs", "spark"):
+            raise ConfigError(f"KAPPA_LIVE_COMMITS={self.live_commits!r}: use delta-rs or spark")
         if self.runner not in RUNNERS:
             raise ConfigError(f"KAPPA_RUNNER={self.runner!r}: use one of {', '.join(RUNNERS)}")
         if self.local_driver not in LOCAL_DRIVER_MODES:

@@ -4,8 +4,10 @@
 
     compute      read + decode + transform: the micro-batch is materialized once (persist) and counted, with its
                  statistics (rows, bad records, event-time maximum, event times for the latency histogram) from
-                 one aggregation over it
-    write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata)
+                 one aggregation over it - or, a small live batch, its rows and bad records collected to the
+                 driver and counted there (:func:`kappa.runtime.sink.collect_rows`)
+    write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata;
+                 a small live batch's through delta-rs)
     quarantine   one idempotent append of the batch's bad records and, for views that keep them, the late records
                  the watermark dropped from it (only when there are any; :mod:`kappa.runtime.late`)
     bookkeeping  metrics, latency histogram, lookup refresh
@@ -28,11 +30,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from kappa.runtime.lineage import with_expectations
 from kappa.runtime.metrics import LATENCY_BUCKETS
 from kappa.runtime.plan import KIND, OUT, SIDE, SIDE_COLUMNS, split_batch
+from kappa.runtime.sink import collect_rows
 from kappa.errors import KappaError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
 
+    from kappa.runtime.deltars import Collected
     from kappa.runtime.lookups import LookupCache
     from kappa.runtime.metrics import ViewMetrics
     from kappa.runtime.sink import DeltaSink, QuarantineSink
@@ -175,6 +179,30 @@ def batch_stats(out: "DataFrame", side: "DataFrame", *, latency_column: str | No
                       window_ends=ends)
 
 
+def collected_stats(out: "Collected", bad: int, *, latency_column: str | None, event_max_column: str | None,
+                    window_end_column: str | None = None) -> BatchStats:
+    """:func:`batch_stats` of a micro-batch whose output rows were collected to the driver (no Spark job)."""
+    from kappa.runtime.sink import _timestamp
+
+    now_ms = int(time.time() * 1000)
+    groups: dict[int, list[int]] = {}
+    if latency_column:
+        for micros in out.values(latency_column):
+            if micros is None:
+                continue
+            ms = micros // 1000
+            bucket = (ms // 100 * 100 if ms >= now_ms - 120_000 else ms // 1000 * 1000 if ms >= now_ms - 3_600_000
+                      else -1)
+            group = groups.setdefault(bucket, [0, 0])
+            group[0] += 1
+            group[1] += ms
+    maxima = [v for v in out.values(event_max_column) if v is not None] if event_max_column else []
+    ends = frozenset(_timestamp(v) for v in out.values(window_end_column) if v is not None) if window_end_column \
+        else frozenset()
+    return BatchStats(rows=len(out.rows), bad=bad, event_max=_timestamp(max(maxima)) if maxima else None,
+                      event_groups=tuple((b, n, total) for b, (n, total) in groups.items()), window_ends=ends)
+
+
 def latency_buckets(groups: tuple[tuple[int, int, int], ...], committed_at: float) -> tuple[list[tuple[int, int]], float]:
     """(bucket index, count) pairs of :data:`LATENCY_BUCKETS` and the exact latency sum, from event-time groups."""
     counts: dict[int, int] = {}
@@ -266,11 +294,19 @@ class BatchHandler:
                     output = checked.output
                     self._count_expectations(checked)
                 fin = view.finality
-                stats = batch_stats(output, side, latency_column=view.latency_column,
-                                    event_max_column=fin.event_max_column if fin else None,
-                                    window_end_column=fin.window_end_column if fin else None)
-            with times.phase("write"):
                 session = batch.sparkSession
+                # a small live batch: its rows and bad records collected, its statistics counted here and its
+                # commits made through delta-rs (kappa.runtime.sink: no Spark job to write it)
+                collected = collect_rows(output) if self.sink.live(session) else None
+                side_rows = self.quarantine.collect(side) if collected is not None else None
+                columns = dict(latency_column=view.latency_column,
+                               event_max_column=fin.event_max_column if fin else None,
+                               window_end_column=fin.window_end_column if fin else None)
+                if collected is not None:
+                    stats = collected_stats(collected, len(side_rows), **columns)
+                else:
+                    stats = batch_stats(output, side, **columns)
+            with times.phase("write"):
                 lineage = self.lineage(session, batch_id)
                 if checked is not None:
                     lineage = with_expectations(lineage, checked.rows, checked.violations)
@@ -280,7 +316,7 @@ class BatchHandler:
                     self.guard()
                     done = self.sink.write(output, batch_id, user_metadata=lineage, rows=stats.rows,
                                            batch_event_max=stats.event_max, window_ends=stats.window_ends,
-                                           catching_up=behind)
+                                           catching_up=behind, collected=collected)
                 if done == "compact":
                     log.info("%s: caught up at batch %s; staged batches compacted into the view table", view.ref,
                              batch_id)
@@ -289,10 +325,13 @@ class BatchHandler:
                 late = self.late_rows(session, batch_id)
                 dropped = checked.dropped if checked is not None else None
                 if stats.bad or late is not None or dropped is not None:
-                    kept = side
-                    for more in (late, dropped):
-                        kept = kept if more is None else kept.unionByName(more)
-                    written = self.quarantine.write(kept, batch_id)
+                    if side_rows is not None and late is None and dropped is None:
+                        written = self.quarantine.append(side_rows, batch_id)
+                    else:
+                        kept = side
+                        for more in (late, dropped):
+                            kept = kept if more is None else kept.unionByName(more)
+                        written = self.quarantine.write(kept, batch_id)
                     m.g(m.quarantined).inc(stats.bad)
                     m.g(m.late_kept).inc(written - stats.bad - (checked.dropped_rows if dropped is not None else 0))
                 fault(self.fault, "after_commit", batch_id)

@@ -21,6 +21,7 @@ delta-rs commit on a local table the sidecar is removed (:func:`drop_stale_check
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Iterable
@@ -28,7 +29,8 @@ from typing import Any, Iterable
 import arro3.core as ac
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-__all__ = ["BIN", "I32", "I64", "SQL_TYPES", "STR", "TS", "append_once", "arrow_rows", "arrow_schema", "arrow_to_rows",
+__all__ = ["BIN", "CHECKPOINT_INTERVAL", "Collected", "SPARK_TYPES", "I32", "I64", "SQL_TYPES", "STR", "TS", "after_commit", "append_once",
+           "commit_properties", "committed", "arrow_rows", "arrow_schema", "arrow_to_rows",
            "create_table", "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
 
 TS = ac.DataType.timestamp("us", tz="UTC")
@@ -91,6 +93,48 @@ def arrow_rows(columns: tuple[tuple[str, Any], ...], rows: list[dict[str, Any]],
     return ac.Table.from_arrays(arrays, schema=arrow_schema(cols))
 
 
+#: Arrow type of each Spark type a view's rows may have, by Spark's type name (the rows of a micro-batch committed
+#: through delta-rs: :class:`Collected`); timestamps and dates travel as epoch microseconds and days.
+SPARK_TYPES = {"string": STR, "int": I32, "bigint": I64, "smallint": ac.DataType.int16(),
+               "tinyint": ac.DataType.int8(), "boolean": ac.DataType.bool(), "double": ac.DataType.float64(),
+               "float": ac.DataType.float32(), "binary": BIN, "timestamp": TS, "date": ac.DataType.date32()}
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A micro-batch's rows collected to the driver: ``columns`` (name, Spark type name) and the rows as tuples in
+    that order, timestamps as epoch microseconds (UTC) and dates as epoch days."""
+
+    columns: tuple[tuple[str, str], ...]
+    rows: list[tuple]
+
+    def index(self, name: str) -> int:
+        return [c for c, _type in self.columns].index(name)
+
+    def values(self, name: str) -> list[Any]:
+        i = self.index(name)
+        return [row[i] for row in self.rows]
+
+    def arrow(self, rows: list[tuple] | None = None, *, names: list[str] | None = None) -> Any:
+        """An Arrow table of ``rows`` (default: all) with the columns ``names`` (default: all), typed."""
+        rows = self.rows if rows is None else rows
+        names = names or [c for c, _type in self.columns]
+        types = dict(self.columns)
+        fields, arrays = [], []
+        for name in names:
+            i, dtype = self.index(name), SPARK_TYPES[types[name]]
+            values = [row[i] for row in rows]
+            if dtype == TS:
+                array = ac.Array(values, I64).cast(TS)
+            elif types[name] == "date":
+                array = ac.Array(values, I32).cast(dtype)
+            else:
+                array = ac.Array(values, dtype)
+            arrays.append(array)
+            fields.append(ac.Field(name, dtype, True))
+        return ac.Table.from_arrays(arrays, schema=ac.Schema(fields))
+
+
 def _utc(value: Any) -> Any:
     return value.astimezone(UTC) if isinstance(value, datetime) else value
 
@@ -136,18 +180,42 @@ def drop_stale_checksum(uri: str) -> None:
         Path(local_path(uri), "_delta_log", "._last_checkpoint.crc").unlink(missing_ok=True)
 
 
-def append_once(table: DeltaTable, data: Any, app_id: str, version: int) -> bool:
-    """Append ``data`` (an Arrow table) to ``table`` in one commit carrying ``txn(app_id, version)``, unless the
-    table already recorded ``version`` or a later one for ``app_id``. Returns False when it was skipped.
+#: A table written through delta-rs gets a checkpoint every this many commits (delta-spark's own interval; delta-rs
+#: alone checkpoints every 100): readers - Spark's included - replay at most this many commit files.
+CHECKPOINT_INTERVAL = 20
+
+
+def commit_properties(app_id: str, version: int, user_metadata: str | None = None) -> CommitProperties:
+    """A commit carrying ``txn(app_id, version)`` and, as delta-spark writes it, ``commitInfo.userMetadata``."""
+    return CommitProperties(app_transactions=[Transaction(app_id, version)],
+                            custom_metadata={"userMetadata": user_metadata} if user_metadata else None)
+
+
+def committed(table: DeltaTable, app_id: str, version: int) -> bool:
+    """Has ``table`` (brought up to date incrementally) recorded ``version`` or a later one for ``app_id``?"""
+    table.update_incremental()
+    done = table.transaction_version(app_id)
+    return done is not None and done >= version
+
+
+def after_commit(table: DeltaTable) -> None:
+    """Checkpoint every :data:`CHECKPOINT_INTERVAL` versions; drop the stale checksum sidecar a checkpoint leaves."""
+    table.update_incremental()
+    if table.version() % CHECKPOINT_INTERVAL == 0:
+        table.create_checkpoint()
+    drop_stale_checksum(table.table_uri)
+
+
+def append_once(table: DeltaTable, data: Any, app_id: str, version: int, user_metadata: str | None = None) -> bool:
+    """Append ``data`` (an Arrow table; no rows: a commit without data files) to ``table`` in one commit carrying
+    ``txn(app_id, version)``, unless the table already recorded ``version`` or a later one for ``app_id``. Returns
+    False when it was skipped.
 
     ``table`` is brought up to date first (incrementally); the caller must be the only writer of ``app_id``
     (a view version's run holds its driver lock).
     """
-    table.update_incremental()
-    done = table.transaction_version(app_id)
-    if done is not None and done >= version:
+    if committed(table, app_id, version):
         return False
-    write_deltalake(table, data, mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]))
-    drop_stale_checksum(table.table_uri)  # a commit may have written a checkpoint
+    write_deltalake(table, data, mode="append", commit_properties=commit_properties(app_id, version, user_metadata))
+    after_commit(table)
     return True

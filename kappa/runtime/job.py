@@ -440,7 +440,8 @@ class ViewJob:
         # a seeded table holds rows already: its first batches merge into them instead of bulk-appending
         self.sink = DeltaSink(view, self.paths.table, self.app_id or "", staging=None if seed else self.paths.staging,
                               fresh=not batch_ids(f"{self.paths.checkpoint}/main/offsets"),
-                              stage_rows=self.available_now and view.stateful)
+                              stage_rows=self.available_now and view.stateful,
+                              live_rs=self.settings.live_commits == "delta-rs")
         self.handler = BatchHandler(view=view, sink=self.sink,
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,

@@ -1,0 +1,336 @@
+"""What a live view costs: ``make run``'s view host, CPU per micro-batch, idle and at 200 events/s, beside a baseline.
+
+For each code version - the baseline commit (``--baseline``, fc054fe by default: the commit the live path's
+fixed cost was measured at) and the working tree - one *leg* runs ``make run``'s stack as ``bin/kappa up`` starts
+it (every declared view in the view host, the live producer; Airflow with ``--airflow``) in a home and topics of
+its own on the bench's broker, one leg after the other (never both at once: they would share the two cores):
+
+.. code-block:: text
+
+    up         stack.up + wait_ready: every view has read its topic and has rows
+    load       the producer at --rate events/s; after --warm seconds, --load seconds measured: the CPU of the
+               view host's process tree (Python + JVM) and of each part, the micro-batches each view committed
+               (kappa_batch_duration_seconds_count), each view's lag (sampled every 2 s; seconds = records / rate)
+               and end-to-end latency (p50/p99 of that window)
+    idle       the producer stopped; once every view caught up, --idle seconds measured the same way
+
+CPU-s per micro-batch = the view host's CPU seconds / the micro-batches all its views committed in the window
+(and, idle, the view host's cores with nothing to read). A leg runs the baseline's own code: its tree is a git
+worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on ``PYTHONPATH``; this
+file is run as a script there and uses only what both versions have (``kappa.front.stack``, the runner's ports).
+
+``python -m kappa.front.bench_live`` (``make bench-live``) prints both legs side by side and writes
+``reports/bench-live.json`` and ``reports/bench-live.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: The commit the live path's cost was measured at before the work on it (docs/performance.md).
+BASELINE = "fc054fe"
+
+
+# ------------------------------------------------------------------------------------------------ one leg
+def _tree_usage(pid: int | None) -> dict[str, float]:
+    """RSS (MiB) and CPU seconds so far of a process and its descendants."""
+    import psutil
+
+    rss = cpu = 0.0
+    if pid is None:
+        return {"rss_mb": 0.0, "cpu_s": 0.0}
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    for proc in procs:
+        try:
+            rss += proc.memory_info().rss / 2**20
+            times = proc.cpu_times()
+            cpu += times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
+        except psutil.Error:
+            continue
+    return {"rss_mb": rss, "cpu_s": cpu}
+
+
+def _scrape(port: int) -> dict[str, Any] | None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    out: dict[str, Any] = {"lag": 0.0, "batches": 0.0, "batch_seconds": 0.0, "buckets": []}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "kappa_partition_lag_records":
+                out["lag"] += s.value
+            elif s.name == "kappa_batch_duration_seconds_count":
+                out["batches"] += s.value
+            elif s.name == "kappa_batch_duration_seconds_sum":
+                out["batch_seconds"] += s.value
+            elif s.name == "kappa_end_to_end_latency_seconds_bucket":
+                out["buckets"].append((float(s.labels["le"]), int(s.value)))
+    out["buckets"].sort()
+    return out
+
+
+def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
+    """Upper bound of the histogram bucket holding quantile ``q`` (cumulative Prometheus buckets)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    want = q * buckets[-1][1]
+    for le, n in buckets:
+        if n >= want:
+            return le
+    return None
+
+
+def _window(st: Any, ports: dict[str, int], parts: dict[str, int | None], seconds: float, rate: float) -> dict:
+    """Measure ``seconds``: CPU and RSS of each part, per view the batches, lag and latency of the window."""
+    before = {name: _tree_usage(pid) for name, pid in parts.items()}
+    first = {view: _scrape(port) for view, port in ports.items()}
+    lags: dict[str, list[float]] = {view: [] for view in ports}
+    last: dict[str, Any] = dict(first)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        time.sleep(2)
+        for view, port in ports.items():
+            sample = _scrape(port)
+            if sample is not None:
+                lags[view].append(sample["lag"])
+                last[view] = sample
+    elapsed = time.monotonic() - t0
+    after = {name: _tree_usage(pid) for name, pid in parts.items()}
+    views: dict[str, Any] = {}
+    for view in ports:
+        a, b = first.get(view), last.get(view)
+        if a is None or b is None:
+            views[view] = {"reachable": False}
+            continue
+        start = dict(a["buckets"])
+        window = [(le, n - start.get(le, 0)) for le, n in b["buckets"]]
+        batches = b["batches"] - a["batches"]
+        series = lags[view] or [b["lag"]]
+        views[view] = {"batches": batches,
+                       "batch_mean_s": (b["batch_seconds"] - a["batch_seconds"]) / batches if batches else None,
+                       "lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
+                       "lag_seconds_max": max(series) / rate if rate else None,
+                       "latency_p50_s": _quantile(window, 0.5), "latency_p99_s": _quantile(window, 0.99)}
+    cpu = {name: after[name]["cpu_s"] - before[name]["cpu_s"] for name in parts}
+    batches = sum(v.get("batches") or 0.0 for v in views.values())
+    return {"seconds": elapsed, "views": views, "batches": batches,
+            "cores": {name: c / elapsed for name, c in cpu.items()},
+            "cores_total": sum(cpu.values()) / elapsed,
+            "rss_mb": {name: after[name]["rss_mb"] for name in parts},
+            "rss_mb_total": sum(after[name]["rss_mb"] for name in parts),
+            "host_cpu_s": cpu.get("view host", 0.0),
+            "host_cpu_s_per_batch": cpu.get("view host", 0.0) / batches if batches else None,
+            "load_avg": os.getloadavg()}
+
+
+def leg(args: argparse.Namespace) -> None:
+    """One code version's stack: up, the load window, the idle window, down; the result as JSON in ``args.out``."""
+    from kappa.config import Settings
+    from kappa.control.runners.local import metrics_port
+    from kappa.front import stack
+    from kappa.process import Daemon
+    from kappa.runtime.host import host_pid
+
+    st = Settings.from_env()
+    ports = {view: metrics_port(view, version) for view, version in stack.stack_views(st)}
+    say = lambda line: print(f"  [{args.label}] {line}", flush=True)  # noqa: E731
+    result: dict[str, Any] = {"label": args.label, "views": len(ports), "rate": args.rate}
+    t0 = time.monotonic()
+    try:
+        stack.up(st, rate=args.rate, echo=say)
+        stack.wait_ready(st, timeout=900)
+        if args.airflow:
+            stack.start_airflow(st)
+        result["up_seconds"] = time.monotonic() - t0
+        say(f"ready after {result['up_seconds']:.0f} s; warming up {args.warm:g} s at {args.rate:g} events/s")
+
+        def parts() -> dict[str, int | None]:
+            out = {"view host": host_pid(st), "producer": Daemon("producer", st).pid()}
+            if args.airflow:
+                out["airflow"] = Daemon("airflow", st).pid()
+            return out
+
+        time.sleep(args.warm)
+        say(f"measuring {args.load:g} s at {args.rate:g} events/s")
+        result["load"] = _window(st, ports, parts(), args.load, args.rate)
+        stack.stop_producer(st)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # idle = every view read everything there is
+            samples = [_scrape(port) for port in ports.values()]
+            if all(s is not None and s["lag"] == 0 for s in samples):
+                break
+            time.sleep(2)
+        time.sleep(10)
+        say(f"measuring {args.idle:g} s idle")
+        result["idle"] = _window(st, ports, parts(), args.idle, 0.0)
+    finally:
+        stack.down(st, echo=say)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+# ------------------------------------------------------------------------------------------------ the bench
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def code_tree(root: Path, ref: str) -> tuple[Path, str]:
+    """(tree, commit) of ``ref``: this checkout for ``HEAD`` with its changes, else a cached git worktree of the
+    commit sharing this checkout's ``.cache`` (venv, jars)."""
+    commit = _git("rev-parse", "--short", f"{ref}^{{commit}}", cwd=root)
+    if ref == "HEAD":
+        dirty = bool(_git("status", "--porcelain", "--untracked-files=no", cwd=root))
+        return root, commit + ("+changes" if dirty else "")
+    tree = root / ".cache" / "bench-trees" / commit
+    if not (tree / "kappa").is_dir():
+        subprocess.run(["git", "worktree", "add", "--force", "--detach", str(tree), commit], cwd=root, check=True,
+                       capture_output=True)
+    cache = tree / ".cache"
+    if not cache.exists():
+        cache.symlink_to(root / ".cache")
+    return tree, commit
+
+
+def _print(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="live cost: make run's view host (CPU-s per micro-batch = host CPU / batches committed)")
+    table.add_column("")
+    for r in results:
+        table.add_column(f"{r['label']} ({r['commit']})", justify="right")
+
+    def row(name: str, get: Any, fmt: str = "{:.3f}") -> None:
+        cells = []
+        for r in results:
+            try:
+                value = get(r)
+            except (KeyError, TypeError):
+                value = None
+            cells.append("-" if value is None else fmt.format(value))
+        table.add_row(name, *cells)
+
+    row("ready after (s)", lambda r: r["up_seconds"], "{:.0f}")
+    row("load: CPU-s per micro-batch", lambda r: r["load"]["host_cpu_s_per_batch"])
+    row("load: micro-batches / s (all views)", lambda r: r["load"]["batches"] / r["load"]["seconds"], "{:.2f}")
+    row("load: view host cores", lambda r: r["load"]["cores"]["view host"], "{:.2f}")
+    row("load: cores of all it started", lambda r: r["load"]["cores_total"], "{:.2f}")
+    row("load: RSS of all it started (MiB)", lambda r: r["load"]["rss_mb_total"], "{:,.0f}")
+    for view in results[-1]["load"]["views"]:
+        row(f"load: {view} lag max (s)", lambda r, v=view: r["load"]["views"][v]["lag_seconds_max"], "{:.1f}")
+        row(f"load: {view} batch mean (s)", lambda r, v=view: r["load"]["views"][v]["batch_mean_s"], "{:.2f}")
+        row(f"load: {view} latency p99 (s)", lambda r, v=view: r["load"]["views"][v]["latency_p99_s"], "{:.1f}")
+    row("idle: view host cores", lambda r: r["idle"]["cores"]["view host"], "{:.3f}")
+    row("idle: micro-batches in the window", lambda r: r["idle"]["batches"], "{:.0f}")
+    row("idle: CPU-s per micro-batch", lambda r: r["idle"]["host_cpu_s_per_batch"])
+    Console().print(table)
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['label']}\n{r['commit']}" for r in results]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].bar(labels, [r["load"]["host_cpu_s_per_batch"] or 0 for r in results], color="#c73")
+    axes[0].set_title("CPU-s per micro-batch at load")
+    axes[1].bar(labels, [r["load"]["cores_total"] for r in results], color="#37c", label="at load")
+    axes[1].bar(labels, [r["idle"]["cores"]["view host"] for r in results], color="#9bd", label="view host idle")
+    axes[1].set_title("cores")
+    axes[1].legend()
+    views = list(results[-1]["load"]["views"])
+    width = 0.8 / len(results)
+    for i, r in enumerate(results):
+        axes[2].bar([x + i * width for x in range(len(views))],
+                    [r["load"]["views"][v].get("lag_seconds_max") or 0 for v in views], width, label=labels[i])
+    axes[2].set_xticks([x + width / 2 for x in range(len(views))], views, rotation=30, ha="right")
+    axes[2].set_title("lag max (s of produce) at load")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default=BASELINE, help="commit to measure beside the working tree ('' = none)")
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--warm", type=float, default=120.0, help="seconds at load before measuring")
+    parser.add_argument("--load", type=float, default=120.0, help="seconds measured at load")
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds measured idle")
+    parser.add_argument("--airflow", action="store_true", help="start Airflow too (the whole make run)")
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg"))
+    parser.add_argument("--label", default="")
+    parser.add_argument("--leg-out", dest="leg_out", default="")
+    args = parser.parse_args()
+    if args.command == "leg":
+        args.out = args.leg_out
+        leg(args)
+        return
+    from kappa.front.bench import bench_settings, run_interruptible
+
+    run_interruptible(lambda: bench(args, bench_settings), "the broker")
+
+
+def bench(args: argparse.Namespace, bench_settings: Any) -> None:
+    import socket
+
+    from kappa.control.runners.local import metrics_port
+    from kappa.front import stack
+
+    root = Path(__file__).resolve().parents[2]
+    settings, broker = bench_settings("bench-live")
+    try:
+        for port in [metrics_port(v, n) for v, n in stack.stack_views(settings)] + [settings.airflow_port]:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    raise SystemExit(f"bench-live: port {port} is in use; stop `make run` first (`make down`)")
+        legs = ([("baseline", args.baseline)] if args.baseline else []) + [("this tree", "HEAD")]
+        results = []
+        for label, ref in legs:
+            tree, commit = code_tree(root, ref)
+            stamp = int(time.time())
+            home = Path(settings.home) / "bench-live" / f"{commit}-{stamp}"
+            out = home / "leg.json"
+            home.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "PYTHONPATH": str(tree), "KAPPA_REPO_ROOT": str(tree), "KAPPA_HOME": str(home),
+                   "KAPPA_LAKE_URI": str(home / "lake"), "KAPPA_TOPIC_PREFIX": f"live{stamp}-",
+                   "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+            print(f"bench-live: {label} = {commit} ({tree})", flush=True)
+            cmd = [sys.executable, str(Path(__file__).resolve()), "leg", "--label", label, "--leg-out", str(out),
+                   "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
+                   "--idle", str(args.idle)] + (["--airflow"] if args.airflow else [])
+            subprocess.run(cmd, env=env, cwd=tree, check=True)
+            results.append({**json.loads(out.read_text()), "commit": commit})
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
+        _plot(results, args.out / "bench-live.png")
+        _print(results)
+        print(f"bench-live: {args.out / 'bench-live.json'}, {args.out / 'bench-live.png'}")
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    # a leg runs this file as a script with another tree's kappa first on PYTHONPATH: its own folder must not
+    # shadow anything (kappa.front's modules as top-level names)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    main()
