@@ -10,8 +10,9 @@ its own on the bench's broker, one leg after the other (never both at once: they
     up         stack.up + wait_ready: every view has read its topic and has rows
     load       the producer at --rate events/s; after --warm seconds, --load seconds measured: the CPU of the
                view host's process tree (Python + JVM) and of each part, the micro-batches each view committed
-               (kappa_batch_duration_seconds_count), each view's lag (sampled every 2 s; seconds = records / rate)
-               and end-to-end latency (p50/p99 of that window)
+               and its lag - both read from its checkpoint (the last committed batch's offsets against the log
+               end, every 2 s; seconds = records / rate), not from its metrics, which a slow listener delays -
+               and from its metrics its batches' mean duration and end-to-end latency (p50/p99 of that window)
     idle       the producer stopped; once every view caught up, --idle seconds measured the same way
 
 CPU-s per micro-batch = the view host's CPU seconds / the micro-batches all its views committed in the window
@@ -96,37 +97,54 @@ def _quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
     return None
 
 
+def _committed(st: Any, view: str, version: int, topic: str) -> tuple[int, int]:
+    """(last committed micro-batch id, records of ``topic`` not yet committed) from the view's checkpoint and the
+    log end - not from the job's metrics, which a slow listener delays."""
+    from kappa.control.replay.version import committed_offsets
+    from kappa.log.topics import partition_offsets
+
+    offsets, batch = committed_offsets(st, view, version, topic)
+    ends = partition_offsets(st, topic)
+    return (-1 if batch is None else batch), sum(max(0, high - offsets.get(p, low)) for p, (low, high) in ends.items())
+
+
 def _window(st: Any, ports: dict[str, int], parts: dict[str, int | None], seconds: float, rate: float) -> dict:
-    """Measure ``seconds``: CPU and RSS of each part, per view the batches, lag and latency of the window."""
+    """Measure ``seconds``: CPU and RSS of each part; per view the micro-batches committed and the lag (from its
+    checkpoint, every 2 s), its batches' mean duration and its end-to-end latency (from its metrics)."""
+    from kappa.control.replay.version import stream_topic
+    from kappa.front import stack
+
+    topics = {view: st.topic(stream_topic(view, version)) for view, version in stack.stack_views(st)}
+    versions = dict(stack.stack_views(st))
     before = {name: _tree_usage(pid) for name, pid in parts.items()}
     first = {view: _scrape(port) for view, port in ports.items()}
-    lags: dict[str, list[float]] = {view: [] for view in ports}
-    last: dict[str, Any] = dict(first)
+    start = {view: _committed(st, view, versions[view], topics[view]) for view in ports}
+    lags: dict[str, list[float]] = {view: [start[view][1]] for view in ports}
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(2)
-        for view, port in ports.items():
-            sample = _scrape(port)
-            if sample is not None:
-                lags[view].append(sample["lag"])
-                last[view] = sample
+        for view in ports:
+            lags[view].append(_committed(st, view, versions[view], topics[view])[1])
     elapsed = time.monotonic() - t0
     after = {name: _tree_usage(pid) for name, pid in parts.items()}
+    end = {view: _committed(st, view, versions[view], topics[view]) for view in ports}
+    last = {view: _scrape(port) for view, port in ports.items()}
     views: dict[str, Any] = {}
     for view in ports:
         a, b = first.get(view), last.get(view)
-        if a is None or b is None:
-            views[view] = {"reachable": False}
-            continue
-        start = dict(a["buckets"])
-        window = [(le, n - start.get(le, 0)) for le, n in b["buckets"]]
-        batches = b["batches"] - a["batches"]
-        series = lags[view] or [b["lag"]]
-        views[view] = {"batches": batches,
-                       "batch_mean_s": (b["batch_seconds"] - a["batch_seconds"]) / batches if batches else None,
+        series = lags[view]
+        views[view] = {"topic": topics[view], "batches": end[view][0] - start[view][0],
                        "lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
-                       "lag_seconds_max": max(series) / rate if rate else None,
-                       "latency_p50_s": _quantile(window, 0.5), "latency_p99_s": _quantile(window, 0.99)}
+                       # seconds of produce: for the views reading the producer's topic
+                       "lag_seconds_max": (max(series) / rate if rate and topics[view] == st.topic("ad-events")
+                                           else None)}
+        if a is not None and b is not None:
+            counts = dict(a["buckets"])
+            window = [(le, n - counts.get(le, 0)) for le, n in b["buckets"]]
+            timed = b["batches"] - a["batches"]  # batches that read records (the job's histogram)
+            views[view].update({
+                "batch_mean_s": (b["batch_seconds"] - a["batch_seconds"]) / timed if timed else None,
+                "latency_p50_s": _quantile(window, 0.5), "latency_p99_s": _quantile(window, 0.99)})
     cpu = {name: after[name]["cpu_s"] - before[name]["cpu_s"] for name in parts}
     batches = sum(v.get("batches") or 0.0 for v in views.values())
     return {"seconds": elapsed, "views": views, "batches": batches,
@@ -226,13 +244,15 @@ def _print(results: list[dict[str, Any]]) -> None:
         table.add_row(name, *cells)
 
     row("ready after (s)", lambda r: r["up_seconds"], "{:.0f}")
-    row("load: CPU-s per micro-batch", lambda r: r["load"]["host_cpu_s_per_batch"])
+    row("load: CPU-s per micro-batch (checkpoint commits)", lambda r: r["load"]["host_cpu_s_per_batch"])
     row("load: micro-batches / s (all views)", lambda r: r["load"]["batches"] / r["load"]["seconds"], "{:.2f}")
     row("load: view host cores", lambda r: r["load"]["cores"]["view host"], "{:.2f}")
     row("load: cores of all it started", lambda r: r["load"]["cores_total"], "{:.2f}")
     row("load: RSS of all it started (MiB)", lambda r: r["load"]["rss_mb_total"], "{:,.0f}")
     for view in results[-1]["load"]["views"]:
+        row(f"load: {view} lag max (records)", lambda r, v=view: r["load"]["views"][v]["lag_records_max"], "{:,.0f}")
         row(f"load: {view} lag max (s)", lambda r, v=view: r["load"]["views"][v]["lag_seconds_max"], "{:.1f}")
+        row(f"load: {view} micro-batches", lambda r, v=view: r["load"]["views"][v]["batches"], "{:.0f}")
         row(f"load: {view} batch mean (s)", lambda r, v=view: r["load"]["views"][v]["batch_mean_s"], "{:.2f}")
         row(f"load: {view} latency p99 (s)", lambda r, v=view: r["load"]["views"][v]["latency_p99_s"], "{:.1f}")
     row("idle: view host cores", lambda r: r["idle"]["cores"]["view host"], "{:.3f}")
