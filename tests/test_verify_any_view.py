@@ -247,6 +247,9 @@ class _FirstBatchWithRows:
             def write(self, batch: Any, batch_id: int, **kwargs: Any) -> str:
                 if Faulty.touched or batch.count() == 0:
                     return super().write(batch, batch_id, **kwargs)
+                # the fault is made on the batch's DataFrame: the rows the handler collected for a delta-rs commit
+                # are those of the unfaulted batch, so this batch is written from the DataFrame (the Spark path)
+                kwargs = {**kwargs, "collected": None}
                 first = batch.orderBy("ad_type", "window_start").first()
                 Faulty.touched.extend((r["ad_type"], r["window_start"]) for r in batch.collect())
                 Faulty.touched.sort()

@@ -558,6 +558,9 @@ class DeltaSink:
             return "append" if rows.rows else "empty"
         if self._committed(session, batch_id):
             return "skip"  # as in _merge: the state kept in memory must not move as if it happened twice
+        # the table's log as it is now: a repair's swap (kappa.runtime.repairs) commits through delta-spark between
+        # this driver's commits, and a MERGE planned on an older version fails delta-rs' conflict check
+        table.update_incremental()
         if not rows.rows and (fin is None or self.view.write != "merge"):
             self._rs_empty(table, batch_id, user_metadata)
             return "empty"
