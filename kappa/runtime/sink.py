@@ -488,14 +488,19 @@ class DeltaSink:
         else:  # an empty batch: it matches no stored row
             cond = cond & F.lit(False)
         self._run_merge(source, batch_id, user_metadata, cond, closing)
-        # only once the commit went through
+        self._merged(batch_id, fin, previous_max, batch_event_max, window_ends)
+        return "close" if rows == 0 else "merge"
+
+    def _merged(self, batch_id: int, fin: Finality, previous_max: Any, batch_event_max: Any,
+                window_ends: frozenset | None) -> None:
+        """What a windowed view's sink carries forward once a batch's MERGE went through (either engine): the
+        table's event-time maximum and the ends of its windows still open."""
         self._last_batch = batch_id
         self._event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
         if window_ends is None or self._open_ends is None:
             self._open_ends = None
         else:
             self._open_ends = {end for end in self._open_ends | window_ends if not _passed(end, previous_max, fin)}
-        return "close" if rows == 0 else "merge"
 
     def _committed(self, session: "SparkSession", batch_id: int) -> bool:
         """Does the table already hold this run's commit of ``batch_id``? Asked of the table once per sink (a
@@ -599,12 +604,7 @@ class DeltaSink:
             closing = (f'(NOT t."{fin.flag_column}") AND {end} >= {_sql_ts(min(_micros(e) for e in passed))} '
                        f"AND {end} <= {_sql_ts(bound)}")
         self._rs_merge(table, source.arrow(names=names), cond, closing, batch_id, user_metadata)
-        self._last_batch = batch_id
-        self._event_max = max((t for t in (previous_max, batch_event_max) if t is not None), default=None)
-        if window_ends is None or self._open_ends is None:
-            self._open_ends = None
-        else:
-            self._open_ends = {e for e in self._open_ends | window_ends if not _passed(e, previous_max, fin)}
+        self._merged(batch_id, fin, previous_max, batch_event_max, window_ends)
         return "close" if not rows.rows else "merge"
 
     def _rs_merge(self, table: Any, source: Any, cond: str, closing: str | None, batch_id: int,
