@@ -2,7 +2,9 @@
 # Offline verification of the Kubernetes deployment (no Docker engine, no cluster).
 #
 #   bash infra/verify-offline.sh           everything below; one summary line at the end
-#   bash infra/verify-offline.sh --tools   only install the pinned tools (used by tests/deploy)
+#   bash infra/verify-offline.sh --tools   only the pinned helm (docs/deploy.md section 5); quiet on stdout and
+#                                          stderr unless it fails (the Go tool's output goes to .cache/tools/*.log)
+#   bash infra/verify-offline.sh --tools all   every tool below, without the checks (tests/deploy)
 #
 # Tools (pinned in infra/versions.env, installed once under .cache/tools/, re-used on re-runs):
 #   helm      go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION  (Go module proxy)
@@ -29,11 +31,20 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CACHE="$ROOT/.cache"
-TOOLS="$CACHE/tools"
+TOOLS="${KAPPA_DEPLOY_TOOLS:-$CACHE/tools}"   # another folder only for the tests of this script
 OUT="$CACHE/deploy-verify"
 CHART="$ROOT/helm/kappa"
 
 die() { echo "verify-offline: $*" >&2; exit 1; }
+# quiet <log> <command...>: the command's stdout and stderr (go's "go: downloading ..." lines) into the log; on
+# failure its last lines on stderr
+quiet() {
+    local out="$1"; shift
+    "$@" >"$out" 2>&1 && return 0
+    local rc=$?
+    tail -20 "$out" >&2
+    return "$rc"
+}
 log() { echo "verify-offline: $*"; }
 
 command -v go >/dev/null 2>&1 || die "go not found on PATH: Go (>= 1.24; newer toolchains come from the Go module proxy) builds helm, hclfmt and the lint tools"
@@ -55,12 +66,12 @@ install_helm() {
     log "building helm $HELM_VERSION from the Go module proxy (one-off, a few minutes)"
     # the release Makefile's ldflags: version string and the default Kubernetes version (from client-go)
     local mod minor
-    GOFLAGS=-mod=mod go mod download "helm.sh/helm/v3@$HELM_VERSION" \
+    quiet "$TOOLS/helm-build.log" env GOFLAGS=-mod=mod go mod download "helm.sh/helm/v3@$HELM_VERSION" \
         || die "cannot download helm.sh/helm/v3@$HELM_VERSION from the Go module proxy"
-    mod="$(go env GOMODCACHE)/cache/download/helm.sh/helm/v3/@v/$HELM_VERSION.mod"
+    mod="$(go env GOMODCACHE 2>>"$TOOLS/helm-build.log")/cache/download/helm.sh/helm/v3/@v/$HELM_VERSION.mod"
     minor="$(awk '$1 == "k8s.io/client-go" { split($2, p, "."); print p[2] }' "$mod")"
     [[ -n "$minor" ]] || die "cannot read the client-go version of helm $HELM_VERSION"
-    GOBIN="$TOOLS" go install -trimpath -ldflags "-s -w \
+    quiet "$TOOLS/helm-build.log" env GOBIN="$TOOLS" go install -trimpath -ldflags "-s -w \
         -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
         -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
         -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
@@ -73,7 +84,7 @@ install_hclfmt() {
     local stamp="$TOOLS/.hclfmt-$HCL_VERSION"
     [[ -x "$HCLFMT" && -f "$stamp" ]] && return
     log "building hclfmt $HCL_VERSION"
-    GOBIN="$TOOLS" go install -trimpath -ldflags "-s -w" "github.com/hashicorp/hcl/v2/cmd/hclfmt@$HCL_VERSION" \
+    quiet "$TOOLS/hclfmt-build.log" env GOBIN="$TOOLS" go install -trimpath -ldflags "-s -w" "github.com/hashicorp/hcl/v2/cmd/hclfmt@$HCL_VERSION" \
         || die "go install hclfmt $HCL_VERSION failed"
     rm -f "$TOOLS"/.hclfmt-*; touch "$stamp"
 }
@@ -85,14 +96,14 @@ build_go_tool() {  # build_go_tool <name>
     stamp="$TOOLS/.$name-$hash"
     [[ -x "$TOOLS/$name" && -f "$stamp" ]] && return
     log "building $name (infra/deploy/$name)"
-    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$TOOLS/$name" .) || die "go build $name failed"
+    (cd "$src" && quiet "$TOOLS/$name-build.log" go build -trimpath -ldflags "-s -w" -o "$TOOLS/$name" .) || die "go build $name failed"
     rm -f "$TOOLS"/."$name"-*; touch "$stamp"
 }
 
 CRD_DIR=""
 fetch_crds() {
     local dir
-    dir="$(GOFLAGS=-mod=mod go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+    dir="$(GOFLAGS=-mod=mod go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" 2>"$TOOLS/crds-download.log" \
         | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')" \
         || die "cannot download the prometheus-operator module $PROMETHEUS_OPERATOR_VERSION"
     CRD_DIR="$dir/example/prometheus-operator-crd"
@@ -118,6 +129,10 @@ pip_install() {  # pip_install <venv> <requirements file>
 }
 
 install_helm
+if [[ "${1:-}" == "--tools" && "${2:-}" != "all" ]]; then
+    log "tools ready: helm $HELM_VERSION (.cache/tools/helm)"
+    exit 0
+fi
 install_hclfmt
 fetch_crds
 build_go_tool dockerfile-lint

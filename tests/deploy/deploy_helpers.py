@@ -55,7 +55,7 @@ def helm_binary() -> Path:
         return res.stdout.strip()
 
     if current() != want:
-        res = subprocess.run(["bash", str(ROOT / "infra" / "verify-offline.sh"), "--tools"], capture_output=True,
+        res = subprocess.run(["bash", str(ROOT / "infra" / "verify-offline.sh"), "--tools", "all"], capture_output=True,
                              text=True, cwd=ROOT)
         if res.returncode != 0 or current() != want:
             raise RuntimeError(f"cannot install helm {want}: {res.stderr.strip() or res.stdout.strip()}")

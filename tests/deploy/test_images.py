@@ -364,7 +364,7 @@ def test_entrypoint_passes_other_commands_through() -> None:
 def test_dockerfiles_pass_buildkit_checks(helm: Path) -> None:
     lint = h.TOOLS / "dockerfile-lint"
     if not lint.exists():
-        subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools"], check=True, cwd=h.ROOT,
+        subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools", "all"], check=True, cwd=h.ROOT,
                        capture_output=True)
     res = subprocess.run([str(lint), *map(str, DOCKERFILES)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -135,3 +135,43 @@ def test_every_disabled_policy_check_has_a_reason() -> None:
     for path in list((h.CHART / "templates").rglob("*")) + list(TF.glob("*.tf")):
         if path.is_file():
             assert "checkov:skip" not in path.read_text() and "checkov.io/skip" not in path.read_text(), path
+
+
+def test_verify_offline_tools_builds_only_helm_quietly(tmp_path) -> None:
+    """docs/deploy.md section 5 runs ``verify-offline.sh --tools >/dev/null`` for the pinned helm: it builds helm
+    alone (not hclfmt, the lint tools, the CRDs, checkov) and says nothing on stderr - Go's ``go: downloading``
+    lines go to a log. A stand-in ``go`` on PATH prints those lines and records what it was asked to do."""
+    import subprocess
+
+    want = h.versions()["HELM_VERSION"]
+    bin_dir, tools, modcache = tmp_path / "bin", tmp_path / "tools", tmp_path / "mod"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "go").write_text(f"""#!/bin/bash
+echo "$*" >> {calls}
+echo "go: downloading helm.sh/helm/v3 {want}" >&2
+case "$1" in
+  env) echo {modcache} ;;
+  mod) d={modcache}/cache/download/helm.sh/helm/v3/@v; mkdir -p "$d"
+       printf 'module helm.sh/helm/v3\\nrequire (\\n\\tk8s.io/client-go v0.33.3\\n)\\n' > "$d/{want}.mod" ;;
+  install) printf '#!/bin/sh\\necho {want}\\n' > "$GOBIN/helm"; chmod +x "$GOBIN/helm" ;;
+  *) exit 3 ;;
+esac
+""")
+    (bin_dir / "go").chmod(0o755)
+    env = {**__import__("os").environ, "PATH": f"{bin_dir}:{__import__('os').environ['PATH']}",
+           "KAPPA_DEPLOY_TOOLS": str(tools)}
+    res = subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=h.ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "", f"--tools >/dev/null printed: {res.stderr!r}"
+    assert sorted(p.name for p in tools.iterdir() if not p.name.endswith(".log")) == ["helm"]
+    asked = calls.read_text().splitlines()
+    assert [a.split()[0] for a in asked] == ["mod", "env", "install"], asked
+    assert any("helm.sh/helm/v3/cmd/helm@" in a for a in asked)
+    # a failing build says why on stderr
+    (tools / "helm").unlink()
+    (bin_dir / "go").write_text("#!/bin/bash\necho 'go: module lookup disabled' >&2\nexit 1\n")
+    res = subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=h.ROOT, timeout=120)
+    assert res.returncode != 0 and "module lookup disabled" in res.stderr and "cannot download helm" in res.stderr

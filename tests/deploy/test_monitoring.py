@@ -75,7 +75,7 @@ def test_promql_parses(helm: Path, tmp_path: Path) -> None:
 
     lint = h.TOOLS / "promql-lint"
     if not lint.exists():
-        subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools"], check=True, cwd=h.ROOT,
+        subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools", "all"], check=True, cwd=h.ROOT,
                        capture_output=True)
     rendered = tmp_path / "rules.yaml"
     import yaml
