@@ -16,7 +16,13 @@ its own on the bench's broker, one leg after the other (never both at once: they
     idle       the producer stopped; once every view caught up, --idle seconds measured the same way
 
 CPU-s per micro-batch = the view host's CPU seconds / the micro-batches all its views committed in the window
-(and, idle, the view host's cores with nothing to read). A leg runs the baseline's own code: its tree is a git
+(and, idle, the view host's cores with nothing to read).
+
+Between the two, the **engine's floor** (``floor``, skipped with ``--no-floor``): the same topics, triggers and rate
+read by plain Structured Streaming in a session built like the view host's - per view one query that decodes and
+validates its records in the stream and collects each micro-batch's valid records to the driver, nothing else of
+the platform (no Delta commit, no quarantine, no metrics) - so what a micro-batch costs the engine alone is measured
+in the same run as what it costs a view. A leg runs the baseline's own code: its tree is a git
 worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on ``PYTHONPATH``; this
 file is run as a script there and uses only what both versions have (``kappa.front.stack``, the runner's ports).
 
@@ -202,6 +208,74 @@ def leg(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 
+def floor_leg(args: argparse.Namespace) -> None:
+    """The engine's floor, measured like a leg: plain Structured Streaming and nothing of the platform - for each view
+    of ``make run`` one query over the same topic with the same trigger, its records decoded and validated in the
+    stream as the views do (:func:`kappa.runtime.parsing.decode`), each micro-batch's valid records collected to the
+    driver (one Spark job: the least a live view's batch does) - at the same rate, in a session built like the view
+    host's. CPU-s per micro-batch = this process tree's CPU / the micro-batches its queries ran."""
+    import tempfile
+    import threading
+
+    from kappa.config import Settings
+    from kappa.control.leases import converge_topics
+    from kappa.control.replay.version import module_of
+    from kappa.front import stack
+    from kappa.runtime.parsing import decode, valid_rows
+    from kappa.runtime.spark import build_spark
+    from kappa.runtime.view import load_view
+
+    st = Settings.from_env()
+    say = lambda line: print(f"  [{args.label}] {line}", flush=True)  # noqa: E731
+    result: dict[str, Any] = {"label": args.label, "rate": args.rate}
+    t0 = time.monotonic()
+    for change in converge_topics(st):
+        say(f"topic      {change}")
+    spark = build_spark("kappa-bench-floor", st, extra_conf={"spark.scheduler.mode": "FAIR"})
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def handler(name: str) -> Any:
+        def run(batch: Any, _batch_id: int) -> None:
+            valid_rows(batch).collect()
+            with lock:
+                counts[name] = counts.get(name, 0) + 1
+        return run
+
+    queries = []
+    try:
+        for name, version in stack.stack_views(st):
+            view = load_view(module_of(name, version))
+            raw = (spark.readStream.format("kafka").options(**st.spark_kafka_options())
+                   .option("subscribe", st.topic(view.stream_topic)).option("startingOffsets", "latest").load())
+            queries.append(decode(raw, view.stream_format).writeStream
+                           .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{name}-"))
+                           .trigger(processingTime=f"{view.trigger_seconds or 2.0} seconds")
+                           .foreachBatch(handler(name)).start())
+        stack.start_producer(st, rate=args.rate)
+        result["up_seconds"] = time.monotonic() - t0
+        say(f"{len(queries)} queries at {args.rate:g} events/s; warming up {args.warm:g} s")
+        time.sleep(args.warm)
+        say(f"measuring {args.load:g} s")
+        pid = os.getpid()
+        before, first, started = _tree_usage(pid), dict(counts), time.monotonic()
+        time.sleep(args.load)
+        after, last, elapsed = _tree_usage(pid), dict(counts), time.monotonic() - started
+        batches = sum(last.values()) - sum(first.values())
+        cpu = after["cpu_s"] - before["cpu_s"]
+        result["load"] = {"seconds": elapsed, "batches": batches, "cores": {"view host": cpu / elapsed},
+                          "cores_total": cpu / elapsed, "rss_mb_total": after["rss_mb"],
+                          "host_cpu_s_per_batch": cpu / batches if batches else None,
+                          "views": {name: {"batches": last.get(name, 0) - first.get(name, 0)}
+                                    for name, _version in stack.stack_views(st)},
+                          "load_avg": os.getloadavg()}
+    finally:
+        stack.stop_producer(st)
+        for query in queries:
+            query.stop()
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
 # ------------------------------------------------------------------------------------------------ the bench
 def _git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
@@ -272,14 +346,15 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     axes[0].bar(labels, [r["load"]["host_cpu_s_per_batch"] or 0 for r in results], color="#c73")
     axes[0].set_title("CPU-s per micro-batch at load")
     axes[1].bar(labels, [r["load"]["cores_total"] for r in results], color="#37c", label="at load")
-    axes[1].bar(labels, [r["idle"]["cores"]["view host"] for r in results], color="#9bd", label="view host idle")
+    axes[1].bar(labels, [r["idle"]["cores"]["view host"] if "idle" in r else 0 for r in results], color="#9bd",
+                label="view host idle")
     axes[1].set_title("cores")
     axes[1].legend()
     views = list(results[-1]["load"]["views"])
     width = 0.8 / len(results)
     for i, r in enumerate(results):
         axes[2].bar([x + i * width for x in range(len(views))],
-                    [r["load"]["views"][v].get("lag_seconds_max") or 0 for v in views], width, label=labels[i])
+                    [r["load"]["views"].get(v, {}).get("lag_seconds_max") or 0 for v in views], width, label=labels[i])
     axes[2].set_xticks([x + width / 2 for x in range(len(views))], views, rotation=30, ha="right")
     axes[2].set_title("lag max (s of produce) at load")
     axes[2].legend()
@@ -296,13 +371,15 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=60.0, help="seconds measured idle")
     parser.add_argument("--airflow", action="store_true", help="start Airflow too (the whole make run)")
     parser.add_argument("--out", type=Path, default=Path("reports"))
-    parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg"))
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the engine's floor (plain Structured Streaming over the same topics)")
+    parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
     parser.add_argument("--label", default="")
     parser.add_argument("--leg-out", dest="leg_out", default="")
     args = parser.parse_args()
-    if args.command == "leg":
+    if args.command in ("leg", "floor"):
         args.out = args.leg_out
-        leg(args)
+        (leg if args.command == "leg" else floor_leg)(args)
         return
     from kappa.front.bench import bench_settings, run_interruptible
 
@@ -322,9 +399,10 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     raise SystemExit(f"bench-live: port {port} is in use; stop `make run` first (`make down`)")
-        legs = ([("baseline", args.baseline)] if args.baseline else []) + [("this tree", "HEAD")]
+        legs = ([("baseline", args.baseline, "leg")] if args.baseline else [])
+        legs += ([("engine floor", "HEAD", "floor")] if args.floor else []) + [("this tree", "HEAD", "leg")]
         results = []
-        for label, ref in legs:
+        for label, ref, kind in legs:
             tree, commit = code_tree(root, ref)
             stamp = int(time.time())
             home = Path(settings.home) / "bench-live" / f"{commit}-{stamp}"
@@ -334,11 +412,11 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                    "KAPPA_LAKE_URI": str(home / "lake"), "KAPPA_TOPIC_PREFIX": f"live{stamp}-",
                    "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
-            cmd = [sys.executable, str(Path(__file__).resolve()), "leg", "--label", label, "--leg-out", str(out),
+            cmd = [sys.executable, str(Path(__file__).resolve()), kind, "--label", label, "--leg-out", str(out),
                    "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
                    "--idle", str(args.idle)] + (["--airflow"] if args.airflow else [])
             subprocess.run(cmd, env=env, cwd=tree, check=True)
-            results.append({**json.loads(out.read_text()), "commit": commit})
+            results.append({**json.loads(out.read_text()), "commit": "Spark alone" if kind == "floor" else commit})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
         _plot(results, args.out / "bench-live.png")
