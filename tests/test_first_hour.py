@@ -111,7 +111,10 @@ def _make_run_interrupted(env: dict[str, str], settings: Settings) -> float:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert "interrupted (SIGTERM): stopped everything it had started (data stays in .kappa/)" in err, out + err
+    # where its data stays: the home it ran in (KAPPA_HOME, as typed from this folder), not the default .kappa/
+    home = Path(settings.home).resolve()
+    where = home.relative_to(ROOT) if home.is_relative_to(ROOT) else home
+    assert f"interrupted (SIGTERM): stopped everything it had started (data stays in {where}/)" in err, out + err
     assert "Traceback" not in out + err, out + err
     assert host_pid(settings) is None and Daemon("producer", settings).pid() is None
     assert Daemon("airflow", settings).pid() is None

@@ -181,3 +181,31 @@ def test_hints_of_refusals_run_as_printed(settings: Settings):
     (step,) = cli._cascade_steps(req, [("campaign_hourly_totals", 2)], settings)[-1:]
     (hint,) = re.findall(r"`([^`]+)`", step)
     assert _runs_as_printed(hint, "bin/kappa") == ["promote", CWC, "--version", "2", "--cascade"]
+
+
+def test_the_next_hint_of_make_run_exports_what_locates_the_platform(settings: Settings, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """A platform started with KAPPA_HOME / a lake elsewhere: the Next block's commands find it from a fresh shell
+    (the export line, run by bash, gives the same settings) and its data is said to stay where it is."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("KAPPA_LAKE_URI", "s3a://kappa/lake")
+    located = Settings.from_env()
+    hint = cli.next_hint(located, [])
+    (export,) = [line.strip() for line in hint.splitlines() if line.strip().startswith("export ")]
+    fresh = {k: v for k, v in os.environ.items() if not k.startswith("KAPPA_")}
+    probe = "from kappa.config import Settings; s = Settings.from_env(); print(s.home); print(s.lake_uri)"
+    shown = subprocess.run(["bash", "-c", f'{export}; exec "$0" -c "$1"', sys.executable, probe], env=fresh,
+                           cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    assert shown == [str(located.home), "s3a://kappa/lake"], (export, shown)
+    home = Path(located.home).resolve()
+    where = home.relative_to(ROOT) if home.is_relative_to(ROOT) else home
+    assert f"data stays in {where}/ and s3a://kappa/lake)" in hint, hint
+    # the default platform (nothing set): no export, the data in .kappa/
+    for name in cli._LOCATING:
+        monkeypatch.delenv(name, raising=False)
+    plain = cli.next_hint(Settings.from_env(), [])
+    assert "export" not in plain and "data stays in .kappa/)" in plain, plain

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -386,18 +387,42 @@ def up(
             raise _interrupted(exc, f"the platform was running before this command ({', '.join(running_before)}) "
                                     "and is left running; `make down` stops it") from None
         stack.down(settings, echo=lambda m: None)
-        raise _interrupted(exc, "stopped everything it had started (data stays in .kappa/)") from None
+        raise _interrupted(exc, f"stopped everything it had started (data stays in {_data_place(settings)})") \
+            from None
     if wait:
         console.print(f"\nready in {time.monotonic() - began:.0f} s: every view has committed rows"
                       + (", Airflow's DAGs can be triggered" if airflow else ""), highlight=False)
+    console.print(next_hint(settings, _version_step(settings)), highlight=False)
+
+
+#: What locates a platform: a shell without them finds another one (or none) - the Next hint exports them.
+_LOCATING = ("KAPPA_HOME", "KAPPA_LAKE_URI", "KAPPA_KAFKA_BOOTSTRAP", "KAPPA_TOPIC_PREFIX")
+
+
+def _data_place(settings) -> str:
+    """Where a stopped platform's data stays: its home (as the user would type it) and a lake outside it."""
+    from kappa.front.stack import _short
+
+    home = _short(Path(settings.home))
+    lake = settings.lake_uri
+    inside = "://" not in lake and Path(lake).resolve().is_relative_to(Path(settings.home).resolve())
+    return f"{home}/" if inside else f"{home}/ and {lake}"
+
+
+def next_hint(settings, version_steps: list[str]) -> str:
+    """The Next block ``up`` prints: commands that run as printed from a fresh shell in this folder - so when this
+    platform was located by variables (``KAPPA_HOME``, a lake on an object store...), an ``export`` of them first."""
+    import shlex
+
     cli = settings.cli
-    console.print(
-        "\n[bold]Next[/bold] (from this folder)\n"
-        f"  {cli} status\n"
-        f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
-        + "".join(f"  {step}\n" for step in _version_step(settings))
-        + f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
-        f"  {'make down':<26} stop everything (data stays in .kappa/)", highlight=False)
+    located = [f"{name}={shlex.quote(os.environ[name])}" for name in _LOCATING if os.environ.get(name)]
+    return ("\n[bold]Next[/bold] (from this folder" + ("; a new shell needs the export first" if located else "") + ")\n"
+            + (f"  export {' '.join(located)}\n" if located else "")
+            + f"  {cli} status\n"
+            f"  {cli} query \"SELECT * FROM campaign_window_counts ORDER BY window_start DESC LIMIT 10\"\n"
+            + "".join(f"  {step}\n" for step in version_steps)
+            + f"  {cli + ' producer stop':<26} pause the live producer (the views keep running)\n"
+            f"  {'make down':<26} stop everything (data stays in {_data_place(settings)})")
 
 
 #: What `replay <view> --version N` (no --start) does for a version in these registry states.
