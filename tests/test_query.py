@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -221,3 +222,25 @@ def test_the_query_command_says_when_it_shows_fewer_rows_than_the_answer_has(set
     code, out, err = _cli(["query", sql, "--limit", "0"], capsys)  # misuse: one line, no traceback
     assert code == 2 and out == "" and err.startswith("error: ") and "--limit" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_query_command_shows_long_values_whole_and_the_platform_tables_without_a_version(
+        settings: Settings, capsys):
+    long_id = "campaign-" + "x" * 150 + "-end"  # wider than any terminal the table is drawn for
+    write_windows(table(settings, CWC), {long_id: 3, "c1": 1})
+    sql = f"SELECT campaign_id, view_count FROM {CWC} ORDER BY view_count DESC"
+    code, out, _ = _cli(["query", sql], capsys)
+    cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert code == 0 and "".join(cells).startswith(long_id + "c1"), out  # folded inside its cell, never cut
+    code, out, _ = _cli(["query", sql, "--format", "csv"], capsys)
+    assert code == 0 and out.splitlines() == ["campaign_id,view_count", f"{long_id},3", "c1,1"], out
+    code, out, _ = _cli(["query", sql, "--format", "json"], capsys)
+    assert code == 0 and [json.loads(line) for line in out.splitlines()] == [
+        {"campaign_id": long_id, "view_count": 3}, {"campaign_id": "c1", "view_count": 1}], out
+    code, out, err = _cli(["query", sql, "--format", "xml"], capsys)  # misuse: one line
+    assert code == 2 and err.startswith("error: ") and "--format" in err and len(err.strip().splitlines()) == 1, err
+    write_deltalake(f"{settings.lake_uri}/quarantine", duckdb.connect().sql(
+        "SELECT 'user_sessions' AS view, 1 AS version, 'ad-events' AS topic, 'not json' AS error"))
+    code, out, _ = _cli(["query", "SELECT count(*) AS n FROM quarantine"], capsys)
+    footer = [line for line in out.splitlines() if line.startswith("quarantine:")]
+    assert code == 0 and footer and "vNone" not in out and "serving" not in footer[0], out

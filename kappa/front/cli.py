@@ -608,13 +608,30 @@ def query(
     limit: int = typer.Option(50, min=1, help="Rows to print (the line under the table says how many the answer "
                               "has when it has more)."),
     all_rows: bool = typer.Option(False, "--all", help="Print every row of the answer."),
+    fmt: str = typer.Option("table", "--format", help="table (long values wrap, never cut), csv or json (one "
+                            "object per line): csv and json print every row, whole, and no freshness lines."),
 ) -> None:
     """Answer SQL over the serving views without Spark (DuckDB over delta-rs), with freshness."""
     from kappa.front.query import run_query
 
+    if fmt not in ("table", "csv", "json"):
+        raise typer.BadParameter(f"--format {fmt!r}: one of table, csv, json")
     result = run_query(sql, as_of=as_of, settings=_settings())
+    if fmt != "table":  # for scripts: every row, values whole, nothing else on stdout
+        import csv
+
+        if fmt == "csv":
+            writer = csv.writer(sys.stdout, lineterminator="\n")
+            writer.writerow(result.columns)
+            writer.writerows(["" if v is None else v for v in row] for row in result.rows)
+        else:
+            for row in result.rows:
+                print(json.dumps(dict(zip(result.columns, row)), default=str))
+        return
     shown = result.rows if all_rows else result.rows[:limit]
-    table = Table(*result.columns)
+    table = Table()
+    for column in result.columns:
+        table.add_column(column, overflow="fold")  # a long value wraps inside its cell, it is never cut
     for row in shown:
         table.add_row(*("" if v is None else str(v) for v in row))
     console.print(table)
@@ -622,8 +639,9 @@ def query(
         console.print(_truncation_note(len(shown), len(result.rows)), highlight=False)
     for name, f in result.freshness.items():
         watermark = f", watermark {f.watermark}" if f.watermark is not None else ""  # windowed views' tables only
-        console.print(f"{name}: serving v{f.serving_version}, delta version {f.delta_version}, last commit "
-                      f"{f.last_commit}{watermark}", highlight=False)
+        served = f"serving v{f.serving_version}, " if f.serving_version is not None else ""  # quarantine, registry
+        console.print(f"{name}: {served}delta version {f.delta_version}, last commit {f.last_commit}{watermark}",
+                      highlight=False)
 
 
 @app.command("watch")
