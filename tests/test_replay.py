@@ -545,9 +545,12 @@ def test_preflight_refuses_starts_retention_no_longer_covers(kafka, lake, tmp_pa
     pre = replay.preflight(req, settings, runner)
     assert pre.start_offsets[0] == ends[0] // 2 and pre.records == 400 - ends[0] // 2 - ends[2]
 
-    with pytest.raises(ReplayError, match=r"missing \[3\]"):
+    with pytest.raises(ReplayError, match=r"\(0, 1, 2, 3\): partition 3 is missing$"):
         replay.preflight(ReplayRequest(view=VIEW, version=2, start="offsets", triggered_by="test",
                                        start_offsets='{"0": 300, "1": 0, "2": 300}'), settings, runner)
+    with pytest.raises(ReplayError, match=r"partitions 1, 2, 3 are missing; partition 7 does not exist$"):
+        replay.preflight(ReplayRequest(view=VIEW, version=2, start="offsets", triggered_by="test",
+                                       start_offsets='{"0": 300, "7": 0}'), settings, runner)
     with pytest.raises(ReplayError, match="unknown view 'nope'"):
         replay.preflight(ReplayRequest(view="nope", version=1, triggered_by="test"), settings, runner)
     with pytest.raises(ReplayError, match="has no version 9"):

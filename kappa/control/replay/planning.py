@@ -307,9 +307,14 @@ def preflight(req: ReplayRequest, settings: Settings, runner: Runner, *, resume:
         missing = sorted(set(log_end) - set(asked))
         unknown = sorted(set(asked) - set(log_end))
         if missing or unknown:
+            def named(parts: list[int], one: str, many: str) -> str:
+                return (f"partition {parts[0]} {one}" if len(parts) == 1
+                        else f"partitions {', '.join(map(str, parts))} {many}")
+
+            wrong = ([named(missing, "is missing", "are missing")] if missing else []) + \
+                ([named(unknown, "does not exist", "do not exist")] if unknown else [])
             raise ReplayError(f"start_offsets must name every partition of {topic} "
-                              f"({', '.join(map(str, sorted(log_end)))}); missing {missing or '-'}, "
-                              f"unknown {unknown or '-'}")
+                              f"({', '.join(map(str, sorted(log_end)))}): {'; '.join(wrong)}")
         beyond = {p: o for p, o in asked.items() if o > log_end[p]}
         if beyond:
             raise ReplayError(f"start_offsets beyond the log end of {topic}: " + ", ".join(
