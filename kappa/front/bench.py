@@ -836,6 +836,13 @@ def _secs(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f} s"
 
 
+def _not_run(ax: Any, why: str) -> None:
+    """A panel whose measurement did not run says so instead of drawing empty axes."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="#777")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def _report(result: dict[str, Any], out: Path) -> None:
     import matplotlib
 
@@ -871,7 +878,11 @@ def _report(result: dict[str, Any], out: Path) -> None:
     ax4.tick_params(axis="x", labelrotation=30)
     ax4.set_ylabel("seconds of produce behind (max, last minute)")
     ax4.set_title("make run steady state (g)")
+    if not stack_views:
+        _not_run(ax4, "not run (--stack-minutes 0)" if result.get("stack") is None else "no view measured")
     per_core_runs = (result.get("per_core") or {}).get("runs") or {}
+    if not per_core_runs:
+        _not_run(ax5, "not run")
     ax5.bar([f"{n} core(s)" for n in per_core_runs], [r["events_per_s"] for r in per_core_runs.values()],
             color="#2a7")
     ax5.bar([f"{n} core(s)" for n in per_core_runs], [r["events_per_s_per_core"] for r in per_core_runs.values()],
