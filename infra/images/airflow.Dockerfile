@@ -33,17 +33,23 @@ RUN set -eu; \
     install -d -o airflow -g 0 -m 0775 /opt/kappa
 USER airflow
 WORKDIR /opt/kappa
+# Layers in the order they change, each cached by its content: the JDK above, the dependencies (the lock and the
+# packaging metadata), the Spark jars; the project's code comes last, so a change under kappa/ or jobs/ rebuilds only
+# its thin layers. Airflow stays at AIRFLOW_VERSION; everything else resolves to the project's tested versions (the
+# lock as constraints). The kubernetes client for the Kubernetes runner comes with the image's cncf.kubernetes
+# provider. The editable install needs the packaging metadata only: its finder maps the top-level packages (kappa,
+# jobs) to /opt/kappa, whatever they hold later.
 COPY --chown=airflow:0 pyproject.toml requirements.lock ./
+RUN mkdir kappa jobs && touch kappa/__init__.py jobs/__init__.py \
+ && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" --constraint requirements.lock -e /opt/kappa \
+ && rm -rf kappa jobs
+COPY --from=viewjob --chown=airflow:0 /opt/kappa/.cache/jars/spark/ .cache/jars/spark/
 COPY --chown=airflow:0 infra/versions.env infra/versions.env
 COPY --chown=airflow:0 schemas/ schemas/
+COPY --chown=airflow:0 dags/ dags/
 COPY --chown=airflow:0 jobs/ jobs/
 COPY --chown=airflow:0 kappa/ kappa/
-COPY --chown=airflow:0 dags/ dags/
-COPY --from=viewjob --chown=airflow:0 /opt/kappa/.cache/jars/spark/ .cache/jars/spark/
-# Airflow stays at AIRFLOW_VERSION; everything else resolves to the project's tested versions (the lock as
-# constraints). The kubernetes client for the Kubernetes runner comes with the image's cncf.kubernetes provider.
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" --constraint requirements.lock -e /opt/kappa \
- && python -c "import airflow, kappa.control.runners.kubernetes, kubernetes; assert airflow.__version__ == '${AIRFLOW_VERSION}', airflow.__version__"
+RUN PYTHONDONTWRITEBYTECODE=1 python -c "import airflow, kappa.control.runners.kubernetes, kubernetes; assert airflow.__version__ == '${AIRFLOW_VERSION}', airflow.__version__"
 ENV KAPPA_REPO_ROOT=/opt/kappa \
     JAVA_HOME=/opt/java \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/kappa/dags \

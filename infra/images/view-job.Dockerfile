@@ -78,6 +78,9 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
     ls /jars
 
 # --------------------------------------------------------------------------------------------- runtime
+# Layers in the order they change, each cached by its content: the JDK, the virtual environment (requirements.lock),
+# the jars (the pins above), the drivers' class-data archive (the JDK and the jars), the editable install (the
+# packaging metadata); the project's code comes last, so a change under kappa/ or jobs/ rebuilds only its thin layers.
 FROM ${PYTHON_IMAGE}
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Spark 4.1 runs on Java 17/21; tini reaps the JVM/Python workers; procps for Spark's scripts
@@ -89,20 +92,32 @@ RUN set -eu; \
     groupadd --gid 10001 kappa; \
     useradd --uid 10001 --gid 10001 --home-dir /home/kappa --create-home --shell /usr/sbin/nologin kappa
 COPY --from=python /opt/venv /opt/venv
+RUN ln -s "$(/opt/venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
 WORKDIR /opt/kappa
+COPY --from=jars /jars/ .cache/jars/spark/
+# The class-data archive maps the classes of the JVM and the jars above (a JVM checks them), not the project's code:
+# it is dumped by the few modules kappa.runtime.cds imports, copied alone, so a code change elsewhere keeps it.
+COPY kappa/__init__.py kappa/errors.py kappa/config.py /tmp/cds/kappa/
+COPY kappa/runtime/__init__.py kappa/runtime/cds.py kappa/runtime/spark.py kappa/runtime/log4j2-file.properties /tmp/cds/kappa/runtime/
+RUN cd /tmp/cds \
+ && KAPPA_REPO_ROOT=/opt/kappa PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -m kappa.runtime.cds \
+ && rm -rf /tmp/cds
+# The editable install needs the packaging metadata only: its finder maps the top-level packages (kappa, jobs) to
+# /opt/kappa, whatever they hold later; the console script `kappa` comes with it.
 COPY pyproject.toml ./
+RUN mkdir kappa jobs && touch kappa/__init__.py jobs/__init__.py \
+ && /opt/venv/bin/pip install --no-deps -e /opt/kappa \
+ && rm -rf kappa jobs
+# the project itself: the thin layers
 COPY infra/versions.env infra/versions.env
 COPY schemas/ schemas/
-COPY jobs/ jobs/
 COPY dags/ dags/
+COPY jobs/ jobs/
 COPY kappa/ kappa/
-COPY --from=jars /jars/ .cache/jars/spark/
 COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
-RUN /opt/venv/bin/pip install --no-deps -e /opt/kappa \
- && /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
- && /opt/venv/bin/kappa --help >/dev/null \
- && /opt/venv/bin/python -m kappa.runtime.cds \
- && ln -s "$(/opt/venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
+RUN PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
+ && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/kappa --help >/dev/null \
+ && test -s /opt/kappa/.cache/jars/cds/spark-driver.jsa
 # SPARK_HOME is the pip-installed pyspark, through the /opt/spark link (not a path spelled with PYTHON_VERSION:
 # the official python image sets ENV PYTHON_VERSION=3.11.x, which buildah lets win over this stage's ARG)
 ENV PATH=/opt/venv/bin:$PATH \
