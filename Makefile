@@ -8,7 +8,7 @@ KAPPA := bin/kappa
 # folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-long test-deploy test-cluster bench bench-live bench-verify bench-lake clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-verify bench-lake clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
 
 help: ## list targets
@@ -27,7 +27,20 @@ status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
 test: setup k8s-build objectstore-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks)
-	@$(PYTEST) -m "not slow and not bench and not cluster" --durations=25 tests
+	@$(PYTEST) -m "not slow and not bench and not cluster and not smoke" --durations=25 tests
+
+test-smoke: setup k8s-build smoke-prep ## the cluster smoke: docs/deploy.md section 5 verbatim on a real node it brings up and tears down (root; ~25 min warm)
+	@$(PYTEST) -m smoke -rP tests
+
+# the cluster smoke (tests/cluster/test_smoke.py, marker smoke, make test-smoke) runs docs/deploy.md section 5, whose first block brings
+# the node up, builds the images and loads them: built here first (cached: seconds when nothing changed). Where no
+# node can run (not root, no cgroups) nothing is built and the smoke fails saying why; a failed build leaves the
+# smoke to fail with it too.
+smoke-prep: ## the node's binaries and the images the cluster smoke needs (where a node can run)
+	@if bash infra/k8s/node.sh check 2>/dev/null; then \
+		{ bash infra/k8s/build.sh node >/dev/null && bash infra/images/build.sh; } \
+			|| echo "smoke-prep: building the node or the images failed (above): the cluster smoke will fail" >&2; \
+	else echo "smoke-prep: $$(bash infra/k8s/node.sh check 2>&1 | tail -1): the cluster smoke will fail" >&2; fi
 
 test-long: setup ## long soak / fault loops (>= 50 SIGKILLs of running view jobs; broker killed and frozen)
 	@$(PYTEST) -m slow -rP tests

@@ -80,3 +80,11 @@ def shell_blocks(root: Path = ROOT) -> list[Block]:
 def cluster_blocks(root: Path = ROOT) -> list[Block]:
     """The command blocks marked ``docs-test: cluster``, in order."""
     return [b for b in shell_blocks(root) if b.cluster]
+
+
+def cluster_block(containing: str, root: Path = ROOT) -> Block:
+    """The one ``docs-test: cluster`` block whose text contains ``containing`` (fails when none or several do)."""
+    found = [b for b in cluster_blocks(root) if containing in b.text]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} cluster blocks contain {containing!r}: {[b.where for b in found]}")
+    return found[0]

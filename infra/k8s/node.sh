@@ -6,15 +6,22 @@
 # No registry is needed: the sandbox and CoreDNS images are built here (buildah, from scratch) and the project's
 # images (make images) are loaded into the node's runtime from podman's storage.
 #
-# Usage: infra/k8s/node.sh up|down|status|load|recycle
+# Usage: infra/k8s/node.sh up|down|status|load|recycle|check|reset|leftovers
 #   up      build what is missing, install Debian's runc / CNI plugins / iptables / ipset / buildah when absent,
 #           start etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy,
 #           kube-router (NetworkPolicies; KAPPA_CLUSTER_NETPOL=none leaves them unenforced) and CoreDNS,
 #           create local PersistentVolumes, load the project's images when built; wait until the node is Ready
 #           and DNS answers; prints `export KUBECONFIG=...`. Idempotent.
-#   down    stop every pod's containers, the node and the control plane; undo the mounts, kube-proxy's and
-#           kube-router's rules.
+#   down    stop every pod's containers, the node and the control plane, then undo what they set up on the
+#           machine: the mounts, the pods' network namespaces (and their veths), the kappa0 bridge, every iptables /
+#           ip6tables chain of the kubelet, kube-proxy, kube-router and the CNI plugins (and the rules jumping to
+#           them), kube-router's ipsets, the CNI plugin's address reservations, the pods' cgroups.
 #           State (etcd, volumes, containerd's images) stays in the state folder; `up` starts from it again.
+#   leftovers  what of a node is still on the machine (processes, bridge, network namespaces, mounts, chains,
+#           ipsets), one line each; exits 1 when anything is (after `down`: nothing).
+#   check   whether this machine can run a node (root, cgroups): one line saying why not, exit 1.
+#   reset   down, then forget the cluster (etcd, volumes, the kubelet's pods); keeps the binaries, certificates
+#           and containerd's images: the next `up` is a fresh cluster with the images loaded.
 #   status  what runs.
 #   recycle empty the local PersistentVolumes whose claims were deleted (their data is gone) so new claims bind.
 #   load    import the project's images (localhost/kappa/*, built by make images) into the node's runtime when
@@ -57,8 +64,24 @@ node_ip() {
     ip -4 route get 192.0.2.123 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}'
 }
 
+check() {  # can this machine run a node? One line on stderr saying why not
+    [[ "$(id -u)" == 0 ]] || die "cannot run a node here: not root (a kubelet needs root for cgroups, mounts and iptables)"
+    grep -qE '^[^ ]+ /sys/fs/cgroup(/[^ ]*)? (cgroup|cgroup2|tmpfs) ' /proc/mounts \
+        || die "cannot run a node here: no cgroup filesystem at /sys/fs/cgroup"
+    local c
+    for c in cpu memory pids; do
+        [[ -d "/sys/fs/cgroup/$c" ]] || grep -qw "$c" /sys/fs/cgroup/cgroup.controllers 2>/dev/null \
+            || die "cannot run a node here: no $c cgroup controller (a kubelet limits pods with it)"
+    done
+    # one node per machine: containerd's state folder and the kubelet's port are fixed
+    if [[ -S "$CTR_SOCK" ]] && ! alive containerd && pgrep -f "containerd --config .*node/containerd.toml" >/dev/null; then
+        die "cannot run a node here: another checkout's node runs on this machine ($CTR_SOCK); stop it with its make cluster-down"
+    fi
+    return 0
+}
+
 prerequisites() {
-    [[ "$(id -u)" == 0 ]] || die "a kubelet needs root (cgroups, mounts, iptables): run as root"
+    check
     local pkgs=() p
     for p in runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge iptables:/usr/sbin/iptables \
              conntrack:/usr/sbin/conntrack ipset:/usr/sbin/ipset buildah:/usr/bin/buildah podman:/usr/bin/podman; do
@@ -269,7 +292,12 @@ EOF
 }
 
 recycle() {  # empty the local PVs a deleted claim left Released (Retain, no provisioner) and offer them again
-    local pv path n=0
+    local pv path n=0 i
+    # a claim deleted a moment ago: its volume turns Released once the PV controller has seen it (a second or two)
+    for ((i = 0; i < 60; i++)); do
+        bound_to_gone || break
+        sleep 1
+    done
     for pv in $($KUBECTL get pv -l kappa.io/node-volume=true -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name}{"\n"}{end}'); do
         path="$($KUBECTL get pv "$pv" -o jsonpath='{.spec.local.path}')"
         [[ "$path" == "$HOME_DIR/volumes/"* ]] || die "PV $pv is not one of this node's volumes ($path)"
@@ -278,6 +306,15 @@ recycle() {  # empty the local PVs a deleted claim left Released (Retain, no pro
         n=$((n + 1))
     done
     log "recycled $n released volume(s)"
+}
+
+bound_to_gone() {  # a local PV still Bound to a claim that no longer exists
+    local claims ref
+    claims="$($KUBECTL get pvc -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}')"
+    for ref in $($KUBECTL get pv -l kappa.io/node-volume=true -o jsonpath='{range .items[?(@.status.phase=="Bound")]}{.spec.claimRef.namespace}/{.spec.claimRef.name}{"\n"}{end}'); do
+        grep -qxF "$ref" <<<"$claims" || return 0
+    done
+    return 1
 }
 
 netpol() {  # NetworkPolicy enforcement: kube-router's firewall controller alone, reading the API with its own identity
@@ -324,7 +361,7 @@ netpol_cleanup() {  # what kube-router put in the filter table and ipset (a stop
     for ch in $chains; do iptables -w 5 -t filter -F "$ch"; done
     for ch in $chains; do iptables -w 5 -t filter -X "$ch"; done
     if command -v ipset >/dev/null; then
-        for s in $(ipset list -n | grep -E '^(KUBE-SRC-|KUBE-DST-|TMP-)'); do ipset destroy "$s"; done
+        for s in $(ipset list -n | grep -E '^(KUBE-SRC-|KUBE-DST-|TMP-|inet6:KUBE-SRC-|inet6:KUBE-DST-|kube-router-)'); do ipset destroy "$s" 2>/dev/null || true; done
     fi
     return 0
 }
@@ -477,13 +514,123 @@ down() {
     fi
     stop containerd
     pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io -address $CTR_SOCK" 2>/dev/null || true
+    pod_processes_cleanup
     # volumes and sandboxes the kubelet / containerd mounted (tokens, overlays, netns), innermost first
     local m
     for m in $(awk -v h="$HOME_DIR/" -v s="$CTR_STATE/" 'index($2, h) == 1 || index($2, s) == 1 {print $2}' /proc/mounts | sort -r); do
         umount -l "$m" 2>/dev/null || true
     done
+    network_cleanup
     if [[ -n "$bin" && -x "$bin/kube-proxy" ]]; then "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
+    chains_cleanup
+    netpol_cleanup
     KAPPA_K8S_HOME="$HOME_DIR" bash "$ROOT/infra/k8s/cluster.sh" down
+}
+
+kubepods_cgroups() {  # the pods' cgroup folders (cgroupfs driver: <controller>/kubepods/...), deepest first
+    find /sys/fs/cgroup -maxdepth 2 -type d -name kubepods 2>/dev/null | while read -r d; do
+        find "$d" -depth -type d
+    done
+}
+
+pod_processes_cleanup() {  # anything still in a pod's cgroup (containerd and its shims are gone): killed; the cgroups removed
+    local d pid n=0
+    for d in $(kubepods_cgroups); do
+        [[ -f "$d/cgroup.procs" ]] || continue
+        while read -r pid; do
+            [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null && n=$((n + 1))
+        done < "$d/cgroup.procs"
+    done
+    (( n == 0 )) || { log "killed $n process(es) left in the pods' cgroups"; sleep 1; }
+    for d in $(kubepods_cgroups); do rmdir "$d" 2>/dev/null || true; done
+}
+
+pod_netns() {  # the pods' network namespaces (containerd's cni-*) holding an address of the pods' network
+    local ns prefix="${POD_CIDR%.*}."
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
+        if ip netns exec "$ns" ip -4 -o addr show 2>/dev/null | grep -qF " inet $prefix"; then echo "$ns"; fi
+    done
+}
+
+network_cleanup() {  # the pods' network namespaces (their veths go with them), the bridge, the CNI address reservations
+    local ns n=0
+    for ns in $(pod_netns); do ip netns delete "$ns" 2>/dev/null && n=$((n + 1)); done
+    (( n == 0 )) || log "removed $n pod network namespace(s)"
+    if ip link show kappa0 >/dev/null 2>&1; then ip link delete kappa0 && log "removed the bridge kappa0"; fi
+    # every pod is gone: none of the plugin's reservations stands
+    rm -rf "$HOME_DIR/cni-ipam"
+}
+
+node_chains() {  # node_chains <iptables|ip6tables> <table>: the chains of the node (KUBE-*, and the CNI plugins' chains for the pods' network)
+    local rules
+    rules="$("$1" -w 5 -t "$2" -S 2>/dev/null)" || return 0
+    awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}' <<<"$rules"
+    # the bridge plugin's masquerade chain per pod and the portmap plugin's per pod: their rules name the network
+    awk '$1 == "-A" && $2 ~ /^CNI-/ && $2 !~ /^CNI-HOSTPORT-/ && /kappa-pods/ {print $2}' <<<"$rules" | sort -u
+    return 0
+}
+
+chains_cleanup() {  # every chain of the node in every table (iptables and ip6tables) and the rules jumping to it
+    local ipt table chains rule ch
+    for ipt in iptables ip6tables; do
+        command -v "$ipt" >/dev/null || continue
+        for table in filter nat mangle raw; do
+            chains="$(node_chains "$ipt" "$table" | sort -u)"
+            [[ -n "$chains" ]] || continue
+            # rules outside those chains that jump to one of them or name the pods' network
+            "$ipt" -w 5 -t "$table" -S | awk '$1 == "-A"' | while read -r rule; do
+                read -r _ ch _ <<<"$rule"
+                grep -qxF "$ch" <<<"$chains" && continue
+                if [[ "$rule" == *kappa-pods* ]] || grep -qxF "$(sed -n 's/.* -j \([^ ]*\).*/\1/p' <<<"$rule")" <<<"$chains"; then
+                    eval "$ipt -w 5 -t $table -D ${rule#-A }" 2>/dev/null || true
+                fi
+            done
+            for ch in $chains; do "$ipt" -w 5 -t "$table" -F "$ch" 2>/dev/null || true; done
+            for ch in $chains; do "$ipt" -w 5 -t "$table" -X "$ch" 2>/dev/null || true; done
+        done
+    done
+    return 0
+}
+
+leftovers() {  # what of a node is left on the machine, one line each; 1 when anything is
+    local out=() line bin cp_bin ipt table ch pid exe
+    bin="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node 2>/dev/null)" || bin=""
+    cp_bin="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" 2>/dev/null)" || cp_bin=""
+    for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+        exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || continue
+        if [[ ( -n "$bin" && "$exe" == "$bin/"* ) || ( -n "$cp_bin" && "$exe" == "$cp_bin/"* && "$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" == *"$HOME_DIR"* ) ]]; then
+            out+=("process $pid: $exe")
+        fi
+    done
+    local d
+    for d in $(kubepods_cgroups); do
+        [[ -s "$d/cgroup.procs" ]] && out+=("processes in the pods' cgroup $d: $(tr '\n' ' ' < "$d/cgroup.procs")")
+    done
+    ip link show kappa0 >/dev/null 2>&1 && out+=("bridge kappa0")
+    # containerd names a pod's network namespace cni-<id> (podman's are netns-<id>); its veth lives as long as it does
+    for line in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do out+=("network namespace $line"); done
+    for line in $(ip -o link show type veth 2>/dev/null | grep -F " master kappa0 " | awk -F': ' '{print $2}' || true); do out+=("veth $line"); done
+    while read -r line; do [[ -n "$line" ]] && out+=("mount $line"); done < <(awk -v h="$HOME_DIR/" -v s="$CTR_STATE/" 'index($2, h) == 1 || index($2, s) == 1 {print $2}' /proc/mounts)
+    for ipt in iptables ip6tables; do
+        command -v "$ipt" >/dev/null || continue
+        for table in filter nat mangle raw; do
+            for ch in $(node_chains "$ipt" "$table"); do out+=("$ipt -t $table chain $ch"); done
+        done
+    done
+    if command -v ipset >/dev/null; then
+        for line in $(ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router|inet6:KUBE-|TMP-)' || true); do out+=("ipset $line"); done
+    fi
+    (( ${#out[@]} == 0 )) && return 0
+    printf '%s\n' "${out[@]}"
+    return 1
+}
+
+reset() {  # down, then a fresh cluster next time: etcd, the volumes and the kubelet's pods go; binaries, PKI, images stay
+    down
+    local m
+    for m in $(awk -v h="$HOME_DIR/" 'index($2, h) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+    rm -rf "$HOME_DIR/etcd" "$HOME_DIR/volumes" "$HOME_DIR/kubelet" "$HOME_DIR/pod-logs" "$HOME_DIR/cni-ipam"
+    log "reset: the next up starts a fresh cluster (images kept)"
 }
 
 status() {
@@ -498,6 +645,9 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
+    check) check ;;
+    reset) reset ;;
+    leftovers) leftovers ;;
     recycle)
         KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
         recycle ;;
@@ -505,5 +655,5 @@ case "${1:-}" in
         NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
         alive containerd || die "the node is not running (make cluster-up)"
         load ;;
-    *) die "usage: infra/k8s/node.sh up|down|status|load|recycle" ;;
+    *) die "usage: infra/k8s/node.sh up|down|status|load|recycle|check|reset|leftovers" ;;
 esac

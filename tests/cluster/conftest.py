@@ -26,7 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import deploy_helpers as h  # noqa: E402
 from kappa.config import Settings  # noqa: E402
-from tests.docs_blocks import cluster_blocks  # noqa: E402
+from tests.docs_blocks import cluster_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_NAME = "kappa-node"
@@ -35,6 +35,7 @@ NODE_NAME = "kappa-node"
 def pytest_configure(config: pytest.Config) -> None:
     # declared in pyproject.toml as well; registered here so this folder collects under --strict-markers on its own
     config.addinivalue_line("markers", "cluster: containers of the images built here (make images); make test-cluster")
+    config.addinivalue_line("markers", "smoke: docs/deploy.md section 5 verbatim on a real node; make test-smoke")
 
 
 def image(name: str) -> str:
@@ -225,7 +226,7 @@ def release(node: Node) -> Release:
     subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
     node.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "namespace.yaml"))
     started = time.monotonic()
-    install = cluster_blocks()[0]  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install
+    install = cluster_block("helm install")  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install
     assert "helm install" in install.text and all(v.replace(f"{ROOT}/", "") in install.text for v in VALUES), \
         install.where
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", install.text], cwd=ROOT, capture_output=True, text=True,

@@ -22,7 +22,7 @@ import pytest
 
 from kappa.catalog import load_catalog
 from tests.cluster.conftest import NS, RELEASE, ROOT, Node, Release
-from tests.docs_blocks import cluster_blocks
+from tests.docs_blocks import cluster_block
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
@@ -70,7 +70,7 @@ def test_every_view_gets_rows_written_by_the_pods(release: Release) -> None:
 def test_an_analyst_outside_the_cluster_queries_the_views(release: Release) -> None:
     """`bin/kappa query` on the host, pointed at the lake volume (DuckDB over delta-rs, the serving versions): the
     docs' block, verbatim, in the shell the install block left (its KUBECONFIG and pinned kubectl)."""
-    query = cluster_blocks()[1]
+    query = cluster_block("bin/kappa query")
     assert "bin/kappa query" in query.text, query.where
     env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", query.text], capture_output=True, text=True, env=env,
@@ -183,7 +183,7 @@ def _seconds(text: str) -> float | None:
 
 def _upgrade(release: Release) -> str:
     """docs/deploy.md's upgrade block, verbatim: helm upgrade with the install's values, then the runner's record."""
-    block = cluster_blocks()[2]
+    block = cluster_block("helm upgrade")
     assert "helm upgrade" in block.text and "kappa-view-state" in block.text, block.where
     env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
     started = time.monotonic()

@@ -1,0 +1,369 @@
+"""The cluster smoke (marker ``smoke``, ``make test-smoke``): docs/deploy.md section 5 as a
+user runs it, every ``docs-test: cluster`` block verbatim and in order, on a fresh cluster with fresh volumes and
+the DAG's defaults.
+
+1. the install block: ``make cluster-up`` (the node from the cached binaries), ``make images`` (incremental),
+   ``node.sh load``, ``helm install --wait``; every pod Ready, as its chart user;
+2. rows in every view's Delta table (read on the host), then the analyst's query block;
+3. the replay block: a port-forward left running, ``kappa_replay`` of ``campaign_window_counts`` v2 with
+   ``auto_promote`` and the default watch window, ``--wait``: promoted, watched, and still serving after it;
+4. the upgrade block (the record: v1 stopped, v2 running), the rollback block (v1 serving again in its own driver,
+   v2's deleted, every pod Ready), the upgrade block again;
+5. the clean-up block (``helm uninstall``, ``kubectl delete namespace``, ``node.sh recycle``, ``make
+   cluster-down``), after which nothing of the node is left on the machine (``node.sh leftovers``: no process, bridge,
+   network namespace, veth, mount, iptables chain or ipset).
+
+Each block runs in its own bash (``-euo pipefail``) in the repository, after the install block's own ``export``
+line - the shell the docs' reader has. A block that leaves a process behind (the replay block's port-forward) is
+stopped with its process group at the end. The pods' memory (working set, the kubelet's ``/stats/summary``) is
+sampled throughout; timings and memory go to ``reports/smoke.json`` (docs/deploy.md, "Measured here").
+
+An earlier cluster in this checkout's ``.kappa/cluster`` (a failed smoke, ``make test-cluster``'s release) is
+reset first (``node.sh reset``: its etcd, volumes and pods go, the loaded images stay). A machine that cannot run a
+node (not root, no cgroups) fails this test in one line saying why; it is never skipped. When a step fails, the
+pods' state and logs are printed and the node is stopped (``KAPPA_SMOKE_KEEP=1`` leaves it running to look at).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.docs_blocks import Block, cluster_block, cluster_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "kappa"
+VIEW = "campaign_window_counts"
+NODE = "kappa-node"
+HOME = ROOT / ".kappa" / "cluster"
+LOGS = ROOT / ".cache" / "smoke"
+REPORT = ROOT / "reports" / "smoke.json"
+#: the DAG's default watch window (dags/kappa_replay.py, watch_minutes), which the replay block leaves as it is
+WATCH_MINUTES = 10
+
+pytestmark = [pytest.mark.smoke, pytest.mark.timeout(4200)]
+
+
+def node_sh(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+class Operator:
+    """The docs' reader: runs blocks in bash in the repository, with the install block's exports."""
+
+    def __init__(self) -> None:
+        install = cluster_block("helm install")
+        self.exports = "".join(line + "\n" for line in install.text.splitlines() if line.startswith("export "))
+        assert "KUBECONFIG=" in self.exports, install.where
+        self.groups: list[int] = []
+        self.timings: dict[str, float] = {}
+        LOGS.mkdir(parents=True, exist_ok=True)
+
+    def run(self, block: Block, name: str, timeout: float, *, first: bool = False) -> str:
+        """Run ``block`` verbatim; its output (stdout and stderr). Fails with the output's tail."""
+        script = block.text if first else self.exports + block.text
+        log = LOGS / f"{name}.log"
+        started = time.monotonic()
+        with log.open("w") as out:
+            # a session of its own: what the block leaves running in the background is stopped with its group
+            # a wide terminal: the CLI's lines of task states are not wrapped
+            proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, "COLUMNS": "300"})
+            self.groups.append(proc.pid)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.stop(proc.pid)
+                rc = None
+        took = time.monotonic() - started
+        self.timings[name] = round(took, 1)
+        text = log.read_text(errors="replace")
+        print(f"[smoke] {name} ({block.where}): {took:.0f} s, exit {rc}")
+        assert rc == 0, (f"{block.where} ({name}) {'timed out' if rc is None else f'exited {rc}'} after {took:.0f} s; "
+                         f"its output ({log}) ends:\n{text[-4000:]}")
+        return text
+
+    def stop(self, pgid: int) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return
+            time.sleep(2)
+
+    def stop_all(self) -> None:
+        for pgid in self.groups:
+            self.stop(pgid)
+
+
+class Cluster:
+    """kubectl against the node, as the blocks' shell has it."""
+
+    def __init__(self) -> None:
+        self.bin = Path(subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "build.sh")], capture_output=True,
+                                       text=True, check=True).stdout.strip())
+        self.env = {**os.environ, "KUBECONFIG": str(HOME / "admin.kubeconfig")}
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(self.bin / "kubectl"), *args], capture_output=True, text=True, env=self.env,
+                             cwd=ROOT, timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()[:1000]}")
+        return res
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def lake(self) -> Path:
+        pvc = self.get("pvc", "kappa-lake", "-n", NS)
+        return Path(self.get("pv", pvc["spec"]["volumeName"])["spec"]["local"]["path"])
+
+    def pods(self) -> list[dict]:
+        return self.get("pods", "-n", NS)["items"]
+
+    def not_ready(self) -> list[str]:
+        """The release's long-running pods that are not Running and Ready (Jobs' pods aside)."""
+        bad = []
+        for p in self.pods():
+            if p["status"].get("phase") == "Succeeded":
+                continue
+            ready = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready")
+            if p["status"].get("phase") != "Running" or ready != "True":
+                bad.append(f"{p['metadata']['name']} {p['status'].get('phase')} Ready={ready}")
+        return bad
+
+    def wait_all_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (bad := self.not_ready()) and time.monotonic() < deadline:
+            time.sleep(5)
+        assert not bad, f"pods not Ready after {timeout:.0f} s: {bad}"
+
+    def memory(self) -> dict[str, int]:
+        """Working set per pod of the release (kubelet's /stats/summary), in bytes."""
+        res = self.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/stats/summary", check=False, timeout=30)
+        if res.returncode != 0:
+            return {}
+        out = {}
+        for pod in json.loads(res.stdout).get("pods", []):
+            ref = pod["podRef"]
+            if ref["namespace"] in (NS, "kube-system") and pod.get("memory", {}).get("workingSetBytes") is not None:
+                out[_workload(ref["name"])] = pod["memory"]["workingSetBytes"]
+        return out
+
+    def diagnostics(self) -> str:
+        """What to look at when a step failed: pods, recent events, the tail of each unready pod's logs."""
+        parts = [self.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout,
+                 self.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False).stdout[-4000:]]
+        for line in self.not_ready():
+            name = line.split()[0]
+            logs = self.kubectl("logs", "-n", NS, name, "--all-containers", "--tail=40", check=False)
+            parts.append(f"--- {name}\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
+        sched = self.kubectl("logs", "-n", NS, "deploy/kappa-airflow-scheduler", "-c", "scheduler", "--tail=60",
+                             check=False)
+        parts.append(f"--- scheduler\n{sched.stdout[-4000:]}")
+        return "\n".join(parts)
+
+
+def _workload(pod: str) -> str:
+    """A pod's workload: a Deployment's pod without its ReplicaSet's and its own suffix, a Job's without its own;
+    a StatefulSet's keeps its ordinal."""
+    for pattern in (r"^(.+)-[a-z0-9]{8,10}-[a-z0-9]{5}$", r"^(.+)-[a-z0-9]{5}$"):
+        if m := re.match(pattern, pod):
+            return m.group(1)
+    return pod
+
+
+class MemorySampler(threading.Thread):
+    """Samples every pod's working set every 20 s: the first sample a minute after the install and the maximum."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.stopping = cluster, threading.Event()
+        self.after_install: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.started = time.monotonic()
+
+    def run(self) -> None:
+        while not self.stopping.wait(20):
+            try:
+                sample = self.cluster.memory()
+            except Exception:  # noqa: BLE001 - a sample lost while the API restarts is no finding
+                continue
+            if not self.after_install and time.monotonic() - self.started >= 60:
+                self.after_install = dict(sample)
+            for pod, used in sample.items():
+                self.peak[pod] = max(used, self.peak.get(pod, 0))
+
+
+def _mib(values: dict[str, int]) -> dict[str, int]:
+    return {k: round(v / 2**20) for k, v in sorted(values.items())}
+
+
+def _rows(lake: Path) -> dict[str, int]:
+    """Rows of every view's serving table, read on the host through the registry's serving alias."""
+    from kappa.catalog import load_catalog
+    from kappa.config import Settings
+    from kappa.front.query import QueryError, run_query
+
+    settings = Settings.from_env({**os.environ, "KAPPA_LAKE_URI": str(lake)})
+    counts = {}
+    for view in load_catalog().views:
+        try:
+            counts[view] = int(run_query(f"SELECT count(*) FROM {view}", settings=settings).rows[0][0])
+        except QueryError:  # no serving table yet, or no commit
+            counts[view] = 0
+    return counts
+
+
+def _serving(lake: Path, view: str) -> int:
+    from kappa.config import Settings
+    from kappa.front.query import run_query
+
+    settings = Settings.from_env({**os.environ, "KAPPA_LAKE_URI": str(lake)})
+    return run_query(f"SELECT count(*) FROM {view}", settings=settings).freshness[view].serving_version
+
+
+def _record(cluster: Cluster) -> dict[str, str]:
+    cm = cluster.get("configmap", "kappa-view-state", "-n", NS)
+    return {v: e["state"] for v, e in json.loads(cm["data"]["views.json"]).get(VIEW, {}).items()}
+
+
+def _hosted(cluster: Cluster) -> list[str]:
+    return cluster.get("deployment", "kappa-views", "-n", NS)["metadata"]["annotations"]["kappa.io/views"].split(",")
+
+
+def _wait(what: str, check, timeout: float, every: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s"
+        time.sleep(every)
+
+
+def _report(operator: Operator, sampler: MemorySampler | None, total: float, result: str, extra: dict) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    REPORT.parent.mkdir(exist_ok=True)
+    REPORT.write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit.strip(), "result": result,
+        "total_s": round(total, 1), "steps_s": operator.timings, **extra,
+        "memory_mib_a_minute_after_install": _mib(sampler.after_install) if sampler else {},
+        "memory_mib_peak": _mib(sampler.peak) if sampler else {},
+    }, indent=2) + "\n")
+
+
+def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
+    capable = node_sh("check", timeout=60)
+    if capable.returncode != 0:
+        pytest.fail((capable.stderr.strip().splitlines() or ["infra/k8s/node.sh check failed"])[-1], pytrace=False)
+    blocks = {name: cluster_block(text) for name, text in (
+        ("install", "helm install"), ("query", "bin/kappa query"), ("replay", "kappa_replay"),
+        ("upgrade", "helm upgrade"), ("rollback", "kappa_rollback"), ("clean-up", "helm uninstall"))}
+    assert [b.where for b in cluster_blocks()] == [b.where for b in blocks.values()], \
+        "docs/deploy.md's cluster blocks are these six, in this order"
+    assert "watch_minutes" not in blocks["replay"].text and '"auto_promote": true' in blocks["replay"].text
+    if (HOME / "etcd").exists():  # an earlier cluster of this checkout: a fresh one, its images kept
+        reset = node_sh("reset", timeout=900)
+        assert reset.returncode == 0, reset.stderr[-2000:]
+
+    operator, started, sampler = Operator(), time.monotonic(), None
+    cluster: Cluster | None = None
+    extra: dict[str, Any] = {}
+    cleaned = False
+    try:
+        # 1. install
+        operator.run(blocks["install"], "install", timeout=3600, first=True)
+        cluster = Cluster()
+        sampler = MemorySampler(cluster)
+        sampler.start()
+        cluster.wait_all_ready(120)
+        names = {p["metadata"]["labels"].get("app.kubernetes.io/name") for p in cluster.pods()}
+        for expected in ("kappa-kafka", "kappa-views", "kappa-producer", "kappa-postgresql",
+                         "kappa-airflow-api-server", "kappa-airflow-scheduler", "kappa-airflow-dag-processor",
+                         "kappa-airflow-triggerer"):
+            assert expected in names, f"{expected} not running: {sorted(n for n in names if n)}"
+
+        # 2. rows in every view, then the analyst's block
+        lake = cluster.lake()
+        t = time.monotonic()
+        counts: dict[str, int] = {}
+
+        def every_view_has_rows() -> bool:
+            nonlocal counts
+            counts = _rows(lake)
+            return all(counts.values())
+
+        _wait(f"rows in every view ({counts})", every_view_has_rows, timeout=900, every=10)
+        operator.timings["install -> rows in every view"] = round(time.monotonic() - started, 1)
+        operator.timings["rows after the install"] = round(time.monotonic() - t, 1)
+        print(f"[smoke] rows per view: {counts}")
+        out = operator.run(blocks["query"], "query", timeout=600)
+        assert f"{VIEW}: serving v1" in out and out.count("│") > 10, out[-2000:]
+
+        # 3. the replay, promoted, watched for the default window, still serving
+        t = time.monotonic()
+        out = operator.run(blocks["replay"], "replay", timeout=3600)
+        final = [line for line in out.splitlines() if line.startswith(("success", "failed"))]
+        assert final and final[-1].startswith("success"), out[-3000:]
+        assert re.search(r"\bpromote success\b", final[-1]) and re.search(r"\bwatch success\b", final[-1]), final[-1]
+        assert time.monotonic() - t >= WATCH_MINUTES * 60, "the run ended before its watch window did"
+        assert _serving(lake, VIEW) == 2, "v2 serves after the watch window"
+        v2 = cluster.get("deployment", "kappa-view-campaign-window-counts-v2", "-n", NS)
+        assert v2["status"].get("readyReplicas") == 1, v2["status"]
+        extra["replay_output_tail"] = out.splitlines()[-6:]
+
+        # 4. upgrade after the promote, rollback, upgrade after it
+        out = operator.run(blocks["upgrade"], "upgrade after the promote", timeout=1800)
+        assert _record(cluster) == {"1": "stopped", "2": "running"}, out[-1000:]
+        assert f"{VIEW}@v1" not in _hosted(cluster)
+        cluster.wait_all_ready(300)
+        out = operator.run(blocks["rollback"], "rollback", timeout=1800)
+        assert _serving(lake, VIEW) == 1, out[-2000:]
+        cluster.kubectl("wait", "--for=delete", "deployment/kappa-view-campaign-window-counts-v2", "-n", NS,
+                        "--timeout=300s", timeout=330)
+        t = time.monotonic()
+        cluster.wait_all_ready(600)  # v1's own driver Ready, the grouped driver too: every pod
+        operator.timings["rollback -> every pod Ready"] = round(time.monotonic() - t, 1)
+        out = operator.run(blocks["upgrade"], "upgrade after the rollback", timeout=1800)
+        assert _record(cluster) == {"1": "running", "2": "stopped"}, out[-1000:]
+        v1 = cluster.get("deployment", "kappa-view-campaign-window-counts-v1", "-n", NS)
+        assert v1["status"].get("readyReplicas") == 1, v1["status"]
+        restarts = {f"{p['metadata']['name']}/{c['name']}": c["restartCount"] for p in cluster.pods()
+                    for c in p["status"].get("containerStatuses", []) if c["restartCount"]}
+        extra["container_restarts"] = restarts
+        print(f"[smoke] container restarts: {restarts or 'none'}")
+        sampler.stopping.set()
+
+        # 5. the documented clean-up, then nothing of the node is left
+        operator.run(blocks["clean-up"], "clean-up", timeout=1200)
+        cleaned = True
+        operator.stop_all()
+        left = node_sh("leftovers", timeout=120)
+        assert left.returncode == 0 and not left.stdout.strip(), f"left on the machine after make cluster-down:\n{left.stdout}"
+        _report(operator, sampler, time.monotonic() - started, "passed", extra)
+        print(f"[smoke] passed in {time.monotonic() - started:.0f} s: {operator.timings}")
+        print(f"[smoke] memory a minute after the install (MiB): {_mib(sampler.after_install)}")
+        print(f"[smoke] memory peak (MiB): {_mib(sampler.peak)}")
+    except BaseException:
+        if sampler:
+            sampler.stopping.set()
+        if cluster is not None and not cleaned:
+            try:
+                print(cluster.diagnostics())
+            except Exception as exc:  # noqa: BLE001
+                print(f"[smoke] no diagnostics: {exc}")
+        _report(operator, sampler, time.monotonic() - started, "failed", extra)
+        raise
+    finally:
+        operator.stop_all()
+        if not cleaned and os.environ.get("KAPPA_SMOKE_KEEP") != "1":
+            node_sh("down", timeout=600)  # the rest of make test gets the machine back
