@@ -353,7 +353,7 @@ EOF
 netpol_cleanup() {  # what kube-router put in the filter table and ipset (a stopped kube-router leaves it enforcing)
     local c rule ch chains s
     for c in INPUT FORWARD OUTPUT; do
-        iptables -w 5 -t filter -S "$c" | grep -E -- "-j KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)( |\$)" | while read -r rule; do
+        iptables -w 5 -t filter -S "$c" | { grep -E -- "-j KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)( |\$)" || true; } | while read -r rule; do
             eval "iptables -w 5 -t filter -D ${rule#-A }"
         done
     done
@@ -361,7 +361,7 @@ netpol_cleanup() {  # what kube-router put in the filter table and ipset (a stop
     for ch in $chains; do iptables -w 5 -t filter -F "$ch"; done
     for ch in $chains; do iptables -w 5 -t filter -X "$ch"; done
     if command -v ipset >/dev/null; then
-        for s in $(ipset list -n | grep -E '^(KUBE-SRC-|KUBE-DST-|TMP-|inet6:KUBE-SRC-|inet6:KUBE-DST-|kube-router-)'); do ipset destroy "$s" 2>/dev/null || true; done
+        for s in $(ipset list -n | grep -E '^(KUBE-SRC-|KUBE-DST-|TMP-|inet6:KUBE-SRC-|inet6:KUBE-DST-|kube-router-)' || true); do ipset destroy "$s" 2>/dev/null || true; done
     fi
     return 0
 }
