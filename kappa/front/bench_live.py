@@ -252,15 +252,20 @@ def floor_leg(args: argparse.Namespace) -> None:
                            .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{name}-"))
                            .trigger(processingTime=f"{view.trigger_seconds or 2.0} seconds")
                            .foreachBatch(handler(name)).start())
-        stack.start_producer(st, rate=args.rate)
+        producer = stack.start_producer(st, rate=args.rate)  # a child of this process: not counted below
         result["up_seconds"] = time.monotonic() - t0
         say(f"{len(queries)} queries at {args.rate:g} events/s; warming up {args.warm:g} s")
         time.sleep(args.warm)
         say(f"measuring {args.load:g} s")
         pid = os.getpid()
-        before, first, started = _tree_usage(pid), dict(counts), time.monotonic()
+
+        def usage() -> dict[str, float]:
+            mine, theirs = _tree_usage(pid), _tree_usage(producer.pid())
+            return {key: mine[key] - theirs[key] for key in mine}
+
+        before, first, started = usage(), dict(counts), time.monotonic()
         time.sleep(args.load)
-        after, last, elapsed = _tree_usage(pid), dict(counts), time.monotonic() - started
+        after, last, elapsed = usage(), dict(counts), time.monotonic() - started
         batches = sum(last.values()) - sum(first.values())
         cpu = after["cpu_s"] - before["cpu_s"]
         result["load"] = {"seconds": elapsed, "batches": batches, "cores": {"view host": cpu / elapsed},
