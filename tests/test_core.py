@@ -233,3 +233,46 @@ def test_a_driver_waits_for_its_topics_with_its_metrics_up(spark, kafka, lake):
         assert job.bound_port == job.metrics_port, "one metrics endpoint, served from the start"
     finally:
         job.stop()
+
+
+def _tasks_per_stage(spark, group: str) -> list[int]:
+    """Tasks of every stage of the jobs Spark ran in job group ``group`` (a streaming query's run id)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = {s for j in tracker.getJobIdsForGroup(group) for s in (tracker.getJobInfo(j).stageIds if
+                                                                      tracker.getJobInfo(j) else [])}
+    return [tracker.getStageInfo(s).numTasks for s in sorted(stages) if tracker.getStageInfo(s) is not None]
+
+
+def test_a_small_stateless_batch_is_read_by_one_task_and_a_big_one_by_every_partition(spark, kafka, declared_topics,
+                                                                                        lake):
+    """A live micro-batch of a few hundred records costs a task per Kafka partition for nothing: a stateless view's
+    batch of at most ONE_TASK_RECORDS records (counted from the offset log) is read by one task; a bigger one (a
+    catch-up, a replay) by one task per partition. Counted in the stages Spark ran for each run's query."""
+    from kappa.runtime.batch import ONE_TASK_RECORDS
+
+    u = generator.universe(seed=12, campaigns=5, users=50)
+    topic = lake.topic("ad-events")
+    small = generator.produce(lake, topic, generator.events(800, seed=12, universe=u))
+    view = load_view("jobs.events_raw.v1")
+    job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True).start()
+    try:
+        assert job.await_termination(300) and job.failure() is None, job.failure()
+        group, batch = str(job.queries[0].runId), job._next_batch() - 1
+        assert job._batch_records(spark, batch) == small.delivered  # what the offset log says the batch read
+    finally:
+        job.stop()
+    assert max(_tasks_per_stage(spark, group)) == 1, _tasks_per_stage(spark, group)
+
+    big = generator.produce(lake, topic, generator.events(ONE_TASK_RECORDS + 2000, seed=13, universe=u,
+                                                          start_ms=1_700_000_900_000))
+    job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True).start()
+    try:
+        assert job.await_termination(300) and job.failure() is None, job.failure()
+        group = str(job.queries[0].runId)
+        assert job._batch_records(spark, job._next_batch() - 1) == big.delivered
+    finally:
+        job.stop()
+    assert max(_tasks_per_stage(spark, group)) == declared_topics["ad-events"], _tasks_per_stage(spark, group)
+    rows = spark.read.format("delta").load(job.paths.table)
+    assert rows.count() == small.kinds["valid"] + big.kinds["valid"]
+    assert rows.select("partition", "offset").distinct().count() == rows.count()

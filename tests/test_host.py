@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -63,6 +65,10 @@ def test_host_runs_views_in_one_jvm_restarts_a_failing_query_alone_and_stops_one
         jvms = [p for p in psutil.Process(pid).children(recursive=True)
                 if "java" in p.name() and "SparkSubmit" in " ".join(p.cmdline())]
         assert len(jvms) == 1, f"expected one Spark JVM for both views, found {len(jvms)}"
+        # the host's stateful query started with one state store (shuffle partition), kept in its checkpoint
+        first_batch = Path(ViewPaths(lake.lake_uri, "campaign_window_counts", 1).checkpoint) / "main" / "offsets" / "0"
+        conf = json.loads(first_batch.read_text().splitlines()[1])["conf"]
+        assert conf["spark.sql.shuffle.partitions"] == "1", conf
 
         # a failing query is restarted alone; the other keeps committing in the same JVM
         os.rename(log, log + ".away")

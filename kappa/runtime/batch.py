@@ -48,6 +48,10 @@ log = logging.getLogger("kappa.runtime.batch")
 
 #: Our phases of a micro-batch, in order.
 PHASES = ("compute", "write", "quarantine", "bookkeeping")
+#: A stateless view's micro-batch of at most this many records is read by one task (``coalesce(1)``): Spark plans
+#: one task per Kafka partition, and each task of a live batch of a few hundred records costs more than its reading
+#: (serialization, scheduling, a cached block); bigger batches (catch-up, replays) keep every core busy.
+ONE_TASK_RECORDS = 5_000
 
 
 def fault(spec: str | None, phase: str, batch_id: int) -> None:
@@ -230,6 +234,8 @@ class BatchHandler:
             log waiting (bulk catch-up, :class:`kappa.runtime.sink.DeltaSink`).
         late_rows: ``(session, batch id) -> records the watermark dropped from the batch, or None``
             (:mod:`kappa.runtime.late`; views that keep late rows).
+        records: ``(session, batch id) -> records of the log the batch reads, or None`` when not known (from the
+            offset log): a stateless view's small batch is read by one task (:data:`ONE_TASK_RECORDS`).
     """
 
     view: "ViewDefinition"
@@ -242,6 +248,7 @@ class BatchHandler:
     output_columns: list[str] = field(default_factory=list)
     times: PhaseTimes = field(default_factory=PhaseTimes)
     late_rows: Callable[[Any, int], "DataFrame | None"] = lambda _session, _batch_id: None
+    records: Callable[[Any, int], int | None] = lambda _session, _batch_id: None
     #: physical topic of the view's stream (the quarantine rows of dropped output rows name it)
     topic: str = ""
     #: fault injection of the crash tests (``KAPPA_FAULT``, see :func:`fault`)
@@ -284,6 +291,10 @@ class BatchHandler:
 
     def _handle(self, batch: "DataFrame", batch_id: int) -> None:
         m, times, view = self.metrics, self.times, self.view
+        if not view.stateful:  # a stateful view's batch comes out of its shuffle: its tasks are the state's
+            records = self.records(batch.sparkSession, batch_id)
+            if records is not None and records <= ONE_TASK_RECORDS:
+                batch = batch.coalesce(1)
         batch.persist()
         try:
             with times.phase("compute"):

@@ -101,11 +101,11 @@ class ViewHost:
     @property
     def spark(self) -> Any:
         if self._spark is None:
-            from kappa.runtime.spark import build_spark
+            from kappa.runtime.spark import build_spark, view_shuffle_partitions
 
             self._spark = build_spark(
                 "kappa-view-host", self.settings, driver_memory=self.driver_memory,
-                extra_conf={"spark.scheduler.mode": "FAIR"})
+                shuffle_partitions=view_shuffle_partitions(self.settings), extra_conf={"spark.scheduler.mode": "FAIR"})
         return self._spark
 
     def _handed_over(self) -> dict[str, str]:

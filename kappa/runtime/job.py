@@ -284,14 +284,16 @@ class ViewJob:
         self.repairs: Any = None  # kappa.runtime.repairs.RepairInbox (object-store lakes)
         self.keeper: Any = None  # kappa.runtime.archive.ArchiveKeeper of an archive's job
         self._stream: Any = None  # the view query's plan (planned when the query first starts)
+        self._archive_running = False  # the run's archive part (a query of its own) is running
 
     # ---------------------------------------------------------------------------------------------------
     @property
     def spark(self) -> "SparkSession":
         if self._spark is None:
-            from kappa.runtime.spark import build_spark
+            from kappa.runtime.spark import build_spark, view_shuffle_partitions
 
-            self._spark = build_spark(f"kappa-{self.view.ref}", self.settings)
+            self._spark = build_spark(f"kappa-{self.view.ref}", self.settings,
+                                      shuffle_partitions=view_shuffle_partitions(self.settings))
         return self._spark
 
     @property
@@ -487,7 +489,8 @@ class ViewJob:
                                     quarantine=QuarantineSink(view, self.paths.quarantine, f"{self.app_id}/quarantine"),
                                     metrics=self.metrics, lookups=self.lookups, lineage=self._lineage,
                                     catching_up=self._catching_up, output_columns=list(output_schema.fieldNames()),
-                                    late_rows=self._late_rows, topic=self.settings.topic(view.stream_topic),
+                                    late_rows=self._late_rows, records=self._batch_records,
+                                    topic=self.settings.topic(view.stream_topic),
                                     fault=self.settings.fault,
                                     guard=self._lease.check if self._lease is not None else _no_guard)
         self._settle()  # a restart ends bulk catch-up: what an earlier driver staged goes into the table now
@@ -609,13 +612,17 @@ class ViewJob:
             log.info("%s: reading %s records of [start, handover) from the archive %s, the rest from the log",
                      self.view.ref, f"{sum(h - start.get(p, 0) for p, h in handover.items()):,}", plan["table"])
             self._remember_start(start)
+            self._archive_running = True
             writer = stream.writeStream.queryName(self.archive_query_name).option("checkpointLocation", main)
             if self.view.stateful:
                 writer = writer.outputMode(self.view.output_mode)
             # the range in one micro-batch, as a replay from the log reads it, then the no-data batch after it
             query = writer.trigger(availableNow=True).foreachBatch(self.handler).start()
             self.queries = [query]
-            query.awaitTermination()
+            try:
+                query.awaitTermination()
+            finally:
+                self._archive_running = False
             self.queries = []
             if self._stop.is_set() or not archive.phase_done(self._files, main):
                 return False
@@ -731,6 +738,20 @@ class ViewJob:
             first = json.loads((self._checkpoint_text(spark, "sources/0/0") or "{}").splitlines()[-1] or "{}")
             start, watermark = {int(p): int(o) for p, o in (first.get(topic) or {}).items()}, 0
         return start, end, watermark
+
+    def _batch_records(self, spark: "SparkSession", batch_id: int) -> int | None:
+        """Records of the log micro-batch ``batch_id`` reads, from the offset log; None when not known (a partition
+        without a start, the offset log unreadable, a run's archive part - it reads the archive table too)."""
+        if self._archive_running:
+            return None
+        try:
+            start, end, _watermark = self._batch_range(spark, batch_id)
+        except Exception as exc:  # noqa: BLE001 - only how many tasks read the batch depends on it
+            log.debug("%s: batch %s: records unknown (%s)", self.view.ref, batch_id, one_line(exc))
+            return None
+        if not end or any(p not in start for p in end):
+            return None
+        return sum(max(0, o - start[p]) for p, o in end.items())
 
     def _late_rows(self, spark: "SparkSession", batch_id: int) -> "DataFrame | None":
         """The records of micro-batch ``batch_id`` that its watermark dropped, to keep (:mod:`kappa.runtime.late`);
