@@ -13,7 +13,7 @@ idempotent: retrying a task, or triggering the DAG again for the same version, c
 |---|---|
 | `preflight` | with `cascade`: which dependants get built (a dependant declaring no version over the new one fails the run here, in one line); the view's topic still retains the start on every partition (else: replay from the `events_raw` archive); estimates records, bytes and ETA; a version that already serves skips the whole run |
 | `launch` | registers the version (`building`, resolved start offsets) and starts its job (no-op if it runs); with `cascade` the same for each dependant, from the earliest offset of the topic the new version publishes |
-| `wait_caught_up` | sensor in reschedule mode, logs progress % (the job's `kappa_replay_progress_ratio`), lag, ETA and why it is (not yet) caught up; live: lag <= `max_lag` (or no more than the serving version's own lag - said so), bounded: job finished |
+| `wait_caught_up` | sensor in reschedule mode, logs progress % (the job's `kappa_replay_progress_ratio`), lag, ETA and why it is (not yet) caught up - the same line in its XCom `kappa_progress`, which `kappa airflow trigger --wait` prints; live: lag <= `max_lag` (or no more than the serving version's own lag - said so), bounded: job finished |
 | `wait_chain` | with `cascade` only (else done at once): the new version has published what it held when it caught up, and every dependant built against it has read all of it |
 | `verify` | `strict`: the table equals a recompute of the version's own transform over the exact micro-batches it holds (and the plain-Python oracle, for versions that have one); else the version is `failed` (first differing key in the log) and serving is untouched |
 | `promote_requested` → `promote` | only with `auto_promote`: atomic alias switch, old version `retired` (kept `keep_hours`), its job stopped; with `cascade` the whole chain switches in one alias commit |
@@ -53,7 +53,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 from kappa.catalog import platform_file
 from kappa.config import DEFAULT_KEEP_HOURS, Settings
 from kappa.errors import one_line
-from kappa.front.airflow_tasks import records_failure
+from kappa.front.airflow_tasks import record_progress, records_failure
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,7 @@ def kappa_replay() -> None:
 
                 published = table_version(replay.ViewVersion.resolve(req.view, req.version, settings))
         log.info("%s: %s", "caught up" if caught else "not caught up yet", caught.reason)
+        record_progress(f"{sample.summary()}; {'caught up' if caught else 'not caught up yet'}: {caught.reason}")
         return PokeReturnValue(is_done=caught.done, xcom_value={
             "summary": sample.summary(), "batch_id": sample.batch_id, "ratio": sample.ratio, "lag": sample.lag,
             "caught_up": caught.reason, "published": published})
@@ -244,6 +245,7 @@ def kappa_replay() -> None:
             settings, runner = _platform()
             done = chain_caught_up(req, settings, runner, published=caught["published"])
         log.info("%s: %s", "the chain caught up" if done else "not yet", done.reason)
+        record_progress(f"{'the chain caught up' if done else 'the chain: not yet'}: {done.reason}")
         return PokeReturnValue(is_done=done.done, xcom_value={**caught, "chain": done.reason})
 
     @task

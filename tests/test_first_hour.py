@@ -210,6 +210,9 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
             if "airflow trigger kappa_replay" in block.text:
                 assert re.search(r"/dags/kappa_replay/runs/\S+", out), out
                 assert re.search(r"^success ", out, re.M), out
+                # --wait shows what the sensor's log says, not only its state: percent, lag, why it is caught up
+                assert re.search(rf"^\s+wait_caught_up: {VIEW}@v2: [\d.]+% \(.*lag [\d,]+.*; caught up: ", out,
+                                 re.M), out
                 assert re.search(rf"{VIEW}@v2\s+serving", out), "status after the promotion: " + out
                 assert re.search(rf"{VIEW}@v1\s+retired", out), out
                 assert re.search(rf"{VIEW}@v2\s+running\s+http://127\.0\.0\.1:\d+/metrics", out), out

@@ -168,6 +168,11 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         took = time.monotonic() - started
         assert run.state == "success", _states(run)
         assert set(_states(run).values()) == {"success"}, _states(run)
+        # the sensor's last progress line, for `kappa airflow trigger --wait` (an XCom of its own)
+        from kappa.front.airflow_tasks import PROGRESS_XCOM_KEY
+
+        line = run.get_task_instance("wait_caught_up").xcom_pull(task_ids="wait_caught_up", key=PROGRESS_XCOM_KEY)
+        assert re.match(rf"{VIEW}@v2: [\d.]+% \(.*; caught up: ", line or ""), line
 
         # v2 serves, v1 is retired (table kept), its job stopped; v2's job keeps following the log
         assert alias.resolve(VIEW) == paths[2]

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import urllib3
@@ -39,6 +39,8 @@ __all__ = ["AirflowAPI", "AirflowError", "RunState"]
 
 #: Run states after which nothing changes any more.
 FINISHED = frozenset({"success", "failed"})
+#: Task states in which a task may record progress (a sensor between two pokes, or poking).
+_WAITING = frozenset({"running", "up_for_reschedule", "queued", "scheduled"})
 #: Task instances listed per request (a platform DAG has about ten tasks).
 _TASKS_PAGE = 100
 
@@ -61,6 +63,8 @@ class RunState:
     run_id: str
     state: str
     tasks: dict[str, str]
+    #: the latest progress line of each task that waits (a sensor's poke: :func:`kappa.front.airflow_tasks.record_progress`)
+    progress: dict[str, str] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -187,13 +191,39 @@ class AirflowAPI:
                 out[task_id] = " ".join(str(value).split())
         return out
 
+    def progress(self, state: RunState, tasks: Iterable[str] | None = None) -> dict[str, str]:
+        """The latest progress line each of ``tasks`` (default: the run's waiting tasks) recorded (``{task: line}``);
+        a task that recorded none, or whose XCom cannot be read, is left out."""
+        from kappa.front.airflow_tasks import PROGRESS_XCOM_KEY
+
+        out: dict[str, str] = {}
+        for task_id in (tasks if tasks is not None else [t for t, st in state.tasks.items() if st in _WAITING]):
+            try:
+                entry = self._call(f"GET {state.dag_id} run {state.run_id} task {task_id} XCom {PROGRESS_XCOM_KEY}",
+                                   lambda c, t=task_id: af.XComApi(c).get_xcom_entry(
+                                       state.dag_id, t, state.run_id, PROGRESS_XCOM_KEY, deserialize=True,
+                                       stringify=False, _request_timeout=self.timeout))
+            except AirflowError:  # 404: nothing recorded (yet)
+                continue
+            value = getattr(getattr(entry, "actual_instance", entry), "value", None)
+            if value is not None and str(value).strip():
+                out[task_id] = " ".join(str(value).split())
+        return out
+
     def wait(self, dag_id: str, run_id: str, *, timeout: float = 3600.0, poll: float = 5.0,
              on_change: Callable[[RunState], None] | None = None) -> RunState:
-        """Poll until the run has finished (success or failed); ``on_change`` sees every new state."""
+        """Poll until the run has finished (success or failed); ``on_change`` sees every new state, with the
+        progress lines of its waiting tasks (:meth:`progress`)."""
         deadline = time.monotonic() + timeout
         last: RunState | None = None
+        ended: dict[str, str] = {}  # the last line of each task that succeeded, read once
+        asked: set[str] = set()
         while True:
             current = self.state(dag_id, run_id)
+            done = [t for t, st in current.tasks.items() if st == "success" and t not in asked]
+            asked.update(done)
+            ended.update(self.progress(current, done))
+            current = replace(current, progress={**ended, **self.progress(current)})
             if on_change is not None and current != last:
                 on_change(current)
             last = current

@@ -23,6 +23,8 @@ __all__ = ["FAILURE_XCOM_KEY", "reason_of", "records_failure"]
 
 #: XCom key of a failed task's one-line reason.
 FAILURE_XCOM_KEY = "kappa_failure"
+#: XCom key of a waiting task's latest progress line (what it logs at each poke), for ``kappa airflow trigger --wait``.
+PROGRESS_XCOM_KEY = "kappa_progress"
 
 log = logging.getLogger("kappa.front.airflow_tasks")
 
@@ -50,6 +52,14 @@ def _record(reason: str) -> None:
     from airflow.sdk import get_current_context
 
     get_current_context()["ti"].xcom_push(key=FAILURE_XCOM_KEY, value=reason[:2000])
+
+
+def record_progress(line: str) -> None:
+    """Record a waiting task's latest progress line (each poke of a sensor), so that ``kappa airflow trigger
+    --wait`` shows what the task log shows: the same line, not only the task's state."""
+    from airflow.sdk import get_current_context
+
+    get_current_context()["ti"].xcom_push(key=PROGRESS_XCOM_KEY, value=line[:2000])
 
 
 def records_failure(fn: F) -> F:

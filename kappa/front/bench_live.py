@@ -378,6 +378,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("reports"))
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="skip the engine's floor (plain Structured Streaming over the same topics)")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="unrelated processes kept busy (one core each) through every leg: a shared machine")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
     parser.add_argument("--label", default="")
     parser.add_argument("--leg-out", dest="leg_out", default="")
@@ -399,11 +401,16 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
 
     root = Path(__file__).resolve().parents[2]
     settings, broker = bench_settings("bench-live")
+    busy: list[subprocess.Popen] = []
     try:
         for port in [metrics_port(v, n) for v, n in stack.stack_views(settings)] + [settings.airflow_port]:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     raise SystemExit(f"bench-live: port {port} is in use; stop `make run` first (`make down`)")
+        for _ in range(args.busy):  # a spinning interpreter: the CPU the views share the machine with
+            busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        if busy:
+            print(f"bench-live: {len(busy)} unrelated busy process(es) beside every leg", flush=True)
         legs = ([("baseline", args.baseline, "leg")] if args.baseline else [])
         legs += ([("engine floor", "HEAD", "floor")] if args.floor else []) + [("this tree", "HEAD", "leg")]
         results = []
@@ -421,13 +428,17 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                    "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
                    "--idle", str(args.idle)] + (["--airflow"] if args.airflow else [])
             subprocess.run(cmd, env=env, cwd=tree, check=True)
-            results.append({**json.loads(out.read_text()), "commit": "Spark alone" if kind == "floor" else commit})
+            results.append({**json.loads(out.read_text()), "commit": "Spark alone" if kind == "floor" else commit,
+                            "busy_processes": len(busy)})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
         _plot(results, args.out / "bench-live.png")
         _print(results)
         print(f"bench-live: {args.out / 'bench-live.json'}, {args.out / 'bench-live.png'}")
     finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         if broker is not None:
             broker.stop()
 

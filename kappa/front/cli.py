@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -1039,9 +1039,19 @@ def airflow_trigger(
     if not wait:
         return
 
+    shown: dict[str, Any] = {"tasks": None, "progress": {}}
+
     def show(state) -> None:
-        tasks = "  ".join(f"{task} {st}" for task, st in state.tasks.items())
-        console.print(f"{state.state:<8} {tasks}", highlight=False)
+        """A line of task states when they change; a waiting task's progress line (what its log says at each
+        poke: percent, lag, ETA, why it is not done) when that changes."""
+        if (state.state, state.tasks) != shown["tasks"]:
+            shown["tasks"] = (state.state, state.tasks)
+            tasks = "  ".join(f"{task} {st}" for task, st in state.tasks.items())
+            console.print(f"{state.state:<8} {tasks}", highlight=False, markup=False, soft_wrap=True)
+        for task, line in state.progress.items():
+            if shown["progress"].get(task) != line:
+                shown["progress"][task] = line
+                console.print(f"         {task}: {line}", highlight=False, markup=False, soft_wrap=True)
 
     final = api.wait(dag, run_id, timeout=timeout, on_change=show)
     if final.state != "success":
