@@ -35,8 +35,9 @@ Running view versions:
   host's reconcile interval (1 s), first restart backoff of a failed query (5 s, doubling) and the consecutive
   failures after which a query stays ``failed`` (5).
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: 1 for views' sessions on a local
-  master, the local cores for other sessions, else 4), ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL`` (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map
-  the class-data archive ``make setup`` built, :mod:`kappa.runtime.cds`) -- the Spark sessions the platform builds.
+  master, the local cores for other sessions, else 4), ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL``
+  (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map the class-data archive ``make setup`` built,
+  :mod:`kappa.runtime.cds`) -- the Spark sessions the platform builds.
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
