@@ -217,7 +217,9 @@ def test_first_hour_as_a_new_user(kafka, tmp_path):
                 assert re.search(rf"{VIEW}@v1\s+retired", out), out
                 assert re.search(rf"{VIEW}@v2\s+running\s+http://127\.0\.0\.1:\d+/metrics", out), out
                 assert re.search(r"campaign_hourly_totals@v2\s+serving", out), "the cascade switched it too: " + out
-                # the rollback at the end of the block, of both
+                # the rollback at the end of the block, of both - saying each step while it waits for it
+                assert re.search(rf"^{VIEW}@v2: stopping its job \(after its running micro-batch", out, re.M), out
+                assert re.search(rf"^{VIEW}@v1: starting its job", out, re.M), out  # stopped at the promotion
                 alias = ServingAlias(settings.lake_uri)
                 assert (alias.target(VIEW).version, alias.target("campaign_hourly_totals").version) == (1, 1)
                 # the chain switched in one alias commit each way: no reader ever resolved v2 of one, v1 of the other

@@ -159,6 +159,10 @@ def test_two_stages_then_a_cascading_replay_switches_the_chain_together(spark, k
 
         code, out = kappa("rollback", UPSTREAM, "--to", "1", "--cascade")
         assert code == 0 and "(one alias commit)" in out, out
+        # each step is said as it begins: the switch, then each replaced job's stop (it drains a micro-batch)
+        assert "switched back in one alias commit" in out, out
+        for view in (UPSTREAM, HOURLY):
+            assert f"{view}@v2: stopping its job (after its running micro-batch" in out, out
         pairs = alias_pairs(settings, UPSTREAM, HOURLY)
         assert pairs[-1] == (1, 1) and set(pairs) <= {(1, 1), (2, 2)}, f"readers saw a mixed chain: {pairs}"
         runner = LocalRunner(settings, mode="host")

@@ -974,7 +974,7 @@ def rollback_cmd(
 
     settings = _settings()
     result = replay.rollback(view, to, settings, runner_for(settings), by=_by(), keep_hours=keep_hours,
-                             cascade=cascade)
+                             cascade=cascade, say=_say)
     console.print(result.message, highlight=False)
 
 
@@ -1063,8 +1063,8 @@ def airflow_trigger(
 
 
 def _say(line: str) -> None:
-    """One plain line on stdout (no markup, no highlighting)."""
-    console.print(line, highlight=False, markup=False)
+    """One plain line on stdout (no markup, no highlighting, never wrapped)."""
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _signal_name(exc: BaseException) -> str:

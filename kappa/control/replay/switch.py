@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -148,7 +149,8 @@ def promote_chain(versions: list[tuple[str, int]], settings: Settings, runner: R
 
 
 def rollback(view: str, to_version: int | None, settings: Settings, runner: Runner, *, by: str,
-             keep_hours: float = DEFAULT_KEEP_HOURS, cascade: bool = False) -> SwitchResult:
+             keep_hours: float = DEFAULT_KEEP_HOURS, cascade: bool = False,
+             say: Callable[[str], None] | None = None) -> SwitchResult:
     """Point the alias back to a kept version, restart its job, stop the replaced one; idempotent.
 
     Args:
@@ -161,6 +163,8 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
         keep_hours: How long the replaced version's table is kept.
         cascade: Also switch the views over this one back to their kept versions over ``to_version``, in the
             same alias commit (:func:`kappa.control.replay.cascade.rollback_targets`).
+        say: Told each step as it begins (the switch, each job started or stopped: a stop waits for the running
+            micro-batch, up to ``KAPPA_STOP_DRAIN_SECONDS``), so a caller never waits in silence.
 
     Raises:
         ReplayError: Nothing to roll back to, the target's table is gone, or (cascade) a dependant has no kept
@@ -178,8 +182,11 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
             results = [alias.rollback(view, to_version, by=by, keep=timedelta(hours=keep_hours))]
     except RegistryError as exc:
         raise ReplayError(one_line(exc)) from None
+    say = say or log.info
+    say(f"switched back in one alias commit: {', '.join(view_ref(r.view, r.version) for r in results)} serve(s) "
+        "again; now their jobs")
     for result in results:
-        _restart(runner, settings, result)
+        _restart(runner, settings, result, say)
     write_catalog_sql(settings)
     if len(results) == 1:
         return results[0]
@@ -188,13 +195,14 @@ def rollback(view: str, to_version: int | None, settings: Settings, runner: Runn
     return replace(results[0], message="; ".join(r.message for r in results) + " (one alias commit)")
 
 
-def _restart(runner: Runner, settings: Settings, result: SwitchResult) -> None:
+def _restart(runner: Runner, settings: Settings, result: SwitchResult, say: Callable[[str], None]) -> None:
     """After a rollback's switch: the version serving again runs, the one it replaced stops."""
     from kappa.runtime.driver import JobSpec
 
     view = result.view
     rec = registry_of(settings).get(view, result.version)
     if runner.status(view, result.version).state != "running":
+        say(f"{view_ref(view, result.version)}: starting its job (it resumes from its checkpoint)")
         try:
             runner.start(JobSpec(view, result.version, starting=rec.starting if rec else "latest"))
         except Exception as exc:  # noqa: BLE001
@@ -202,6 +210,9 @@ def _restart(runner: Runner, settings: Settings, result: SwitchResult) -> None:
                               f"({one_line(exc)}); start it with `{settings.cli} view start {view} --version "
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:
+        if runner.status(view, result.previous_version).state == "running":
+            say(f"{view_ref(view, result.previous_version)}: stopping its job (after its running micro-batch, up to "
+                f"{settings.stop_drain_seconds:.0f} s)")
         _stop(runner, settings, view, result.previous_version)
 
 
