@@ -175,16 +175,19 @@ class AirflowAPI:
         out outside its code, a DAG that does not record) is left out; so is one whose XCom cannot be read."""
         from kappa.front.airflow_tasks import FAILURE_XCOM_KEY
 
+        return self._lines(state, [t for t, st in state.tasks.items() if st == "failed"], FAILURE_XCOM_KEY)
+
+    def _lines(self, state: RunState, tasks: Iterable[str], key: str) -> dict[str, str]:
+        """``{task: one line}`` of the XCom ``key`` each of ``tasks`` recorded in the run; a task that recorded
+        nothing (404), or whose XCom cannot be read, is left out."""
         out: dict[str, str] = {}
-        for task_id, task_state in state.tasks.items():
-            if task_state != "failed":
-                continue
+        for task_id in tasks:
             try:
-                entry = self._call(f"GET {state.dag_id} run {state.run_id} task {task_id} XCom {FAILURE_XCOM_KEY}",
+                entry = self._call(f"GET {state.dag_id} run {state.run_id} task {task_id} XCom {key}",
                                    lambda c, t=task_id: af.XComApi(c).get_xcom_entry(
-                                       state.dag_id, t, state.run_id, FAILURE_XCOM_KEY, deserialize=True,
+                                       state.dag_id, t, state.run_id, key, deserialize=True,
                                        stringify=False, _request_timeout=self.timeout))
-            except AirflowError:  # 404: nothing recorded
+            except AirflowError:
                 continue
             value = getattr(getattr(entry, "actual_instance", entry), "value", None)
             if value is not None and str(value).strip():
@@ -196,19 +199,8 @@ class AirflowAPI:
         a task that recorded none, or whose XCom cannot be read, is left out."""
         from kappa.front.airflow_tasks import PROGRESS_XCOM_KEY
 
-        out: dict[str, str] = {}
-        for task_id in (tasks if tasks is not None else [t for t, st in state.tasks.items() if st in _WAITING]):
-            try:
-                entry = self._call(f"GET {state.dag_id} run {state.run_id} task {task_id} XCom {PROGRESS_XCOM_KEY}",
-                                   lambda c, t=task_id: af.XComApi(c).get_xcom_entry(
-                                       state.dag_id, t, state.run_id, PROGRESS_XCOM_KEY, deserialize=True,
-                                       stringify=False, _request_timeout=self.timeout))
-            except AirflowError:  # 404: nothing recorded (yet)
-                continue
-            value = getattr(getattr(entry, "actual_instance", entry), "value", None)
-            if value is not None and str(value).strip():
-                out[task_id] = " ".join(str(value).split())
-        return out
+        waiting = [t for t, st in state.tasks.items() if st in _WAITING]
+        return self._lines(state, waiting if tasks is None else tasks, PROGRESS_XCOM_KEY)
 
     def wait(self, dag_id: str, run_id: str, *, timeout: float = 3600.0, poll: float = 5.0,
              on_change: Callable[[RunState], None] | None = None) -> RunState:

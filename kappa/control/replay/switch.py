@@ -91,10 +91,14 @@ def spark_catalog(spark: Any, settings: Settings | None = None, *, refresh: bool
     return created
 
 
-def _stop(runner: Runner, settings: Settings, view: str, version: int) -> None:
+def _stop(runner: Runner, settings: Settings, view: str, version: int,
+          say: Callable[[str], None] | None = None) -> None:
     try:
         status = runner.status(view, version)
         if status.state == "running":
+            if say is not None:  # a stop waits for the running micro-batch: say so before
+                say(f"{view_ref(view, version)}: stopping its job (after its running micro-batch, up to "
+                    f"{settings.stop_drain_seconds:.0f} s)")
             runner.stop(view, version)
             log.info("%s@v%s: job stopped", view, version)
     except Exception as exc:  # noqa: BLE001 - the switch already happened; report, do not undo it
@@ -210,10 +214,7 @@ def _restart(runner: Runner, settings: Settings, result: SwitchResult, say: Call
                               f"({one_line(exc)}); start it with `{settings.cli} view start {view} --version "
                               f"{result.version}`") from None
     if result.previous_version is not None and result.previous_version != result.version:
-        if runner.status(view, result.previous_version).state == "running":
-            say(f"{view_ref(view, result.previous_version)}: stopping its job (after its running micro-batch, up to "
-                f"{settings.stop_drain_seconds:.0f} s)")
-        _stop(runner, settings, view, result.previous_version)
+        _stop(runner, settings, view, result.previous_version, say)
 
 
 def retire_expired(settings: Settings, runner: Runner, *, by: str,
