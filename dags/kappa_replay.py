@@ -53,7 +53,7 @@ from airflow.sdk import Param, PokeReturnValue, dag, task
 from kappa.catalog import platform_file
 from kappa.config import DEFAULT_KEEP_HOURS, Settings
 from kappa.errors import one_line
-from kappa.front.airflow_tasks import record_progress, records_failure
+from kappa.front.airflow_tasks import progress_from_logs, record_progress, records_failure
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,8 @@ def kappa_replay() -> None:
         holds, and with the plain-Python oracle when one exists (or verify=none)."""
         from kappa.control import replay
 
-        with _one_line_failures():
+        with _one_line_failures(), progress_from_logs("kappa.control.replay", "kappa.verify.recompute",
+                                                      "kappa.runtime.rerun"):
             req = _request(params or {}, run_id)
             settings, _runner = _platform()
             results = [replay.verify(view, version, settings, req.verify, by=req.triggered_by,

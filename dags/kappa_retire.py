@@ -1,7 +1,9 @@
 """
 ### kappa_retire — delete the view versions past their keep period
 
-Every hour: each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
+Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start: the
+scheduler would run it before Airflow's API server answers, and its tasks would log connection errors until it
+does): each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
 it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
 `deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
 removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the
@@ -19,12 +21,12 @@ remove its folder with the store's tools or a lifecycle rule) fails the run, nam
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
-from airflow.sdk import Param, dag, task
+from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
 from kappa.errors import one_line
 from kappa.front.airflow_tasks import records_failure
@@ -37,8 +39,7 @@ DAG_ID = Path(__file__).stem
 @dag(
     dag_id=DAG_ID,
     doc_md=__doc__,
-    schedule="@hourly",
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),  # catchup=False: only the latest hour runs
+    schedule=CronTriggerTimetable("0 * * * *", timezone="UTC", run_immediately=timedelta(0)),
     is_paused_upon_creation=False,
     catchup=False,
     max_active_runs=1,

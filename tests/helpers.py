@@ -138,18 +138,48 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 class Walk:
-    """Runs shell commands as a user of the checkout would (bash, repository folder), keeps a transcript."""
+    """Runs shell commands as a user of the checkout would (bash, repository folder), keeps a transcript and, per
+    command, the longest time it went without printing a line (``silences``: from its start to its first line,
+    between two lines, from its last line to its end - stdout and stderr alike, as a terminal shows them)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.transcript: list[str] = []
+        self.silences: dict[str, float] = {}
 
     def run(self, script: str, *, where: str, timeout: float = 900.0, ok: bool = True) -> str:
         """Run ``script``; ``ok=False``: it must fail (one-line refusal, no trace), and its output is returned."""
+        import threading
+
         started = time.monotonic()
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=_REPO, env=self.env, text=True,
-                              capture_output=True, timeout=timeout)
-        took = time.monotonic() - started
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=_REPO, env=self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stamps: list[float] = [started]
+        streams: dict[str, list[str]] = {"out": [], "err": []}
+
+        def read(pipe: Any, into: list[str]) -> None:
+            for line in pipe:
+                stamps.append(time.monotonic())
+                into.append(line)
+
+        readers = [threading.Thread(target=read, args=(proc.stdout, streams["out"]), daemon=True),
+                   threading.Thread(target=read, args=(proc.stderr, streams["err"]), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        finally:
+            for reader in readers:
+                reader.join(10)
+        ended = time.monotonic()
+        marks = sorted([*stamps, ended])
+        self.silences[where] = max(b - a for a, b in zip(marks, marks[1:]))
+        stdout, stderr = "".join(streams["out"]), "".join(streams["err"])
+        proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        took = ended - started
         self.transcript.append(f"$ {script.strip()}   [{where}, {took:.0f} s, exit {proc.returncode}]\n{proc.stdout}")
         out = proc.stdout + proc.stderr
         if ok:

@@ -227,6 +227,8 @@ def test_records_the_archive_lost_after_preflight_refuse_the_launch(spark, kafka
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # make test-long: a fault injection at two instants of the archive hand-over (two kills, three
+# driver starts); make test's SIGKILL proof is tests/test_exactly_once.py, the hand-over itself runs in the test above
 @pytest.mark.timeout(900)
 def test_a_driver_killed_in_the_archive_part_resumes_without_losing_or_repeating_a_row(spark, kafka, lake, tmp_path,
                                                                                        monkeypatch):

@@ -50,6 +50,17 @@ def test_dagbag_imports_without_errors_and_without_network(airflow_home, monkeyp
         assert dag.is_paused_upon_creation is False, f"{dag_id}: must run without being unpaused first"
         if dag_id == "kappa_retire":  # the only scheduled one: hourly, never catching up on missed hours
             assert (dag.timetable.expression, dag.catchup, dag.max_active_runs) == ("0 * * * *", False, 1)
+            # its first run is at the next full hour, not when Airflow starts (before its API server answers)
+            from datetime import UTC, datetime
+
+            from airflow.serialization.decoders import decode_timetable
+            from airflow.serialization.encoders import encode_timetable
+            from airflow.timetables.base import TimeRestriction
+
+            scheduled = decode_timetable(encode_timetable(dag.timetable))  # as the scheduler reads it
+            first = scheduled.next_dagrun_info(last_automated_data_interval=None, restriction=TimeRestriction(
+                earliest=dag.start_date, latest=None, catchup=False))
+            assert first.run_after > datetime.now(UTC) and first.run_after.minute == 0, first
         else:
             assert isinstance(dag.timetable, NullTimetable), f"{dag_id} must only run when triggered"
 

@@ -627,3 +627,14 @@ def test_a_verification_eta_comes_from_what_verified_notes_recorded(reg: Registr
     rate, why = measured_verification(reg, VIEW)
     assert rate == pytest.approx(120_000 / 20.0), rate
     assert why == f"the last 2 here: {VIEW}@v2, {VIEW}@v3", why
+
+
+def test_a_measured_eta_widens_when_the_machine_is_busier_than_its_cores():
+    """The ETA of a check comes from rates measured here; on a machine busier than it has cores a CPU-bound check
+    gets about cores / load of what it had, so the ETA becomes a range up to that factor - and says why."""
+    from kappa.control.replay.planning import eta_range
+
+    assert eta_range(45, load=0.4, cores=2) == "~45 s"
+    assert eta_range(45, load=2.1, cores=2) == "~45 s"  # within 10 % of the cores: as measured
+    assert eta_range(45, load=4.3, cores=2) == "~45 s to 1.6 min: the machine is busy now, load 4.3 on 2 cores"
+    assert eta_range(600, load=16.0, cores=8) == "~10.0 min to 20.0 min: the machine is busy now, load 16.0 on 8 cores"

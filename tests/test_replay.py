@@ -222,8 +222,9 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
             check = replay.verify(VIEW, 2, settings, "strict", by="test")
         other.join(300)
         progress = [r.getMessage() for r in caplog.records if r.name == "kappa.runtime.rerun"]
-        assert progress and all(re.fullmatch(rf"recompute of {VIEW}@v2: batch \d+ of \d+ \(\d+%\), "
-                                             r"about \d+ s left", m) for m in progress), progress
+        assert progress and all(re.fullmatch(rf"recompute of {VIEW}@v2: re-run batch \d+ of \d+ \(\d+%\), about "
+                                             r"\d+ s left in the re-run at its pace so far \(the comparisons follow "
+                                             r"it\)", m) for m in progress), progress
         assert check.passed, check.message
         assert len(waits) == 1 and waits[0].startswith(f"{VIEW}@v2: a verification is already running (by test, "
                                                         "pid "), waits

@@ -62,6 +62,8 @@ def _log_start(settings: Settings, topic: str) -> dict[int, int]:
     return {p: low for p, (low, _high) in partition_offsets(settings, topic).items()}
 
 
+@pytest.mark.slow  # make test-long: a replay slowed on purpose against a short retention; the lease's life cycle
+# (taken, renewed, expired, ended) runs in make test in the tests below
 @pytest.mark.timeout(900)
 def test_a_slowed_replay_loses_nothing_to_retention_and_retention_comes_back(kafka, lake, tmp_path, monkeypatch):
     from deltalake import DeltaTable

@@ -12,14 +12,16 @@ Nothing here imports Airflow at module level: the DAG files import it when they 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from kappa.errors import KappaError, one_line
 
-__all__ = ["FAILURE_XCOM_KEY", "reason_of", "records_failure"]
+__all__ = ["FAILURE_XCOM_KEY", "PROGRESS_XCOM_KEY", "progress_from_logs", "reason_of", "record_progress",
+           "records_failure"]
 
 #: XCom key of a failed task's one-line reason.
 FAILURE_XCOM_KEY = "kappa_failure"
@@ -62,15 +64,44 @@ def record_progress(line: str) -> None:
     get_current_context()["ti"].xcom_push(key=PROGRESS_XCOM_KEY, value=line[:2000])
 
 
+class _ProgressLines(logging.Handler):
+    """Each line logged at INFO or above becomes the task's progress line (:func:`record_progress`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            record_progress(record.getMessage())
+        except Exception:  # noqa: BLE001 - progress is a courtesy: the task's work goes on without it
+            pass
+
+
+@contextlib.contextmanager
+def progress_from_logs(*loggers: str) -> Iterator[None]:
+    """While the block runs, what ``loggers`` log at INFO is also the task's progress line, so ``kappa airflow
+    trigger --wait`` shows a long task's way (a verification: its ETA, its re-run's batches, each comparison)
+    as its log does, instead of only "running"."""
+    handler = _ProgressLines(level=logging.INFO)
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
+
+
 def records_failure(fn: F) -> F:
     """Decorate a DAG task's function (below ``@task``): an exception leaving it first records its one-line reason
     in the task instance's XCom :data:`FAILURE_XCOM_KEY`, then goes on as it was (retries, failure).
 
-    The wrapper keeps the function's signature (``functools.wraps``), so Airflow still passes the context
-    arguments it declares (``params``, ``run_id``...)."""
+    A Spark session the task starts prints into the task's log at each line's own level
+    (:func:`kappa.runtime.spark.jvm_output_to_logging`). The wrapper keeps the function's signature
+    (``functools.wraps``), so Airflow still passes the context arguments it declares (``params``, ``run_id``...)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kappa.runtime.spark import jvm_output_to_logging
+
+        jvm_output_to_logging()  # Spark's own lines at their level, not as the task's stderr (logged as errors)
         try:
             return fn(*args, **kwargs)
         except Exception as exc:

@@ -843,16 +843,13 @@ def _not_run(ax: Any, why: str) -> None:
     ax.set_yticks([])
 
 
-def _report(result: dict[str, Any], out: Path) -> None:
+def _figure(result: dict[str, Any]) -> Any:
+    """The report's figure: one panel per measurement; a measurement that did not run says so in its panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from rich.console import Console
-    from rich.table import Table
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
     fig, (ax1, ax2, ax3, ax4, ax5) = plt.subplots(1, 5, figsize=(21, 4))
     names = ["raw consumer (a)", "Spark read (a')", "Spark decode (a')", "replay (b)", "archive replay (i)",
              "live rate"]
@@ -892,6 +889,16 @@ def _report(result: dict[str, Any], out: Path) -> None:
     if per_core_runs:
         ax5.legend()
     fig.tight_layout()
+    return fig
+
+
+def _report(result: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    fig = _figure(result)
     fig.savefig(out / "bench.png", dpi=100)
     table = Table("measure", "value")
     table.add_row("(a) raw log read", f"{result['raw_ceiling']['events_per_s']:,.0f} events/s")

@@ -373,7 +373,9 @@ def up(
     running_before = [name for name, state, _where in stack.status(settings) if state == "running"]
     try:
         stack.up(settings, rate=rate, echo=lambda m: console.print(m, highlight=False))
-        if airflow:  # starting while the views start: first rows 44 s instead of 42 s, ready in 60 s instead of 75 s
+        # Airflow (the longest start: ~90 s on 2 cores) starts while the view host does: up asks the host for every
+        # view without waiting for each (ready in 98 s instead of 156 s; docs/performance.md)
+        if airflow:
             daemon = stack.start_airflow(settings)
             console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
         if wait:
@@ -457,45 +459,65 @@ def _version_step(settings) -> list[str]:
     return (building or fresh or kept)[:1]
 
 
+#: A wait printed line by line says something at least this often, also when nothing changed.
+_HEARTBEAT_SECONDS = 15.0
+
+
 def _wait_views(settings, *, timeout: float) -> None:
-    """Show each view's way to its first rows (a live table on a terminal, one line per change otherwise) until
-    every view has read its topic and has rows in its table (kappa.front.stack.wait_ready)."""
+    """Show each view's way to its first rows (a live table on a terminal, with the time so far; one line per
+    change otherwise, and a line every :data:`_HEARTBEAT_SECONDS` when nothing changed) until every view has read
+    its topic and has rows in its table (kappa.front.stack.wait_ready)."""
     from rich.live import Live
 
     from kappa.front import stack
 
+    began = time.monotonic()
+
     def table(rows) -> Table:
-        t = Table("view", "state", "detail", box=None)
+        t = Table("view", "state", "detail", box=None, caption=f"{time.monotonic() - began:.0f} s so far",
+                  caption_justify="left")
         for r in rows:
             t.add_row(r.ref, r.state if not r.ready else f"ready {r.ready_after:.0f} s", r.detail)
         return t
 
     if console.is_terminal:
         with Live(table([]), console=console, refresh_per_second=4) as live:
-            stack.wait_ready(settings, timeout=timeout, on_change=lambda rows: live.update(table(rows)))
+            stack.wait_ready(settings, timeout=timeout, on_change=lambda rows: live.update(table(rows)),
+                             heartbeat=1.0)
     else:
         seen: dict[str, str] = {}
 
         def lines(rows) -> None:
+            changed = False
             for r in rows:
                 text = f"{r.state} ({r.detail})" + (f" after {r.ready_after:.0f} s" if r.ready else "")
                 if seen.get(r.ref) != text:
-                    seen[r.ref] = text
+                    seen[r.ref], changed = text, True
                     console.print(f"view       {r.ref:<28} {text}", highlight=False)
+            if not changed:  # the heartbeat: nothing moved for a while - say what is still awaited
+                waiting = [r.ref for r in rows if not r.ready]
+                console.print(f"views      {time.monotonic() - began:.0f} s so far; still waiting for "
+                              f"{', '.join(waiting)} (as above)", highlight=False)
 
-        stack.wait_ready(settings, timeout=timeout, on_change=lines)
+        stack.wait_ready(settings, timeout=timeout, on_change=lines, heartbeat=_HEARTBEAT_SECONDS)
 
 
 def _wait_airflow(settings, *, timeout: float) -> None:
     """Wait until Airflow's API answers, its scheduler is healthy and the DAGs are parsed."""
     from kappa.front import stack
 
-    deadline = time.monotonic() + timeout
-    with console.status("waiting for Airflow: API server, scheduler, DAGs parsed"):
-        while not stack.airflow_ready(settings):
-            if time.monotonic() > deadline:
-                raise UserError(f"Airflow did not answer on {stack.airflow_url(settings)} within {timeout:.0f} s; see "
-                                f"{Path(settings.home) / 'logs' / 'airflow.log'}")
+    began = time.monotonic()
+    said, told = None, began
+    with console.status("waiting for Airflow") as spinner:
+        while (awaited := stack.airflow_awaited(settings)) is not None:
+            now = time.monotonic()
+            if now - began > timeout:
+                raise UserError(f"Airflow did not answer on {stack.airflow_url(settings)} within {timeout:.0f} s "
+                                f"(waiting for {awaited}); see {Path(settings.home) / 'logs' / 'airflow.log'}")
+            spinner.update(f"waiting for Airflow: {awaited} ({now - began:.0f} s so far)")
+            if not console.is_terminal and (awaited != said or now - told >= _HEARTBEAT_SECONDS):
+                console.print(f"airflow    waiting for {awaited} ({now - began:.0f} s so far)", highlight=False)
+                said, told = awaited, now
             time.sleep(2)
     console.print(f"airflow    ready (login admin/{stack.airflow_password(settings)})", highlight=False)
 
@@ -552,22 +574,42 @@ def status() -> None:
     reg.add_column("version", no_wrap=True, min_width=max(len(r.ref) for r in records))
     reg.add_column("state", overflow="fold")
     reg.add_column("since (UTC)", overflow="fold")
+    jobs = _building_jobs(settings, records)
     for r in records:
-        reg.add_row(r.ref, _registry_state(settings, r), str(r.updated_at)[:19])
+        state = r.state if r.ref not in jobs or jobs[r.ref].state == "running" else f"building, job {jobs[r.ref].state}"
+        reg.add_row(r.ref, state, str(r.updated_at)[:19])
     console.print(reg)
     for r in records:  # the notes in full, wrapped: a replay's progress, why it caught up, a failure
-        console.print(f"{r.ref} ({r.state_changed_by}): {r.note or '-'}", highlight=False, soft_wrap=False)
+        note = r.note or "-"
+        if r.ref in jobs and jobs[r.ref].state == "running":
+            note = _progress_now(settings, r, jobs[r.ref]) or note
+        console.print(f"{r.ref} ({r.state_changed_by}): {note}", highlight=False, soft_wrap=False)
 
 
-def _registry_state(settings, rec) -> str:
-    """A version's registry state as `status` shows it: a replay whose job no longer runs (stopped with `view
-    stop`, or its driver gone) says so instead of looking under way."""
-    if rec.state != "building":
-        return rec.state
+def _building_jobs(settings, records) -> dict:
+    """The job status of every version being built (a replay whose job no longer runs - stopped with `view stop`,
+    or its driver gone - is shown so instead of looking under way)."""
+    building = [r for r in records if r.state == "building"]
+    if not building:
+        return {}
     from kappa.control.runners import runner_for
 
-    job = runner_for(settings).status(rec.view, rec.version)
-    return rec.state if job.state == "running" else f"building, job {job.state}"
+    runner = runner_for(settings)
+    return {r.ref: runner.status(r.view, r.version) for r in building}
+
+
+def _progress_now(settings, rec, job) -> str | None:
+    """A running replay's progress sampled now - from its checkpoint, the log and what its running micro-batch has
+    read (its metrics), as the DAG's sensor and `kappa replay` show it - rather than the note recorded at the last
+    sample (which may be minutes old); None when it cannot be sampled (the note is shown then)."""
+    from kappa.control import replay
+
+    try:
+        sample = replay.with_reading(replay.progress(rec.view, rec.version, settings), job.metrics_url)
+    except Exception as exc:  # noqa: BLE001 - the recorded note still says something
+        log.debug("progress of %s not sampled: %s", rec.ref, exc)
+        return None
+    return f"{sample.summary()} (now)"
 
 
 @app.command("views")

@@ -104,10 +104,12 @@ def stack_views(settings: Settings) -> list[tuple[str, int]]:
 
 
 def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
-               on_change: Callable[[list[Readiness]], None] | None = None) -> list[Readiness]:
+               on_change: Callable[[list[Readiness]], None] | None = None,
+               heartbeat: float | None = None) -> list[Readiness]:
     """Block until every view of the stack runs, has committed a micro-batch that covers its topic as it was
     when the wait began (after a restart: it has caught up with what was there) and has rows in its table (a view
     writing closed sessions or windows only has one once the watermark closed the first: the detail says so).
+    ``on_change`` sees the rows whenever one changes, and every ``heartbeat`` seconds when none did.
 
     Raises:
         StackError: A view failed, or ``timeout`` seconds passed (the message names who is not ready and where
@@ -124,6 +126,7 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
         stream_topic(v, n))).items()} for v, n in views}
     rows = {view_ref(v, n): Readiness(view_ref(v, n)) for v, n in views}
     last: list[tuple[str, str]] = []
+    told = began
     while True:
         for view, version in views:
             row = rows[view_ref(view, version)]
@@ -135,6 +138,9 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
                                  "/view-host.log")
             if job.state != "running":
                 row.state, row.detail = "starting", job.detail or "waiting for the view host"
+                continue
+            if job.metrics_url is None:  # asked of the host, which has not reported it yet (its Spark starts first)
+                row.state, row.detail = "starting", "in the view host, whose Spark session starts first"
                 continue
             offsets, batch = committed_offsets(settings, view, version, settings.topic(stream_topic(view, version)))
             behind = sum(max(0, end - offsets.get(p, 0)) for p, end in targets[row.ref].items())
@@ -150,8 +156,10 @@ def wait_ready(settings: Settings, *, timeout: float = 600.0, poll: float = 1.0,
                 row.state, row.detail = "ready", f"batch {batch} committed, {rows_now:,} rows"
                 row.ready_after = time.monotonic() - began
         snapshot = [(r.state, r.detail) for r in rows.values()]
-        if on_change is not None and snapshot != last:
+        if on_change is not None and (snapshot != last or (heartbeat is not None
+                                                           and time.monotonic() - told >= heartbeat)):
             on_change(list(rows.values()))
+            told = time.monotonic()
         last = snapshot
         if all(r.ready for r in rows.values()):
             return list(rows.values())
@@ -188,19 +196,27 @@ def _no_rows_yet(view: str, version: int) -> str:
 def airflow_ready(settings: Settings, timeout: float = 2.0) -> bool:
     """Whether the local Airflow is usable: the API server answers, the scheduler reports healthy and the
     platform's DAGs are parsed (a replay can be triggered)."""
+    return airflow_awaited(settings, timeout) is None
+
+
+def airflow_awaited(settings: Settings, timeout: float = 2.0) -> str | None:
+    """What the local Airflow is not ready with yet (None when it is usable, :func:`airflow_ready`)."""
     from kappa.front.airflow_client import AirflowAPI, AirflowError
 
     try:
         with urllib.request.urlopen(f"{airflow_url(settings)}/api/v2/monitor/health", timeout=timeout) as resp:
             health = json.loads(resp.read())
     except (OSError, ValueError):
-        return False
-    if (health.get("scheduler") or {}).get("status") != "healthy":
-        return False
+        return "its API server to answer (Airflow starts its scheduler, DAG processor, triggerer and API server)"
+    scheduler = (health.get("scheduler") or {}).get("status")
+    if scheduler != "healthy":
+        return f"its scheduler to report healthy (now: {scheduler or 'no heartbeat yet'})"
     try:
-        return AirflowAPI.local(settings).has_dag("kappa_replay")
+        if AirflowAPI.local(settings).has_dag("kappa_replay"):
+            return None
     except AirflowError:
-        return False
+        pass
+    return "its DAG processor to parse the platform's DAGs (kappa_replay)"
 
 
 def airflow_url(settings: Settings) -> str:
@@ -216,8 +232,8 @@ def start_airflow(settings: Settings) -> Daemon:
 
 def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     """Start (or continue) the broker, the topics, the live producer and every view (in the view host);
-    idempotent. Returns once every view's query runs (:func:`wait_ready` waits for their first micro-batches;
-    :func:`start_airflow` adds Airflow)."""
+    idempotent. Returns once the view host runs and has been asked for every view (:func:`wait_ready` follows
+    them to their first rows; :func:`start_airflow` adds Airflow, started meanwhile)."""
     from kappa.log.generator import campaign_records, publish_campaigns, universe
     from kappa.runtime.driver import JobSpec
     from kappa.control.runners.local import LocalRunner
@@ -252,8 +268,8 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     views = stack_views(settings)
     echo(f"views      starting {len(views)} view versions in the view host (log "
          f"{_short(Path(settings.home) / 'logs' / 'view-host.log')})")
-    for name, version in views:
-        runner.start(JobSpec(name, version, starting="earliest"))
+    for name, version in views:  # asked at once; wait_ready follows them (the host's JVM starts meanwhile)
+        runner.start(JobSpec(name, version, starting="earliest"), wait=False)
 
 
 def down(settings: Settings, *, echo=print) -> None:

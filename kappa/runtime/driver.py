@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1
         raise
     finally:
+        from kappa.runtime.spark import end_jvm
+
+        end_jvm()  # its shutdown hooks end before this process does (its group is signalled once it is gone)
         if settings.exit_file:
             Path(settings.exit_file).write_text(str(code))
     return code

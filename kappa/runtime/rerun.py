@@ -399,15 +399,18 @@ def rerun_stateful(spark: "SparkSession", view: "ViewDefinition", steps: list[St
                 share = sum(weights[:cursor]) / sum(weights) if sum(weights) else 0.0
                 share = share if share > 0 else cursor / len(steps)  # no records done yet: count the steps
                 left = (said - began) / share * (1.0 - share)
-                log.info("recompute of %s: batch %d of %d (%.0f%%), about %.0f s left", view.ref, done, recorded,
-                         100.0 * share, left)
+                log.info("recompute of %s: re-run batch %d of %d (%.0f%%), about %.0f s left in the re-run at its "
+                         "pace so far (the comparisons follow it)", view.ref, done, recorded, 100.0 * share, left)
             if time.monotonic() > deadline:
                 raise RecomputeError(f"the re-run did not finish within {timeout:.0f} s "
                                      f"({feeder.batches_run} of {len(steps)} batches)")
             if not query.status.get("isTriggerActive"):
                 feeder.skip_no_data()
     finally:
-        query.stop()
+        from kappa.runtime.spark import stopping_queries
+
+        with stopping_queries(spark):  # done or failed: a batch it cuts is not a failure to log
+            query.stop()
     if feeder.cuts_matter:
         raise CutsMatter(feeder.cuts_matter)
     failure = feeder.error or (one_line(query.exception()) if query.exception() is not None else None)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from kappa.errors import KappaError
 from kappa.runtime import cds
@@ -29,7 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from kappa.config import Settings
 
-__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "end_jvm", "jvm_output_to_logging", "s3a_conf",
+           "spark_jars", "view_shuffle_partitions"]
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -103,6 +105,70 @@ def _local_cores(master: str) -> int | None:
         spec = master[len("local["):-1].split(",")[0]
         return (os.cpu_count() or 1) if spec == "*" else int(spec)
     return None
+
+
+#: A Spark log line as log4j's console layout writes it (``yy/MM/dd HH:mm:ss LEVEL Logger: message``).
+_SPARK_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) (.*)$")
+_SPARK_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+                 "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+#: A line that continues the one before it: a stack frame, a cause, an exception's class line.
+_CONTINUED = re.compile(r"^(\s|Caused by:|Suppressed:|[\w.$]+(Exception|Error|Throwable)(:|$))")
+#: Whether the JVMs this process starts print into Python logging (:func:`jvm_output_to_logging`).
+_TO_LOGGING = threading.Event()
+
+
+def jvm_output_to_logging() -> None:
+    """From now on, a Spark JVM this process starts prints into Python logging - the logger ``spark``, each line at
+    the level it names (a stack trace's lines at the level of the line they follow; what the JVM prints itself,
+    such as ``WARNING: Using incubator modules``, at INFO) - instead of onto this process' stdout and stderr.
+
+    For Airflow tasks: the task runner logs whatever a task writes to stderr at level *error*, so Spark's warnings
+    and notices would read as errors in a task that succeeded. A log file (``KAPPA_SPARK_LOG_FILE``) still wins;
+    a JVM already running keeps its output where it is."""
+    _TO_LOGGING.set()
+
+
+def _pump(fd: int) -> None:
+    """Log each line read from ``fd`` (the JVM's stdout and stderr) until the JVM closes it."""
+    out = logging.getLogger("spark")
+    level = logging.INFO
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as lines:
+        for raw in lines:
+            line = raw.rstrip("\n")
+            if not line.strip():
+                continue
+            found = _SPARK_LINE.match(line)
+            if found:
+                level, line = _SPARK_LEVELS[found.group(1)], found.group(2)
+            elif not _CONTINUED.match(line):
+                level = logging.INFO
+            out.log(level, "%s", line)
+
+
+def _launch_into_logging(builder: Any) -> None:
+    """Launch the JVM of ``builder``'s session with its stdout and stderr on a pipe whose lines go to Python logging
+    (:func:`_pump`), through pyspark's own ``launch_gateway`` (its ``popen_kwargs`` exist for capturing them); the
+    session then uses that JVM. Python's own stdout and stderr are untouched (what logging prints there would
+    otherwise feed the pipe again)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        conf = SparkConf(loadDefaults=False)
+        for key, value in builder._options.items():  # what getOrCreate would pass to spark-submit
+            conf.set(key, value)
+        reader, writer = os.pipe()
+        try:
+            gateway = launch_gateway(conf, popen_kwargs={"stdout": writer, "stderr": writer})
+        except BaseException:
+            os.close(reader)
+            raise
+        finally:
+            os.close(writer)  # the JVM holds its own copy: the reader ends when the JVM does
+        threading.Thread(target=_pump, args=(reader,), name="spark-output", daemon=True).start()
+        SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 
 
 @contextlib.contextmanager
@@ -211,6 +277,8 @@ def build_spark(
         builder = builder.config(key, value)
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
+    if _TO_LOGGING.is_set() and not settings.spark_log_file:
+        _launch_into_logging(builder)
     with _jvm_output_to(settings.spark_log_file):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.spark_log_level)
@@ -240,6 +308,7 @@ class _InterruptedByStop(logging.Filter):
         self.stops = 0  # stops under way in this process
         self.told = False
         self.quiet: dict[str, object] = {}  # Spark loggers turned off during stops -> their levels before
+        self.timer: threading.Timer | None = None  # the pending restore of their levels
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -266,7 +335,12 @@ logging.getLogger("py4j.clientserver").addFilter(_BY_STOP)
 _STOP_NOISE = ("org.apache.spark.network.shuffle.RetryingBlockTransferor",
                "org.apache.spark.network.shuffle.OneForOneBlockFetcher",
                "org.apache.spark.network.server.TransportRequestHandler",
-               "org.apache.spark.broadcast.TorrentBroadcast")
+               "org.apache.spark.broadcast.TorrentBroadcast",
+               # the cut batch's file writes: "Aborting job ... InterruptedException" (Delta's and Spark's writer)
+               # and the interrupted `chmod` of a checkpoint file it was writing (a WARN with its stack)
+               "org.apache.spark.sql.delta.files.DeltaFileFormatWriter",
+               "org.apache.spark.sql.execution.datasources.FileFormatWriter",
+               "org.apache.hadoop.util.Shell")
 #: Seconds those loggers stay quiet after the stop returned (the cancelled tasks' threads finish after it).
 _STOP_NOISE_TAIL = 10.0
 
@@ -300,6 +374,10 @@ def stopping_queries(spark: "SparkSession | None") -> Iterator[None]:
         if jvm is not None:
             timer = threading.Timer(_STOP_NOISE_TAIL, _restore_levels, args=(jvm,))
             timer.daemon = True
+            with _BY_STOP.lock:
+                if _BY_STOP.timer is not None:
+                    _BY_STOP.timer.cancel()  # the latest stop's restore does it for both
+                _BY_STOP.timer = timer
             timer.start()
 
 
@@ -325,7 +403,36 @@ def stop_spark(spark: "SparkSession") -> None:
         getattr(getattr(state, "StateStore$"), "MODULE$").stop()
     except Exception:  # noqa: BLE001 - no state store was loaded, or the JVM is already gone
         pass
+    with _BY_STOP.lock:  # the loggers a stop quieted get their levels back now, not from a timer once the JVM ended
+        timer, _BY_STOP.timer = _BY_STOP.timer, None
+    if timer is not None:
+        timer.cancel()
+        _restore_levels(spark.sparkContext._jvm)
     spark.stop()
+
+
+def end_jvm(timeout: float = 30.0) -> None:
+    """End the Spark JVM this process started and wait for it, at the end of a process that ran Spark (the view
+    host, a view's driver). The JVM exits when its stdin closes, running its shutdown hooks (Spark removes its
+    temporary folders); a process that just exits leaves them running while whoever stopped it signals the
+    process group - and a hook cut by that signal logs a stack trace at a stop that went well."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover - no pyspark, no JVM
+        return
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return
+    client = getattr(gateway, "_gateway_client", None)
+    if client is not None:  # no call into the JVM from here on (py4j's finalizers check it: none logs a traceback)
+        client.is_connected = False
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout)
+    except Exception:  # noqa: BLE001 - it did not end in time: the caller's exit and its group's signal end it
+        pass
 
 
 class HadoopFiles:

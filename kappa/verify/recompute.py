@@ -216,6 +216,8 @@ def _recompute(spark: "SparkSession", view: "ViewDefinition", settings: "Setting
         lookups_for.close()
 
     phases["rerun"], mark = round(time.monotonic() - mark, 1), time.monotonic()
+    log.info("recompute of %s: re-run done in %.0f s; comparing its result with the table at Delta version %s%s",
+             view.ref, phases["rerun"], delta_version, " and the quarantine" if quarantine_path is not None else "")
     outputs = spark.read.schema(StructType([*out_schema.fields, StructField(BATCH, IntegerType())])).parquet(str(out))
     if base is not None:  # the seed is "batch -1": every batch of the run applies on top of it
         seeded = spark.read.format("delta").option("versionAsOf", base[1]).load(base[0])

@@ -229,6 +229,21 @@ def _human_seconds(s: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def eta_range(seconds: float, *, load: float | None = None, cores: int | None = None) -> str:
+    """An ETA measured on this machine (``~45 s``), widened when the machine is busier than it has cores: a
+    CPU-bound check gets about cores / load of what it would alone, so up to ``seconds x load / cores`` (``~45 s
+    to 2.1 min: the machine is busy now, load 4.3 on 2 cores``). The measurement it comes from may itself have run
+    on a busy machine: the range only widens, it never shrinks."""
+    import os
+
+    load = os.getloadavg()[0] if load is None else load
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if load <= cores * 1.1:
+        return f"~{_human_seconds(seconds)}"
+    return (f"~{_human_seconds(seconds)} to {_human_seconds(seconds * load / cores)}: the machine is busy now, load "
+            f"{load:.1f} on {cores} cores")
+
+
 def _short_offsets(offsets: Mapping[int, int]) -> str:
     return "{" + ", ".join(f"{p}:{o}" for p, o in sorted(offsets.items())) + "}"
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from kappa.errors import one_line
 from kappa.identity import view_ref
 from kappa.control.registry import RegistryError
-from kappa.control.replay.planning import _human_seconds, _short_offsets
+from kappa.control.replay.planning import _human_seconds, _short_offsets, eta_range
 from kappa.control.replay.request import VERIFY_MODES, ReplayError, offsets_from_json, spark_offsets
 from kappa.control.replay.version import ViewVersion, alias_of, registry_of
 
@@ -449,19 +449,23 @@ def _verify(view: str, version: int, settings: Settings, mode: str, *, by: str,
     rate, source = measured_verification(registry, view)
     new = f" for the {records - staged:,} not staged by an earlier check" if staged else ""
     on_start(f"verifying {ref}: {len(batches):,} recorded micro-batches, {records:,} records"
-             + (f"; ETA ~{_human_seconds((records - staged) / rate)}{new} at {rate:,.0f} records/s ({source})"
-                if rate else f"; ETA unknown ({source}): the re-run logs its progress and the time left"))
+             + (f"; ETA {eta_range((records - staged) / rate)}{new} (at {rate:,.0f} records/s, all of a check: "
+                f"reading, re-run, comparisons; {source})"
+                if rate else f"; ETA unknown ({source}): the re-run logs its progress and its time left"))
     began = time.monotonic()
     with spark_session(settings) as spark:
         checks = [recompute(definition, settings, table_path=paths.table, delta_version=delta_version,
                             batches=batches, start=start, end_timestamp_ms=end_timestamp_ms,
                             quarantine_path=paths.quarantine, spark=spark, base=base, run=run)]
+        log.info("verifying %s: comparing its table with the serving version's (the diff report)", ref)
         report = _diff_against_serving(spark, vv, delta_version)
     expectations = _expectations(vv, upto=batch)
     if expectations is not None:
         checks.append(expectations)
     n_rows = checks[0].rows  # the recompute counted the table at this Delta version
     if spec is not None:  # only the plain-Python oracle needs the rows in Python
+        log.info("verifying %s: the plain-Python oracle over the %s records of the log (the independent count)",
+                 ref, f"{records:,}")
         names, rows = table_rows(table)
         n_rows = len(rows)
         checks.append(_oracle_check(spec, definition, settings, start=start, end=end, batches=batches,

@@ -83,12 +83,15 @@ class LocalRunner:
 
         return self.mode == "host" or (self.mode == "auto" and host_pid(self.settings) is not None)
 
-    def _host_start(self, spec: JobSpec, timeout: float = 300.0) -> JobStatus:
+    def _host_start(self, spec: JobSpec, timeout: float = 300.0, *, wait: bool = True) -> JobStatus:
         from kappa.runtime import host
 
         host.start_host(self.settings)
         asked = time.time()
         host.desire(self.settings, spec)
+        if not wait:
+            return JobStatus(spec.ref, "running", "asked of the view host (it starts it at its next poll)",
+                             f"http://127.0.0.1:{spec.metrics_port}/metrics")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # the host picks it up within a poll; starting takes a while
             st = host.hosted_status(self.settings, spec.ref)
@@ -142,7 +145,9 @@ class LocalRunner:
         path = self._state_file(view, version)
         return json.loads(path.read_text()) if path.exists() else None
 
-    def start(self, spec: JobSpec) -> JobStatus:
+    def start(self, spec: JobSpec, *, wait: bool = True) -> JobStatus:
+        """Start ``spec``; in the view host, ``wait=False`` only asks the host (which starts it at its next poll)
+        instead of waiting until it runs - what ``kappa up`` does for all its views at once, then follows them."""
         current = self.status(spec.view, spec.version)
         if current.state == "running":
             return current
@@ -154,7 +159,7 @@ class LocalRunner:
                 port = free_port()
             spec = replace(spec, metrics_port=port)
         if self._use_host():
-            return self._host_start(spec)
+            return self._host_start(spec, wait=wait)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         exit_file = self.run_dir / f"{spec.ref}.exit"
