@@ -11,6 +11,7 @@
 # one compiler/linker process) for a 157 MiB binary (a by-hand build on an idle machine of this kind: 3 min 18 s).
 # A warm one returns at once.
 # KAPPA_OBJECTSTORE_NO_BUILD=1: only the folder, whatever it holds (never starts a build).
+# KAPPA_BUILD_HEARTBEAT: seconds between two "still building" lines (30).
 #
 # `go install github.com/seaweedfs/seaweedfs/weed@<version>` is refused (the module's go.mod has a replace
 # directive), so the module is downloaded from the proxy, copied to a throw-away folder and built there with its own
@@ -48,7 +49,7 @@ log "building weed ${SEAWEEDFS_VERSION}: its Go modules are downloaded first, th
     >"$work/build.log" 2>&1 &
 builder=$!
 while kill -0 "$builder" 2>/dev/null; do
-    for _ in $(seq 30); do kill -0 "$builder" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq "${KAPPA_BUILD_HEARTBEAT:-30}"); do kill -0 "$builder" 2>/dev/null || break; sleep 1; done
     kill -0 "$builder" 2>/dev/null || break
     modules=$(grep -c '^go: downloading ' "$work/build.log" || true)
     log "still building weed: $((SECONDS - started)) s, ${modules} Go modules downloaded, compiling"
