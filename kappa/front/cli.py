@@ -576,7 +576,8 @@ def status() -> None:
     reg.add_column("since (UTC)", overflow="fold")
     jobs = _building_jobs(settings, records)
     for r in records:
-        state = r.state if r.ref not in jobs or jobs[r.ref].state == "running" else f"building, job {jobs[r.ref].state}"
+        job = jobs.get(r.ref)
+        state = r.state if job is None or job.state == "running" else f"building, job {job.state}"
         reg.add_row(r.ref, state, str(r.updated_at)[:19])
     console.print(reg)
     for r in records:  # the notes in full, wrapped: a replay's progress, why it caught up, a failure
@@ -607,7 +608,7 @@ def _progress_now(settings, rec, job) -> str | None:
     try:
         sample = replay.with_reading(replay.progress(rec.view, rec.version, settings), job.metrics_url)
     except Exception as exc:  # noqa: BLE001 - the recorded note still says something
-        log.debug("progress of %s not sampled: %s", rec.ref, exc)
+        logging.getLogger(__name__).debug("progress of %s not sampled: %s", rec.ref, exc)
         return None
     return f"{sample.summary()} (now)"
 

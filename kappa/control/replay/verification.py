@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from kappa.errors import one_line
 from kappa.identity import view_ref
 from kappa.control.registry import RegistryError
-from kappa.control.replay.planning import _human_seconds, _short_offsets, eta_range
+from kappa.control.replay.planning import _short_offsets, eta_range
 from kappa.control.replay.request import VERIFY_MODES, ReplayError, offsets_from_json, spark_offsets
 from kappa.control.replay.version import ViewVersion, alias_of, registry_of
 
