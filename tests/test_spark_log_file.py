@@ -16,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (its own JVM) from the repository; it must exit 0."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.mark.timeout(300)
 def test_a_session_with_a_log_file_keeps_the_jvm_log_off_the_terminal(tmp_path):
     log_file = tmp_path / "logs" / "spark-cli.log"
@@ -30,9 +38,7 @@ def test_a_session_with_a_log_file_keeps_the_jvm_log_off_the_terminal(tmp_path):
             "print('maintenance', getattr(getattr(state, 'StateStore$'), 'MODULE$').isMaintenanceRunning())\n"
             "from kappa.runtime.spark import stop_spark\n"
             "stop_spark(spark)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _python(code, env)
     assert proc.stdout.strip().splitlines()[-2:] == ["rows 3", "maintenance False"], proc.stdout
     logged = log_file.read_text()
     assert "WARN test: marker 42" in logged, logged[-2000:]
@@ -65,9 +71,7 @@ def test_an_airflow_tasks_spark_logs_each_line_at_its_own_level_and_its_jvm_ends
             "end_jvm()\n"
             "import psutil\n"
             "print('jvm alive', psutil.pid_exists(pid) and psutil.Process(pid).status() != 'zombie', flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _python(code, env)
     lines = proc.stdout.splitlines()
     assert "rows 3" in lines and lines[-1] == "jvm alive False", proc.stdout[-3000:]
     assert "WARNING|spark|test: marker 42" in lines, proc.stdout[-3000:]
