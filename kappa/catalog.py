@@ -82,17 +82,23 @@ class TopicSpec:
     description: str = ""
 
 
-_RETENTION = re.compile(r"^([1-9][0-9]*)([dhms])$")
+_DURATION = re.compile(r"^([1-9][0-9]*)([dhms])$")
 _UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+
+
+def parse_duration_ms(value: object) -> int:
+    """``<n>d|h|m|s`` in milliseconds, 0 when it is not one (an error)."""
+    match = _DURATION.match(str(value).strip().lower())
+    return int(match.group(1)) * _UNIT_MS[match.group(2)] if match else 0
 
 
 def parse_retention(value: object) -> int | None:
     """An archive's ``retention``: milliseconds, None for ``forever``, 0 when it is neither (an error)."""
-    text = str(value).strip().lower()
-    if text == "forever":
-        return None
-    match = _RETENTION.match(text)
-    return int(match.group(1)) * _UNIT_MS[match.group(2)] if match else 0
+    return None if str(value).strip().lower() == "forever" else parse_duration_ms(value)
+
+
+#: Longest ``trigger`` a view may declare: a live view further behind than this is not a view one serves.
+MAX_TRIGGER_SECONDS = 3600
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +116,10 @@ class ViewSpec:
         retention_ms: How long an archive keeps a record (``retention: <n>d|h|m|s`` or ``forever``, with
             ``archives`` only): older whole prefixes of a partition leave it (:func:`kappa.runtime.archive.keep`);
             None keeps every record.
+        trigger_seconds: How often the view's live micro-batches run (``trigger: <n>s|m``), whatever its versions'
+            modules declare - an operational setting beside the declaration, not part of a version's code: a view
+            nobody reads for second-fresh rows (the archive) spares the driver most of a micro-batch's fixed cost.
+            None: each version's own (``ViewDefinition.trigger_seconds``), else 2 s.
     """
 
     name: str
@@ -119,6 +129,7 @@ class ViewSpec:
     versions: dict[int, str]
     archives: str | None = None
     retention_ms: int | None = None
+    trigger_seconds: float | None = None
 
     def module(self, version: int | None = None) -> str:
         """Module implementing ``version`` (default: :attr:`default_version`).
@@ -303,7 +314,8 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
             errors.append(f"{where}: must be a mapping")
             continue
         ok = True
-        unknown = set(spec) - {"description", "topics", "default_version", "versions", "archives", "retention"}
+        unknown = set(spec) - {"description", "topics", "default_version", "versions", "archives", "retention",
+                               "trigger"}
         if unknown:
             errors.append(f"{where}: unknown key(s): {', '.join(sorted(map(str, unknown)))}")
         topics = spec.get("topics")
@@ -355,6 +367,13 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
             elif retention_ms == 0:
                 errors.append(f"{where}.retention: {spec['retention']!r} is not <n>d, <n>h, <n>m, <n>s or forever")
                 ok = False
+        trigger_ms = None
+        if "trigger" in spec:
+            trigger_ms = parse_duration_ms(spec["trigger"])
+            if not 0 < trigger_ms <= MAX_TRIGGER_SECONDS * 1000:
+                errors.append(f"{where}.trigger: {spec['trigger']!r}: use <n>s or <n>m, at most "
+                              f"{MAX_TRIGGER_SECONDS // 60}m (how often the view's live micro-batches run)")
+                ok = False
         description = spec.get("description", "")
         if ok and default is not None:
             out[name] = ViewSpec(
@@ -365,5 +384,6 @@ def _parse_views(raw: Any, topic_names: set[str], errors: list[str]) -> dict[str
                 versions=dict(sorted(versions.items())),
                 archives=archives,
                 retention_ms=retention_ms or None,
+                trigger_seconds=trigger_ms / 1000 if trigger_ms else None,
             )
     return out

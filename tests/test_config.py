@@ -175,6 +175,48 @@ def test_an_archives_retention_is_parsed_and_misuse_is_named() -> None:
         assert message in str(info.value), info.value
 
 
+def test_a_views_trigger_is_parsed_and_wins_over_what_its_module_declares(tmp_path, monkeypatch) -> None:
+    """``trigger: <n>s|m`` in platform.yaml sets how often a view's live micro-batches run, whatever its versions'
+    modules declare; without it a module's own (hourly totals: 10 s) holds, else 2 s; a driver's explicit
+    ``--trigger-seconds`` wins over both. Misuse is named with its place in the file."""
+    import yaml
+
+    from kappa.runtime.job import live_trigger_seconds
+    from kappa.runtime.view import load_view
+
+    def view(**extra: object) -> dict:
+        return {"topics": {"t": {"partitions": 1}},
+                "views": {"a": {"topics": ["t"], "default_version": 1, "versions": {1: {"module": "jobs.a.v1"}},
+                                **extra}}}
+
+    assert parse_catalog(view(trigger="90s"), source="x").views["a"].trigger_seconds == 90
+    assert parse_catalog(view(trigger="5m"), source="x").views["a"].trigger_seconds == 300
+    assert parse_catalog(view(), source="x").views["a"].trigger_seconds is None
+    for bad in ("2 s", "0s", "2h", "fast"):
+        with pytest.raises(CatalogError) as info:
+            parse_catalog(view(trigger=bad), source="x")
+        assert f"views.a.trigger: {bad!r}: use <n>s or <n>m, at most 60m" in str(info.value), info.value
+
+    archive, hourly = load_view("jobs.ad_events_archive.v1"), load_view("jobs.campaign_hourly_totals.v1")
+    assert load_catalog().view("ad_events_archive").trigger_seconds == 30
+    assert (live_trigger_seconds(archive), live_trigger_seconds(hourly),
+            live_trigger_seconds(load_view("jobs.events_raw.v1"))) == (30, 10, 2)
+    # a team's copy of platform.yaml declaring a trigger for the hourly totals: it wins over the module's 10 s
+    doc = yaml.safe_load(Path(load_catalog().source).read_text())
+    doc["views"]["campaign_hourly_totals"]["trigger"] = "1m"
+    del doc["views"]["ad_events_archive"]["trigger"]
+    copy = tmp_path / "platform.yaml"
+    copy.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KAPPA_PLATFORM", str(copy))
+    assert (live_trigger_seconds(archive), live_trigger_seconds(hourly)) == (2, 60)
+
+    from kappa.runtime.job import ViewJob
+
+    settings = Settings.from_env()
+    assert ViewJob(hourly, settings).trigger_seconds == 60
+    assert ViewJob(hourly, settings, trigger_seconds=5).trigger_seconds == 5
+
+
 def test_catalog_reports_every_problem() -> None:
     doc = {
         "topics": {"ok": {"partitions": 1}, "bad name!": {"partitions": 1},

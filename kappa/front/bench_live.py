@@ -224,6 +224,7 @@ def floor_leg(args: argparse.Namespace) -> None:
     from kappa.runtime.parsing import decode, valid_rows
     from kappa.runtime.spark import build_spark
     from kappa.runtime.view import load_view
+    from kappa.runtime.job import live_trigger_seconds
 
     st = Settings.from_env()
     say = lambda line: print(f"  [{args.label}] {line}", flush=True)  # noqa: E731
@@ -250,7 +251,7 @@ def floor_leg(args: argparse.Namespace) -> None:
                    .option("subscribe", st.topic(view.stream_topic)).option("startingOffsets", "latest").load())
             queries.append(decode(raw, view.stream_format).writeStream
                            .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{name}-"))
-                           .trigger(processingTime=f"{view.trigger_seconds or 2.0} seconds")
+                           .trigger(processingTime=f"{live_trigger_seconds(view)} seconds")
                            .foreachBatch(handler(name)).start())
         producer = stack.start_producer(st, rate=args.rate)  # a child of this process: not counted below
         result["up_seconds"] = time.monotonic() - t0

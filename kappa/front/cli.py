@@ -82,7 +82,9 @@ def view_run(
     starting: str = typer.Option("latest", help="earliest | latest | ts:<epoch ms> | JSON offsets (new runs)."),
     metrics_port: Optional[int] = typer.Option(None, help="Prometheus /metrics port (0 = any free port; default "
                                                "KAPPA_METRICS_PORT, 9400)."),
-    trigger_seconds: float = typer.Option(2.0, help="Processing-time trigger interval of live runs."),
+    trigger_seconds: Optional[float] = typer.Option(
+        None, help="Processing-time trigger interval of live runs (default: the view's `trigger` in platform.yaml, "
+                   "else its module's, else 2 s)."),
     available_now: bool = typer.Option(False, "--available-now", help="Process what the log holds, then stop."),
     end_ts: Optional[int] = typer.Option(None, help="Bounded backfill: stop at this Kafka timestamp (ms)."),
     max_offsets_per_trigger: Optional[int] = typer.Option(None, help="Bound micro-batch size."),

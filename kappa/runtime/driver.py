@@ -101,7 +101,7 @@ def _logging() -> None:
 
 
 def run_view(settings: "Settings", view: str, version: int | None = None, *, starting: str = "latest",
-             metrics_port: int = 9400, trigger_seconds: float = 2.0, available_now: bool = False,
+             metrics_port: int = 9400, trigger_seconds: float | None = None, available_now: bool = False,
              end_ts: int | None = None, max_offsets_per_trigger: int | None = None,
              echo: Callable[[str], None] = print) -> None:
     """Run one view version (default: the view's default version) until SIGTERM or the end of a bounded run."""
@@ -158,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--version", type=int, default=None)
     v.add_argument("--starting", default="latest")
     v.add_argument("--metrics-port", type=int, default=None)
-    v.add_argument("--trigger-seconds", type=float, default=2.0)
+    v.add_argument("--trigger-seconds", type=float, default=None,
+                   help="how often live micro-batches run (default: the view's trigger in platform.yaml, else 2 s)")
     v.add_argument("--available-now", action="store_true")
     v.add_argument("--end-ts", type=int, default=None)
     v.add_argument("--max-offsets-per-trigger", type=int, default=None)

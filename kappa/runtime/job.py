@@ -211,6 +211,20 @@ def _no_guard() -> None:
     """A local lake's commits need no check: the driver lock beside the checkpoint excludes every other driver."""
 
 
+#: How often a live view's micro-batches run when neither platform.yaml nor the view's module says.
+DEFAULT_TRIGGER_SECONDS = 2.0
+
+
+def live_trigger_seconds(view: ViewDefinition) -> float:
+    """How often ``view``'s live micro-batches run: the ``trigger`` platform.yaml declares for the view (an
+    operational setting, the same for every version), else what the version's module declares, else 2 s."""
+    from kappa.catalog import load_catalog
+
+    spec = load_catalog().views.get(view.name)
+    declared = spec.trigger_seconds if spec is not None else None
+    return declared or view.trigger_seconds or DEFAULT_TRIGGER_SECONDS
+
+
 class ViewJob:
     """Runs one view version until stopped (live) or until the available data is processed (bounded).
 
@@ -219,7 +233,8 @@ class ViewJob:
         settings: platform settings (Kafka, lake root, jars).
         spark: an existing SparkSession (tests share one); a new one is built when omitted.
         starting: start position for a new checkpoint (see :func:`starting_options`).
-        trigger_seconds: processing-time trigger of live runs (a view declaring its own uses that).
+        trigger_seconds: processing-time trigger of live runs; None: :func:`live_trigger_seconds` (the view's
+            ``trigger`` in platform.yaml, else its module's, else 2 s).
         available_now: process what the log holds at start, then stop (bounded backfill, tests).
         end_timestamp_ms: only records with a Kafka timestamp before this are processed (bounded backfill).
         max_offsets_per_trigger: bound micro-batch size (replays).
@@ -235,7 +250,7 @@ class ViewJob:
         *,
         spark: "SparkSession | None" = None,
         starting: str | Mapping[str, Any] = "latest",
-        trigger_seconds: float = 2.0,
+        trigger_seconds: float | None = None,
         available_now: bool = False,
         end_timestamp_ms: int | None = None,
         max_offsets_per_trigger: int | None = None,
@@ -247,7 +262,7 @@ class ViewJob:
         self.settings = settings
         self.paths = ViewPaths(settings.lake_uri, view.name, view.version)
         self.starting = starting_options(starting)
-        self.trigger_seconds = view.trigger_seconds or trigger_seconds
+        self.trigger_seconds = trigger_seconds or live_trigger_seconds(view)
         self.available_now = available_now
         self.end_timestamp_ms = end_timestamp_ms
         self.max_offsets_per_trigger = max_offsets_per_trigger
