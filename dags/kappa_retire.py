@@ -1,5 +1,5 @@
 """
-### kappa_retire — delete the view versions past their keep period
+### kappa_retire — delete the view versions past their keep period, and Airflow's own old history
 
 Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start: the
 scheduler would run it before Airflow's API server answers, and its tasks would log connection errors until it
@@ -9,6 +9,10 @@ it, `keep_hours`, default 7 days) and that the serving alias does not point to h
 removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the
 replays' retention leases that expired (their driver stopped showing life) end, and the topics converge: the
 declared retention comes back where no lease holds (`kappa.control.leases`, the same as `kappa topics ensure`).
+And Airflow's own history older than `airflow_history_days` (30) leaves its metadata database - runs, task
+instances, XComs, log rows, jobs (`airflow db clean`, no archive tables) - so the database stays the size of a month;
+the platform's own record of every replay, promotion and rollback is the registry's events table in the lake,
+which this does not touch.
 
 Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
 removing is finished by the next run, and a rollback that made a version serve again keeps it.
@@ -47,7 +51,10 @@ DAG_ID = Path(__file__).stem
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     params={
         "dry_run": Param(False, type="boolean", title="Dry run",
-                         description="Only list the versions past their keep period."),
+                         description="Only list the versions past their keep period (and what Airflow would clean)."),
+        "airflow_history_days": Param(30, type="integer", minimum=1, title="Airflow history (days)",
+                                      description="Airflow's runs, task instances, XComs and log rows older than "
+                                                  "this leave its metadata database."),
     },
 )
 def kappa_retire() -> None:
@@ -107,8 +114,34 @@ def kappa_retire() -> None:
         log.info("leases holding: %s", ", ".join(held) or "none")
         return held
 
+    @task
+    @records_failure
+    def clean_airflow_history(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``airflow db clean`` of what is older than ``airflow_history_days``: a CLI of its own, the task
+        itself never touches the metadata database."""
+        import subprocess
+        import sys
+        from datetime import UTC, datetime
+
+        params = params or {}
+        days = int(params.get("airflow_history_days") or 30)
+        before = (datetime.now(UTC) - timedelta(days=days)).replace(microsecond=0)
+        command = [sys.executable, "-m", "airflow", "db", "clean", "--clean-before-timestamp", before.isoformat(),
+                   "--skip-archive", "--yes", "--error-on-cleanup-failure"]
+        if params.get("dry_run"):
+            command.append("--dry-run")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        for line in lines[-40:]:
+            log.info("airflow db clean: %s", line)
+        if done.returncode != 0:
+            raise AirflowFailException(f"airflow db clean failed (exit {done.returncode}): "
+                                       f"{lines[-1] if lines else 'no output'}")
+        return {"before": before.isoformat(), "dry_run": bool(params.get("dry_run"))}
+
     retire_expired()
     end_expired_leases()
+    clean_airflow_history()
 
 
 kappa_retire()

@@ -51,8 +51,8 @@ Operating it:
 - ``KAPPA_WATCH_POLL_SECONDS`` -- how often the watch after a switch reads the new version's metrics (15 s).
 - ``KAPPA_KAFKA_OUTAGE_SECONDS`` -- how long a view job waits for an unreachable broker (its micro-batch retries
   reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
-- ``KAPPA_ARCHIVE_KEEP_SECONDS`` -- how often an archive's job applies the archive's retention and compacts its
-  small files (3600 s; :class:`kappa.runtime.archive.ArchiveKeeper`).
+- ``KAPPA_UPKEEP_SECONDS`` -- how often a live job keeps its table: compacts the small files of its micro-batches,
+  VACUUMs, and in an archive's job applies the archive's retention first (3600 s; :mod:`kappa.runtime.upkeep`).
 - ``KAPPA_VERIFY_CACHE_MB`` -- how much disk the records staged by strict verifications may keep under
   ``$KAPPA_HOME/verify-cache`` for the next verification of the same version (4096 MB; the least recently used go
   first; 0: keep nothing, every verification reads its whole range again; :mod:`kappa.verify.stagecache`).
@@ -162,7 +162,7 @@ class Settings:
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
-        archive_keep_seconds, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        upkeep_seconds, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -204,7 +204,7 @@ class Settings:
     lease_ttl_seconds: float = 900.0
     driver_lease_seconds: float = 120.0
     kafka_outage_seconds: float = 1800.0
-    archive_keep_seconds: float = 3600.0
+    upkeep_seconds: float = 3600.0
     verify_cache_mb: int = 4096
     bench_events: int = 2_000_000
     fault: str | None = None
@@ -295,7 +295,7 @@ class Settings:
             lease_ttl_seconds=number("KAPPA_LEASE_TTL_SECONDS", float, 900.0),
             driver_lease_seconds=number("KAPPA_DRIVER_LEASE_SECONDS", float, 120.0),
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
-            archive_keep_seconds=number("KAPPA_ARCHIVE_KEEP_SECONDS", float, 3600.0),
+            upkeep_seconds=number("KAPPA_UPKEEP_SECONDS", float, 3600.0),
             verify_cache_mb=number("KAPPA_VERIFY_CACHE_MB", int, 4096),
             bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
             fault=get("KAPPA_FAULT"),

@@ -305,7 +305,7 @@ def test_the_archive_keeps_itself_retention_removes_old_prefixes_never_under_a_l
     from kappa.identity import ViewPaths
     from kappa.runtime.archive import coverage
 
-    settings = lake.replace(home=tmp_path / "home", archive_keep_seconds=3.0)
+    settings = lake.replace(home=tmp_path / "home", upkeep_seconds=3.0)
     topic = settings.topic("ad-events")
     now = int(time.time() * 1000)
     old, young = now - 800 * 86_400_000, now
@@ -330,12 +330,12 @@ def test_the_archive_keeps_itself_retention_removes_old_prefixes_never_under_a_l
         assert producer.flush(30) == 0
         _wait_for(lambda: len(_rows(table)) == 85, 180, "the archive to copy 4 more records")
         assert len(DeltaTable(table).file_uris()) == 8
-        held = _wait_for(lambda: job.keeper.last, 180, "the archive's first upkeep")
+        held = _wait_for(lambda: job.keeper.last and job.keeper.last.table, 180, "the archive's first upkeep")
         assert held.held_by == ("user_sessions@v9",) and held.removed == {}, held
         assert len(_rows(table)) == 85, "nothing leaves while a lease holds the topic"
 
         leases.release(settings, "user_sessions", 9, by="test", note="caught up", converge=False)
-        kept = _wait_for(lambda: job.keeper.last if job.keeper.last.removed else None, 180, "the retention")
+        kept = _wait_for(lambda: job.keeper.last.table if job.keeper.last.table.removed else None, 180, "the retention")
         assert kept.removed == {0: (0, 10), 1: (0, 15), 2: (0, 15), 3: (0, 15)}, kept
         assert "retention removed partition 0 offsets 0-9, partition 1 offsets 0-14" in kept.line(), kept.line()
         rows = _rows(table)

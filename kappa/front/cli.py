@@ -242,7 +242,7 @@ def topics_archives() -> None:
         kept = "keeps every record" if spec.retention_ms is None else \
             f"keeps records for {_duration(spec.retention_ms / 1000)}"
         console.print(f"{spec.archives}: archived by {spec.name}@v{spec.default_version} ({table}); {kept} "
-                      f"(upkeep every {_duration(settings.archive_keep_seconds)})", highlight=False, markup=False)
+                      f"(upkeep every {_duration(settings.upkeep_seconds)})", highlight=False, markup=False)
         for p, (low, high) in sorted(log.items()):
             got = held.get(p)
             gaps = [f"{n:,} {what}" for n, what in ((got.high - got.low - got.rows, "missing"),

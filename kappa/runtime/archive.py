@@ -26,7 +26,7 @@ range from the log gives. Everything after the switch sees a checkpoint of the l
 Where the archive's records are read back (recompute, repair: :func:`kappa.runtime.rerun.read_range`), the part
 below the log's start comes from the archive and the rest from the log.
 
-The archive keeps itself (:class:`ArchiveKeeper`, a thread of its own job, every ``KAPPA_ARCHIVE_KEEP_SECONDS``,
+The archive keeps itself (its job's :class:`kappa.runtime.upkeep.TableKeeper`, every ``KAPPA_UPKEEP_SECONDS``,
 between the job's commits): records older than its ``retention`` (platform.yaml) leave it as whole prefixes of a
 partition - never while a replay's lease holds the topic - and the small files of live micro-batches are compacted,
 so a replay reads few large files.
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArchiveError", "ArchiveKeeper", "Coverage", "Kept", "archive_query", "archive_rows", "archive_of",
+__all__ = ["ArchiveError", "Coverage", "Kept", "archive_query", "archive_rows", "archive_of",
            "archived_decoded", "coverage", "expired_prefixes", "keep", "switch_checkpoint", "phase_done",
            "plan_handover", "replay_leases"]
 
@@ -315,18 +315,19 @@ def expired_prefixes(spark: "SparkSession", table: str, cutoff_ms: int) -> dict[
 
 
 def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms: int | None = None,
-         holds: Any = tuple, lock: Any = None) -> Kept:
+         holds: Any = tuple, lock: Any = None, full_vacuum: bool = False) -> Kept:
     """The archive's upkeep, run by its own job between its commits (``lock``: the job's commit lock; one writer
     per table also on an object store): records older than ``retention_ms`` leave (:func:`expired_prefixes`, one
     DELETE) unless a replay's lease holds the topic (``holds()``: the replays whose lease does - they may be reading
     them; asked again right before the DELETE, a replay may have taken its lease meanwhile); then the small
-    files of live micro-batches are compacted (OPTIMIZE: no data change, streaming readers skip it) and, when either
-    changed files, files older than Delta's vacuum retention (7 days) that no version references any more are
-    deleted."""
+    files of live micro-batches are compacted and the files no version of the retention references leave
+    (:func:`kappa.runtime.upkeep.compact`)."""
     import contextlib
     import time
 
     from delta.tables import DeltaTable
+
+    from kappa.runtime.upkeep import compact
 
     guard = lock if lock is not None else contextlib.nullcontext()
     removed: dict[int, tuple[int, int]] = {}
@@ -334,20 +335,17 @@ def keep(spark: "SparkSession", table: str, *, retention_ms: int | None, now_ms:
     if retention_ms is not None and not held_by:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         removed = expired_prefixes(spark, table, now_ms - retention_ms)
-    delta = DeltaTable.forPath(spark, table)
     with guard:
         if removed:
             held_by = tuple(holds())
             removed = {} if held_by else removed
         if removed:
+            delta = DeltaTable.forPath(spark, table)
             if delta.detail().first()["properties"].get("delta.appendOnly") == "true":  # tables of older releases
                 spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.appendOnly' = 'false')")
             delta.delete(_ranges_filter(removed))
-        metrics = delta.optimize().executeCompaction().first()["metrics"]
-        kept = Kept(removed, int(metrics["numFilesRemoved"] or 0), int(metrics["numFilesAdded"] or 0), held_by)
-        if kept.removed or kept.files_removed:  # files this or earlier upkeeps unlinked, once old enough
-            delta.vacuum()  # it records itself in the table's log too
-    return kept
+    done = compact(spark, table, lock=lock, full_vacuum=full_vacuum)
+    return Kept(removed, done.files_removed, done.files_added, held_by)
 
 
 def replay_leases(settings: "Settings", topic: str) -> list[str]:
@@ -375,25 +373,3 @@ def replay_leases(settings: "Settings", topic: str) -> list[str]:
         if time.time() - max(alive or 0.0, renewed) <= settings.lease_ttl_seconds:
             holding.append(f"{row['view']}@v{int(row['version'])}")
     return sorted(holding)
-
-
-class ArchiveKeeper:
-    """The archive job's thread that runs :func:`keep` every ``period`` seconds (the first after one period: a
-    starting job catches up first)."""
-
-    def __init__(self, spark: "SparkSession", table: str, *, ref: str, retention_ms: int | None, lock: Any,
-                 holds: Any) -> None:
-        self.spark, self.table, self.ref, self.retention_ms, self.lock = spark, table, ref, retention_ms, lock
-        self.holds = holds  # () -> the replays whose lease holds the archived topic (replay_leases)
-        self.last: Kept | None = None
-
-    def run(self, stop: Any, period: float) -> None:
-        from kappa.errors import one_line
-
-        while not stop.wait(period):
-            try:
-                self.last = keep(self.spark, self.table, retention_ms=self.retention_ms, holds=self.holds,
-                                 lock=self.lock)
-                log.info("%s: archive upkeep: %s", self.ref, self.last.line())
-            except Exception as exc:  # noqa: BLE001 - the next period tries again; the archive is never left half-done
-                log.warning("%s: archive upkeep failed (tried again in %.0f s): %s", self.ref, period, one_line(exc))

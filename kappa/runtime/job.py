@@ -297,7 +297,7 @@ class ViewJob:
         self._own_lookups = lookups is None
         self.publisher: Any = None  # kappa.runtime.publish.Publisher of a version that publishes
         self.repairs: Any = None  # kappa.runtime.repairs.RepairInbox (object-store lakes)
-        self.keeper: Any = None  # kappa.runtime.archive.ArchiveKeeper of an archive's job
+        self.keeper: Any = None  # kappa.runtime.upkeep.TableKeeper of a live job
         self._stream: Any = None  # the view query's plan (planned when the query first starts)
         self._archive_running = False  # the run's archive part (a query of its own) is running
 
@@ -542,7 +542,7 @@ class ViewJob:
                                        self.handler.commit_lock, applied_by=self.app_id or "", ref=view.ref)
             threading.Thread(target=self.repairs.run, args=(self._stop, self.lag_poll_seconds),
                              name=f"repairs-{view.ref}", daemon=True).start()
-        if view.keep_invalid and not self.available_now:  # an archive keeps itself (kappa.runtime.archive.keep)
+        if not self.available_now:  # a live table keeps itself: compaction, VACUUM (kappa.runtime.upkeep)
             self._start_keeper()
 
     def _create_tables(self, output_schema: Any) -> None:
@@ -561,16 +561,40 @@ class ViewJob:
         create_table(rs_uri(self.paths.quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
 
     def _start_keeper(self) -> None:
-        from kappa.catalog import load_catalog
-        from kappa.runtime.archive import ArchiveKeeper, replay_leases
+        """The thread that keeps this version's table (:class:`kappa.runtime.upkeep.TableKeeper`): an archive's
+        retention first (:func:`kappa.runtime.archive.keep`), then compaction and VACUUM, under the commit lock."""
+        import functools
 
-        spec = load_catalog().views.get(self.view.name)
-        topic = self.settings.topic(self.view.stream_topic)
-        self.keeper = ArchiveKeeper(self.spark, self.paths.table, ref=self.view.ref,
-                                    retention_ms=spec.retention_ms if spec is not None else None,
-                                    lock=self.handler.commit_lock, holds=lambda: replay_leases(self.settings, topic))
-        threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.archive_keep_seconds),
-                         name=f"archive-{self.view.ref}", daemon=True).start()
+        from kappa.runtime.upkeep import FULL_VACUUM_SECONDS, TableKeeper, Upkept, compact, compact_quarantine
+
+        lock = self.handler.commit_lock
+        if self.view.keep_invalid:  # an archive: its declared retention too, never under a replay's lease
+            from kappa.catalog import load_catalog
+            from kappa.runtime.archive import keep, replay_leases
+
+            spec = load_catalog().views.get(self.view.name)
+            topic = self.settings.topic(self.view.stream_topic)
+            table_step = functools.partial(keep, self.spark, self.paths.table, lock=lock,
+                                           retention_ms=spec.retention_ms if spec is not None else None,
+                                           holds=lambda: replay_leases(self.settings, topic))
+            what = "archive upkeep"
+        else:
+            def table_step(full_vacuum: bool) -> Any:
+                return compact(self.spark, self.paths.table, lock=lock, full_vacuum=full_vacuum)
+            what = "upkeep"
+        quarantine = rs_uri(self.paths.quarantine)
+        full_at: list[float] = []  # when the last full VACUUM ran (the first upkeep's is one)
+
+        def both() -> Any:
+            full = not full_at or time.monotonic() - full_at[-1] >= FULL_VACUUM_SECONDS
+            done = Upkept(table_step(full_vacuum=full), compact_quarantine(quarantine, self.view.name))
+            if full:
+                full_at[:] = [time.monotonic()]
+            return done
+
+        self.keeper = TableKeeper(self.view.ref, both, what=what)
+        threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.upkeep_seconds),
+                         name=f"upkeep-{self.view.ref}", daemon=True).start()
 
     def _plan(self, decoded: "DataFrame", lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any]:
         """(the streaming plan over ``decoded`` records, the schema of the rows it writes)."""

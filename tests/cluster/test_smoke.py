@@ -59,7 +59,9 @@ def node_sh(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 class Operator:
-    """The docs' reader: runs blocks in bash in the repository, with the install block's exports."""
+    """The docs' reader, in one terminal: runs blocks in bash in the repository, each with the exports of every
+    block before it (the install block's KUBECONFIG, the replay block's Airflow password), and what a block left
+    running in the background (the port-forward) stays up for the next ones."""
 
     def __init__(self) -> None:
         install = cluster_block("helm install")
@@ -89,6 +91,8 @@ class Operator:
         took = time.monotonic() - started
         self.timings[name] = round(took, 1)
         text = log.read_text(errors="replace")
+        if not first:
+            self.exports += "".join(line + "\n" for line in block.text.splitlines() if line.startswith("export "))
         print(f"[smoke] {name} ({block.where}): {took:.0f} s, exit {rc}")
         assert rc == 0, (f"{block.where} ({name}) {'timed out' if rc is None else f'exited {rc}'} after {took:.0f} s; "
                          f"its output ({log}) ends:\n{text[-4000:]}")

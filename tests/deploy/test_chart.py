@@ -239,6 +239,31 @@ def test_every_container_is_restricted_with_resources_and_probes(all_renders: di
     assert checked > 50
 
 
+def _millicores(quantity: str | int | float) -> int:
+    text = str(quantity)
+    return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+
+
+def test_the_local_example_fits_a_2_core_node_with_two_replays_beside_it(all_renders: dict[str, list[dict]]) -> None:
+    """docs/deploy.md section 5 installs examples/local.yaml on one 2-core node: the CPU requests of every
+    long-running pod, two replay drivers (a replay and the one its cascade starts) and the node's CoreDNS (50m,
+    infra/k8s/node.sh) fit its 2 cores - a driver that does not fit stays Pending - and the scheduler, where a
+    replay's verification runs its local Spark, has the largest share of a busy node (at 100m it got 0.13 cores
+    beside the views and a replay's driver, and a check of 76,000 records starved)."""
+    values = yaml.safe_load((h.CHART / "examples" / "local.yaml").read_text())
+    driver = _millicores(values["viewJobs"]["resources"]["requests"]["cpu"])
+    requests: dict[str, int] = {}
+    for w in h.workloads(all_renders["local"]):
+        if w["kind"] in ("Deployment", "StatefulSet"):
+            replicas = w["spec"].get("replicas", 1)
+            requests[w["metadata"]["name"]] = replicas * sum(
+                _millicores(c["resources"]["requests"]["cpu"]) for c in h.pod_spec(w)["containers"])
+    total = sum(requests.values()) + 2 * driver + 50
+    assert total <= 2000, f"{total}m requested on a 2-core node: {requests}, drivers 2 x {driver}m, CoreDNS 50m"
+    scheduler = next(v for k, v in requests.items() if k.endswith("-airflow-scheduler"))
+    assert scheduler == max(requests.values()) and scheduler > driver, requests
+
+
 def test_api_token_only_where_needed(all_renders: dict[str, list[dict]]) -> None:
     objs = all_renders["defaults"]
     with_token = sorted(

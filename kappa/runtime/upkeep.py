@@ -1,0 +1,167 @@
+"""Every view table keeps itself: a thread of its live job compacts the small files its micro-batches write and
+deletes the files no version within Delta's retention still references, between the job's own commits.
+
+.. code-block:: text
+
+    every KAPPA_UPKEEP_SECONDS (1 h; the first after one period and a per-view offset, so the views of one host
+    do not all compact at once); under the job's commit lock - the job's micro-batch commits, a repair's swap
+    applied by the job, and these are one writer's commits, one after the other, never in conflict:
+      (an archive only) retention: whole prefixes of a partition older than its `retention` (kappa.runtime.archive)
+      OPTIMIZE  files under COMPACT_BELOW_BYTES rewritten into few large ones, per partition (dataChange=false:
+                the change feed, `watch` and streaming readers skip the commit; the rows are the same rows)
+    then, beside the job's commits (it commits nothing and deletes only files older than the retention):
+      VACUUM    (LITE: the files the log's commits since the last VACUUM removed - compaction's, each MERGE's;
+                the first of a job and then once a day FULL: also files no commit added, as an empty write leaves)
+                files no version of the last 7 days references leave (delta.deletedFileRetentionDuration,
+                Delta's default) - time travel (`--as-of`) and the change feed (`table_changes`, `watch`) reach
+                every version of the last 7 days
+      the log   Delta's own: commit files older than 30 days (delta.logRetentionDuration) leave at a checkpoint
+      then the view's partition of the shared quarantine, through delta-rs (its one commit protocol): compacted
+                and VACUUMed the same way, beside the other drivers' appends (no lock: blind appends commute with a
+                no-data-change commit)
+
+A live micro-batch writes one file per table partition (a few KB); at the 2 s trigger a view table gains ~1,800
+files an hour. After an upkeep each partition holds the files of earlier upkeeps (each at least
+COMPACT_BELOW_BYTES, or the partition's whole size) and the micro-batches of the last period. A failed upkeep
+(a concurrent writer from another process, a stopped store) changes nothing and is tried again a period later;
+it never fails a micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "Compacted", "TableKeeper", "Upkept", "compact", "compact_quarantine"]
+
+#: Files smaller than this are compacted (Delta's ``optimize.minFileSize``, 1 GB by default, would rewrite every
+#: partition's whole data each period until it reached 1 GB); a compacted file at least this big is left alone,
+#: so a row is rewritten two or three times at most.
+COMPACT_BELOW_BYTES = 64 * 1024 * 1024
+
+
+#: How often an upkeep's VACUUM is a full one (the others are LITE: :func:`vacuum`).
+FULL_VACUUM_SECONDS = 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """What one :func:`compact` did: small files rewritten (removed -> added) and whether VACUUM ran."""
+
+    files_removed: int = 0
+    files_added: int = 0
+    vacuumed: bool = False
+
+    def line(self) -> str:
+        done = (f"compacted {self.files_removed:,} files into {self.files_added:,}" if self.files_removed
+                else "nothing to compact")
+        return done + ("; vacuumed" if self.vacuumed else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Upkept:
+    """One upkeep of a live job: its table's (:class:`Compacted`, or an archive's ``Kept``) and its view's
+    partition of the quarantine."""
+
+    table: Any
+    quarantine: Compacted
+
+    def line(self) -> str:
+        return f"{self.table.line()}; quarantine: {self.quarantine.line()}"
+
+
+def compact(spark: "SparkSession", table: str, *, lock: Any = None, full_vacuum: bool = False) -> Compacted:
+    """OPTIMIZE ``table``'s small files while holding ``lock`` (the job's commit lock: a MERGE of the same files
+    in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a MERGE view's
+    micro-batches, a repair's swap and an archive's retention replace files without any compaction: LITE, or
+    FULL when ``full_vacuum`` (:func:`vacuum`)."""
+    import contextlib
+
+    from delta.tables import DeltaTable
+
+    with lock if lock is not None else contextlib.nullcontext():
+        spark.conf.set("spark.databricks.delta.optimize.minFileSize", str(COMPACT_BELOW_BYTES))
+        metrics = DeltaTable.forPath(spark, table).optimize().executeCompaction().first()["metrics"]
+    removed, added = int(metrics["numFilesRemoved"] or 0), int(metrics["numFilesAdded"] or 0)
+    vacuum(spark, table, full=full_vacuum)
+    return Compacted(removed, added, True)
+
+
+def vacuum(spark: "SparkSession", table: str, *, full: bool = False) -> None:
+    """VACUUM ``table`` at its retention (7 days unless the table says otherwise). It commits nothing (VACUUM's
+    own log entries are off) and deletes only files older than the retention that no version within it
+    references, so it runs beside the job's commits: a micro-batch's files are seconds old, and Delta refuses a
+    retention under 7 days unless told otherwise. LITE: the files the log's commits since the last VACUUM removed
+    (compaction's, each MERGE's, their change-data files), not a listing of the whole table, which grows with
+    every file replaced within the retention. FULL (``full``, and where the log no longer holds those commits:
+    no VACUUM for longer than the log's 30 days) lists the table and also deletes files no commit ever added -
+    an empty micro-batch's write through delta-spark leaves its empty file so."""
+    spark.conf.set("spark.databricks.delta.vacuum.logging.enabled", "false")
+    # a full VACUUM lists the table in Spark's partition-discovery parallelism: 10,000 tasks by default, 40 s of
+    # task overhead on 2 cores for a table of a dozen files (measured); the listing is I/O, a few tasks suffice
+    spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
+                   str(max(2, spark.sparkContext.defaultParallelism)))
+    quoted = table.replace("`", "``")
+    if full:
+        spark.sql(f"VACUUM delta.`{quoted}`")
+        return
+    try:
+        spark.sql(f"VACUUM delta.`{quoted}` LITE")
+    except Exception as exc:  # noqa: BLE001 - the one refusal that a full VACUUM answers
+        if "DELTA_CANNOT_VACUUM_LITE" not in str(exc):
+            raise
+        log.info("%s: a LITE VACUUM cannot see every removed file (%s): a full one", table, str(exc)[:200])
+        spark.sql(f"VACUUM delta.`{quoted}`")
+
+
+def compact_quarantine(uri: str, view: str) -> Compacted:
+    """Compact ``view``'s partition of the shared quarantine through delta-rs, the table's one commit protocol,
+    then VACUUM it (delta-rs: files unreferenced for 7 days). Every driver appends there at any time: delta-rs'
+    compaction commits as no data change, so the blind appends beside it commit on the next log version, and two
+    versions of one view compacting at once cost one of them a retry a period later."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime.deltars import after_commit
+
+    table = DeltaTable(uri)
+    metrics = table.optimize.compact(partition_filters=[("view", "=", view)],
+                                     target_size=COMPACT_BELOW_BYTES)
+    removed, added = int(metrics.get("numFilesRemoved") or 0), int(metrics.get("numFilesAdded") or 0)
+    if removed:
+        table.vacuum(dry_run=False)
+        after_commit(table)
+    return Compacted(removed, added, bool(removed))
+
+
+class TableKeeper:
+    """A live job's thread that runs ``step`` (it takes the job's commit lock for what commits, and returns
+    something with a ``line()``) every ``period`` seconds; :attr:`last` is what the last run did. The first run
+    waits one period (a starting job catches up first) plus an offset of up to a quarter period derived from
+    ``ref``."""
+
+    def __init__(self, ref: str, step: Callable[[], Any], *, what: str = "upkeep") -> None:
+        self.ref, self.step, self.what = ref, step, what
+        self.last: Any = None
+        self.failures = 0
+
+    def run(self, stop: threading.Event, period: float) -> None:
+        from kappa.errors import one_line
+
+        offset = period / 4 * (zlib.crc32(self.ref.encode()) % 1000) / 1000
+        wait = period + offset
+        while not stop.wait(wait):
+            wait = period
+            try:
+                self.last = self.step()
+                log.info("%s: %s: %s", self.ref, self.what, self.last.line())
+            except Exception as exc:  # noqa: BLE001 - the next period tries again; a failed commit changed nothing
+                self.failures += 1
+                log.warning("%s: %s failed (tried again in %.0f s): %s", self.ref, self.what, period, one_line(exc))
