@@ -562,7 +562,8 @@ class ViewJob:
 
     def _start_keeper(self) -> None:
         """The thread that keeps this version's table (:class:`kappa.runtime.upkeep.TableKeeper`): an archive's
-        retention first (:func:`kappa.runtime.archive.keep`), then compaction and VACUUM, under the commit lock."""
+        retention first (:func:`kappa.runtime.archive.keep`), compaction under the commit lock, then VACUUM beside
+        the job's commits (a full one at the first upkeep and once a day), then its quarantine partition."""
         import functools
 
         from kappa.runtime.upkeep import FULL_VACUUM_SECONDS, TableKeeper, Upkept, compact, compact_quarantine
