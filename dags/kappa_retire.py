@@ -1,5 +1,5 @@
 """
-### kappa_retire — delete the view versions past their keep period, and Airflow's own old history
+### kappa_retire — delete the view versions past their keep period; keep the registry and Airflow small
 
 Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start: the
 scheduler would run it before Airflow's API server answers, and its tasks would log connection errors until it
@@ -9,10 +9,11 @@ it, `keep_hours`, default 7 days) and that the serving alias does not point to h
 removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the
 replays' retention leases that expired (their driver stopped showing life) end, and the topics converge: the
 declared retention comes back where no lease holds (`kappa.control.leases`, the same as `kappa topics ensure`).
-And Airflow's own history older than `airflow_history_days` (30) leaves its metadata database - runs, task
-instances, XComs, log rows, jobs (`airflow db clean`, no archive tables) - so the database stays the size of a month;
-the platform's own record of every replay, promotion and rollback is the registry's events table in the lake,
-which this does not touch.
+The control plane's tables in the lake (the registry, the serving alias, the leases) are compacted, VACUUMed and
+checkpointed (`kappa.runtime.upkeep.keep_registry`). Airflow's own history older than `airflow_history_days` (30)
+leaves its metadata database - runs, task instances, XComs, log rows, jobs (`airflow db clean`, no archive
+tables) - so the database stays the size of a month; the platform's own record of every replay, promotion and
+rollback is the registry's events table in the lake, which this keeps.
 
 Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
 removing is finished by the next run, and a rollback that made a version serve again keeps it.
@@ -121,6 +122,7 @@ def kappa_retire() -> None:
         itself never touches the metadata database."""
         import subprocess
         import sys
+        import time
         from datetime import UTC, datetime
 
         params = params or {}
@@ -130,8 +132,12 @@ def kappa_retire() -> None:
                    "--skip-archive", "--yes", "--error-on-cleanup-failure"]
         if params.get("dry_run"):
             command.append("--dry-run")
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        for attempt in range(3):  # a SQLite database (the local stack's) is locked while the scheduler writes
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+            if done.returncode == 0 or "database is locked" not in done.stdout + done.stderr or attempt == 2:
+                break
+            time.sleep(10)
         for line in lines[-40:]:
             log.info("airflow db clean: %s", line)
         if done.returncode != 0:
@@ -139,9 +145,24 @@ def kappa_retire() -> None:
                                        f"{lines[-1] if lines else 'no output'}")
         return {"before": before.isoformat(), "dry_run": bool(params.get("dry_run"))}
 
+    @task
+    @records_failure
+    def keep_registry(params: dict[str, Any] | None = None) -> dict[str, str]:
+        """Compact, VACUUM and checkpoint the control plane's tables in the lake (kappa.runtime.upkeep)."""
+        from kappa.config import Settings
+        from kappa.runtime.upkeep import keep_registry as keep
+
+        if (params or {}).get("dry_run"):
+            return {}
+        done = {name: kept.line() for name, kept in keep(Settings.from_env().lake_uri).items()}
+        for name, line in done.items():
+            log.info("_registry/%s: %s; checkpointed", name, line)
+        return done
+
     retire_expired()
     end_expired_leases()
     clean_airflow_history()
+    keep_registry()
 
 
 kappa_retire()

@@ -229,6 +229,17 @@ def test_retire_dag_and_cli_delete_exactly_the_versions_past_their_keep(airflow_
     with create_session() as session:
         runs = {r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == "kappa_retire")}
     assert first.run_id not in runs and {dry.run_id, run.run_id} <= runs, runs
+    # the registry's tables: compacted and checkpointed (each state change above was a commit of its own)
+    from deltalake import DeltaTable
+
+    from kappa.identity import registry_table
+
+    kept = ti.xcom_pull(task_ids="keep_registry")
+    assert {"versions", "events", "serving"} <= set(kept), kept
+    versions = DeltaTable(registry_table(settings.lake_uri, "versions"))
+    assert len(versions.file_uris()) == 1 and "compacted" in kept["events"], (versions.file_uris(), kept)
+    assert any(p.name.endswith(".checkpoint.parquet")
+               for p in Path(registry_table(settings.lake_uri, "events"), "_delta_log").iterdir())
     assert registry.get(view, 2).deleted_at is not None and registry.get(view, 1).state == "serving"
     with pytest.raises(replay.ReplayError, match="cannot roll back"):
         replay.rollback(view, 2, settings, runner, by="test")

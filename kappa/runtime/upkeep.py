@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "Compacted", "TableKeeper", "Upkept", "compact", "compact_quarantine"]
+__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "Compacted", "TableKeeper", "Upkept", "compact",
+           "compact_quarantine", "keep_registry", "vacuum"]
 
 #: Files smaller than this are compacted (Delta's ``optimize.minFileSize``, 1 GB by default, would rewrite every
 #: partition's whole data each period until it reached 1 GB); a compacted file at least this big is left alone,
@@ -139,6 +140,38 @@ def compact_quarantine(uri: str, view: str) -> Compacted:
         table.vacuum(dry_run=False)
         after_commit(table)
     return Compacted(removed, added, bool(removed))
+
+
+def keep_registry(lake_uri: str) -> dict[str, Compacted]:
+    """The control plane's tables (``<lake>/_registry/<name>``: versions, events, the serving alias, leases),
+    through delta-rs, their one commit protocol: compacted, VACUUMed (files unreferenced for 7 days), checkpointed
+    (a reader loads the last checkpoint and the commits after it, not every commit since the table began) and
+    their log files past the log's retention (30 days) removed. Run hourly by the ``kappa_retire`` DAG. Their
+    writers' compare-and-set commits retry on a conflict (:mod:`kappa.control.registry`), so a compaction that
+    commits between a writer's read and its commit costs that writer one retry; appends commute with it."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime.checkpoint import list_names
+    from kappa.runtime.deltars import after_commit, rs_uri
+
+    root = f"{lake_uri.rstrip('/')}/_registry"
+    out: dict[str, Compacted] = {}
+    for name in list_names(root):
+        uri = rs_uri(f"{root}/{name}")
+        try:
+            is_table = DeltaTable.is_deltatable(uri)
+        except OSError:  # a file (catalog.sql): delta-rs cannot open it as a table's folder
+            is_table = False
+        if not is_table:
+            continue  # catalog.sql, a table being created
+        table = DeltaTable(uri)
+        metrics = table.optimize.compact(target_size=COMPACT_BELOW_BYTES)
+        table.vacuum(dry_run=False)
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        after_commit(table)
+        out[name] = Compacted(int(metrics.get("numFilesRemoved") or 0), int(metrics.get("numFilesAdded") or 0), True)
+    return out
 
 
 class TableKeeper:

@@ -211,7 +211,9 @@ checksum/platform-env: {{ include (print .Template.BasePath "/views/configmap-pl
 exec probe for the components without an HTTP endpoint (the official chart's approach). Liveness only: no Service
 sends them traffic, so readiness would gate nothing but `helm upgrade --wait`, and `airflow jobs check` is a whole
 Airflow start in Python - on a busy 2-core node it took longer than any sane probe timeout and held upgrades for
-minutes while both components were working.
+minutes while both components were working. Ten failed checks in a row (10 minutes) restart the component: with five,
+a 2-core node running the views, a replay's driver and its verification (load average 20-25) restarted both
+working components twice during one replay, each check timing out after 45 s.
 */}}
 {{- define "kappa.airflow.jobCheckProbes" -}}
 livenessProbe:
@@ -220,5 +222,5 @@ livenessProbe:
   initialDelaySeconds: 60
   periodSeconds: 60
   timeoutSeconds: 45
-  failureThreshold: 5
+  failureThreshold: 10
 {{- end -}}
