@@ -584,13 +584,14 @@ class ViewJob:
                 return compact(self.spark, self.paths.table, lock=lock, full_vacuum=full_vacuum)
             what = "upkeep"
         quarantine = rs_uri(self.paths.quarantine)
-        full_at: list[float] = []  # when the last full VACUUM ran (the first upkeep's is one)
+        last_full: float | None = None  # when the last full VACUUM ran (the first upkeep's is one)
 
         def both() -> Any:
-            full = not full_at or time.monotonic() - full_at[-1] >= FULL_VACUUM_SECONDS
+            nonlocal last_full
+            full = last_full is None or time.monotonic() - last_full >= FULL_VACUUM_SECONDS
             done = Upkept(table_step(full_vacuum=full), compact_quarantine(quarantine, self.view.name))
             if full:
-                full_at[:] = [time.monotonic()]
+                last_full = time.monotonic()
             return done
 
         self.keeper = TableKeeper(self.view.ref, both, what=what)

@@ -16,8 +16,8 @@ deletes the files no version within Delta's retention still references, between 
                 Delta's default) - time travel (`--as-of`) and the change feed (`table_changes`, `watch`) reach
                 every version of the last 7 days
       the log   commit files older than 30 days (delta.logRetentionDuration) and before the last checkpoint leave
-      then the view's partition of the shared quarantine, through delta-rs (its one commit protocol): compacted
-                and VACUUMed the same way, beside the other drivers' appends (no lock: blind appends commute with a
+      then the view's partition of the shared quarantine, through delta-rs (its one commit protocol): compacted,
+                VACUUMed and its log cleaned the same way, beside the other drivers' appends (no lock: blind appends commute with a
                 no-data-change commit)
 
 A live micro-batch writes one file per table partition (a few KB); at the 2 s trigger a view table gains ~1,800
@@ -138,21 +138,11 @@ def vacuum(spark: "SparkSession", table: str, *, full: bool = False) -> None:
 
 def compact_quarantine(uri: str, view: str) -> Compacted:
     """Compact ``view``'s partition of the shared quarantine through delta-rs, the table's one commit protocol,
-    then VACUUM it (delta-rs: files unreferenced for 7 days). Every driver appends there at any time: delta-rs'
-    compaction commits as no data change, so the blind appends beside it commit on the next log version, and two
-    versions of one view compacting at once cost one of them a retry a period later."""
-    from deltalake import DeltaTable
-
-    from kappa.runtime.deltars import after_commit
-
-    table = DeltaTable(uri)
-    metrics = table.optimize.compact(partition_filters=[("view", "=", view)],
-                                     target_size=COMPACT_BELOW_BYTES)
-    removed, added = int(metrics.get("numFilesRemoved") or 0), int(metrics.get("numFilesAdded") or 0)
-    if removed:
-        table.vacuum(dry_run=False)
-        after_commit(table)
-    return Compacted(removed, added, bool(removed))
+    VACUUM it when that replaced files (delta-rs: files unreferenced for 7 days) and clean its log. Every driver
+    appends there at any time: delta-rs' compaction commits as no data change, so the blind appends beside it
+    commit on the next log version, and two versions of one view compacting at once cost one of them a retry a
+    period later."""
+    return _keep_rs(uri, partition_filters=[("view", "=", view)])
 
 
 def keep_registry(lake_uri: str) -> dict[str, Compacted]:
@@ -165,7 +155,7 @@ def keep_registry(lake_uri: str) -> dict[str, Compacted]:
     from deltalake import DeltaTable
 
     from kappa.runtime.checkpoint import list_names
-    from kappa.runtime.deltars import after_commit, rs_uri
+    from kappa.runtime.deltars import rs_uri
 
     root = f"{lake_uri.rstrip('/')}/_registry"
     out: dict[str, Compacted] = {}
@@ -175,16 +165,29 @@ def keep_registry(lake_uri: str) -> dict[str, Compacted]:
             is_table = DeltaTable.is_deltatable(uri)
         except OSError:  # a file (catalog.sql): delta-rs cannot open it as a table's folder
             is_table = False
-        if not is_table:
-            continue  # catalog.sql, a table being created
-        table = DeltaTable(uri)
-        metrics = table.optimize.compact(target_size=COMPACT_BELOW_BYTES)
-        table.vacuum(dry_run=False)
-        table.create_checkpoint()
-        table.cleanup_metadata()
-        after_commit(table)
-        out[name] = Compacted(int(metrics.get("numFilesRemoved") or 0), int(metrics.get("numFilesAdded") or 0), True)
+        if is_table:  # not catalog.sql, nor a table being created
+            out[name] = _keep_rs(uri, checkpoint=True)
     return out
+
+
+def _keep_rs(uri: str, *, partition_filters: list | None = None, checkpoint: bool = False) -> Compacted:
+    """A delta-rs table's upkeep: compaction (of ``partition_filters``' partitions), VACUUM when that replaced
+    files or ``checkpoint`` (then a checkpoint too), the log's expired commits removed."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime.deltars import after_commit
+
+    table = DeltaTable(uri)
+    metrics = table.optimize.compact(partition_filters=partition_filters, target_size=COMPACT_BELOW_BYTES)
+    removed, added = int(metrics.get("numFilesRemoved") or 0), int(metrics.get("numFilesAdded") or 0)
+    vacuumed = bool(removed) or checkpoint
+    if vacuumed:
+        table.vacuum(dry_run=False)
+    if checkpoint:
+        table.create_checkpoint()
+    table.cleanup_metadata()
+    after_commit(table)
+    return Compacted(removed, added, vacuumed)
 
 
 class TableKeeper:
