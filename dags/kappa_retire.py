@@ -120,6 +120,7 @@ def kappa_retire() -> None:
     def clean_airflow_history(params: dict[str, Any] | None = None) -> dict[str, Any]:
         """``airflow db clean`` of what is older than ``airflow_history_days``: a CLI of its own, the task
         itself never touches the metadata database."""
+        import os
         import subprocess
         import sys
         import time
@@ -132,8 +133,15 @@ def kappa_retire() -> None:
                    "--skip-archive", "--yes", "--error-on-cleanup-failure"]
         if params.get("dry_run"):
             command.append("--dry-run")
+        # Airflow 3 hides the metadata database from a task: its URL in the task's environment is a placeholder
+        # (airflow-db-not-allowed:///). The CLI gets the real one: KAPPA_AIRFLOW_DB_CONN where the URL comes
+        # from the environment only (the chart), else Airflow's own configuration (the local stack's airflow.cfg)
+        env = {key: value for key, value in os.environ.items()
+               if not (key.endswith("__SQL_ALCHEMY_CONN") and value.startswith("airflow-db-not-allowed"))}
+        if os.environ.get("KAPPA_AIRFLOW_DB_CONN"):
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = os.environ["KAPPA_AIRFLOW_DB_CONN"]
         for attempt in range(3):  # a SQLite database (the local stack's) is locked while the scheduler writes
-            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
             lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
             if done.returncode == 0 or "database is locked" not in done.stdout + done.stderr or attempt == 2:
                 break

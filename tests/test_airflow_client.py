@@ -1,7 +1,8 @@
 """`kappa airflow trigger` when no Airflow answers or the command lacks what it needs: one line that says so, quickly
 (the calls with a real Airflow - trigger, follow, a refused conf, an unknown DAG through --url - are in the
 first-hour walk, tests/test_first_hour.py); and, against a real Airflow standalone (the local stack's, alone),
-a run whose task the platform refuses: the reason the task recorded, in the command's one line."""
+a run whose task the platform refuses: the reason the task recorded, in the command's one line; and the hourly
+upkeep DAG as the scheduler runs it, Airflow's own history cleaned."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,43 +67,57 @@ def test_another_airflow_is_reached_with_url_and_the_password_from_the_environme
     assert "make run" not in line and line.endswith("port-forward (if any) running?"), line  # not the local stack
 
 
+@pytest.fixture(scope="module")
+def local_airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The local stack's Airflow (standalone, started as `make run` starts it, alone: no broker, no views), ready
+    with the platform's DAGs; yields its KAPPA_HOME. The module's tests run their commands in its environment."""
+    from kappa.config import Settings
+    from kappa.front import stack
+    from kappa.process import Daemon
+
+    root = tmp_path_factory.mktemp("local-airflow")
+    with pytest.MonkeyPatch.context() as patch:
+        for key in list(os.environ):  # another test's Airflow settings (the airflow_home fixture) must not leak in
+            if key.startswith("AIRFLOW") or key.startswith("KAPPA_"):
+                patch.delenv(key)
+        env = {"KAPPA_HOME": str(root / "home"), "KAPPA_LAKE_URI": str(root / "lake"),
+               "KAPPA_AIRFLOW_PORT": str(free_port()), "KAPPA_RUNNER": "local"}
+        for key, value in env.items():
+            patch.setenv(key, value)
+        settings = Settings.from_env()
+        daemon = stack.start_airflow(settings)
+        try:
+            deadline = time.monotonic() + 600
+            while not (stack.airflow_ready(settings) and AirflowAPI.local(settings).has_dag("kappa_rollback")
+                       and AirflowAPI.local(settings).has_dag("kappa_retire")):
+                assert daemon.pid() is not None, f"Airflow exited; see {daemon.log_file}"
+                assert time.monotonic() < deadline, f"Airflow not ready after 600 s; see {daemon.log_file}"
+                time.sleep(3)
+            yield root / "home"
+        finally:
+            Daemon("airflow", settings).stop(timeout=60)
+
+
+def _trigger(dag_id: str, conf: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`kappa airflow trigger DAG --conf ... --wait`, as an operator types it, against the local Airflow."""
+    return subprocess.run([sys.executable, "-m", "kappa.front.cli", "airflow", "trigger", dag_id,
+                           "--conf", json.dumps(conf), "--wait", "--timeout", "300"],
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=400)
+
+
 @pytest.mark.integration
 @pytest.mark.airflow
 @pytest.mark.timeout(900)  # Airflow standalone's first start migrates its database: 1-3 min on 2 busy cores
-def test_a_failed_run_says_why_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The local stack's Airflow (standalone, started as `make run` starts it) runs kappa_rollback for a version
-    nothing ever registered: the task refuses, and `kappa airflow trigger --wait` prints that refusal - the
-    platform's own one line, as the task recorded it - in its one error line, exit 2, no traceback."""
+def test_a_failed_run_says_why_in_one_line(local_airflow: Path) -> None:
+    """The local Airflow runs kappa_rollback for a version nothing ever registered: the task refuses, and
+    `kappa airflow trigger --wait` prints that refusal - the platform's own one line, as the task recorded it - in
+    its one error line, exit 2, no traceback."""
     from kappa.config import Settings
     from kappa.control import replay
-    from kappa.front import stack
-    from kappa.front.airflow_client import AirflowAPI
-    from kappa.process import Daemon
     from tests.helpers import FakeRunner
 
-    for key in list(os.environ):  # another test's Airflow settings (the airflow_home fixture) must not leak in
-        if key.startswith("AIRFLOW") or key.startswith("KAPPA_"):
-            monkeypatch.delenv(key)
-    env = {"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake"),
-           "KAPPA_AIRFLOW_PORT": str(free_port()), "KAPPA_RUNNER": "local"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    settings = Settings.from_env()
-    daemon = stack.start_airflow(settings)
-    try:
-        deadline = time.monotonic() + 600
-        while not (stack.airflow_ready(settings) and AirflowAPI.local(settings).has_dag("kappa_rollback")):
-            assert daemon.pid() is not None, f"Airflow exited; see {daemon.log_file}"
-            assert time.monotonic() < deadline, f"Airflow not ready after 600 s; see {daemon.log_file}"
-            time.sleep(3)
-
-        conf = json.dumps({"view": "campaign_window_counts", "to_version": 2})
-        proc = subprocess.run([sys.executable, "-m", "kappa.front.cli", "airflow", "trigger", "kappa_rollback",
-                               "--conf", conf, "--wait", "--timeout", "300"],
-                              env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
-                              capture_output=True, text=True, timeout=400)
-    finally:
-        Daemon("airflow", settings).stop(timeout=60)
+    proc = _trigger("kappa_rollback", {"view": "campaign_window_counts", "to_version": 2})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "Traceback" not in out, out
@@ -107,9 +125,44 @@ def test_a_failed_run_says_why_in_one_line(tmp_path: Path, monkeypatch: pytest.M
     assert len(errors) == 1, out
     # what the platform says to the same request, in this process (an empty registry either way)
     with pytest.raises(replay.ReplayError) as refused:
-        replay.rollback("campaign_window_counts", 2, settings, FakeRunner(set()), by="test")
+        replay.rollback("campaign_window_counts", 2, Settings.from_env(), FakeRunner(set()), by="test")
     reason = str(refused.value)
     assert reason and "\n" not in reason
     line = errors[0]
     assert line.startswith("error: kappa_rollback run "), line
     assert f" failed (tasks rollback): rollback: {reason}; see http://127.0.0.1:" in line, line
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+@pytest.mark.timeout(900)
+def test_the_hourly_upkeep_run_by_the_scheduler_cleans_airflow_history(local_airflow: Path) -> None:
+    """kappa_retire as the local scheduler runs it every hour (its task processes, which Airflow 3 keeps away from
+    the metadata database): a run made 40 days old is removed by its `airflow db clean`, the recent ones stay, and
+    every task succeeds - nothing in the scheduler's or the tasks' logs at level error."""
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    database = local_airflow / "airflow" / "airflow.db"
+    first = _trigger("kappa_retire", {"dry_run": True})
+    assert first.returncode == 0 and re.search(r"^success ", first.stdout, re.M), first.stdout + first.stderr
+    old_run = re.search(r"^kappa_retire: run (\S+)", first.stdout, re.M).group(1)
+    with sqlite3.connect(database, timeout=60) as db:
+        month_ago = (datetime.now(UTC) - timedelta(days=40)).strftime("%Y-%m-%d %H:%M:%S.000000")
+        db.execute("UPDATE dag_run SET start_date = ? WHERE run_id = ?", (month_ago, old_run))
+        db.execute("UPDATE task_instance SET start_date = ? WHERE run_id = ?", (month_ago, old_run))
+
+    done = _trigger("kappa_retire", {})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert re.search(r"^success\s+retire_expired success\s+end_expired_leases success\s+"
+                     r"clean_airflow_history success\s+keep_registry success", out, re.M), out
+    new_run = re.search(r"^kappa_retire: run (\S+)", done.stdout, re.M).group(1)
+    with sqlite3.connect(database, timeout=60) as db:
+        runs = [run for (run,) in db.execute("SELECT run_id FROM dag_run WHERE dag_id = 'kappa_retire'")]
+    assert old_run not in runs and new_run in runs, runs
+    # (the other test's kappa_rollback run failed on purpose: only kappa_retire's lines count here)
+    logs = [line for path in sorted(local_airflow.rglob("*.log")) for line in path.read_text().splitlines()
+            if re.search(r'\[(error|critical)\s*\]|"level": ?"(error|critical)"', line) and
+            ("kappa_retire" in line or "dag_id=kappa_retire" in str(path))]
+    assert not logs, "\n".join(logs[:10])

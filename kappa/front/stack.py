@@ -28,6 +28,12 @@ class StackError(KappaError, RuntimeError):
     """The local stack did not come up (one line: who, why, which log)."""
 
 
+#: The local Airflow's SQLite database: a connection waits up to 60 s for another's write lock instead of
+#: Python's default 5 s - a task started while the scheduler and a replay's tasks write would otherwise fail to
+#: start ("database is locked"). Named by import path in Airflow's settings, for its sync and async engines.
+AIRFLOW_SQLITE_CONNECT_ARGS = {"timeout": 60}
+
+
 def airflow_env(settings: Settings) -> dict[str, str]:
     """Environment of the local Airflow: its home under KAPPA_HOME, the repo's dags/, no examples."""
     home = Path(settings.home) / "airflow"
@@ -38,6 +44,8 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(Path(settings.repo_root) / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.AIRFLOW_SQLITE_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.AIRFLOW_SQLITE_CONNECT_ARGS",
         "AIRFLOW__API__PORT": str(settings.airflow_port),
         "AIRFLOW__API__HOST": "127.0.0.1",  # loopback, like every other service of the local stack
         # the UI's links and the tasks' execution API calls go to that address (the default, localhost:8080,

@@ -72,6 +72,9 @@ connection settings (same as the view drivers) and the Kubernetes runner's setti
       name: {{ $a.externalDatabase.existingSecret }}
       key: {{ $a.externalDatabase.connectionKey }}
 {{- end }}
+# the same URL for kappa_retire's `airflow db clean`: Airflow 3 replaces the one above in a task's environment
+- name: KAPPA_AIRFLOW_DB_CONN
+  value: "$(AIRFLOW__DATABASE__SQL_ALCHEMY_CONN)"
 - name: KAPPA_RUNNER
   value: kubernetes
 - name: KAPPA_K8S_NAMESPACE
