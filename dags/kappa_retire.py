@@ -126,6 +126,8 @@ def kappa_retire() -> None:
         import time
         from datetime import UTC, datetime
 
+        from kappa.config import Settings
+
         params = params or {}
         days = int(params.get("airflow_history_days") or 30)
         before = (datetime.now(UTC) - timedelta(days=days)).replace(microsecond=0)
@@ -138,8 +140,9 @@ def kappa_retire() -> None:
         # from the environment only (the chart), else Airflow's own configuration (the local stack's airflow.cfg)
         env = {key: value for key, value in os.environ.items()
                if not (key.endswith("__SQL_ALCHEMY_CONN") and value.startswith("airflow-db-not-allowed"))}
-        if os.environ.get("KAPPA_AIRFLOW_DB_CONN"):
-            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = os.environ["KAPPA_AIRFLOW_DB_CONN"]
+        conn = Settings.from_env().airflow_db_conn
+        if conn:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = conn
         for attempt in range(3):  # a SQLite database (the local stack's) is locked while the scheduler writes
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
             lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

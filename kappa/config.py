@@ -53,6 +53,14 @@ Operating it:
   reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
 - ``KAPPA_UPKEEP_SECONDS`` -- how often a live job keeps its table: compacts the small files of its micro-batches,
   VACUUMs, and in an archive's job applies the archive's retention first (3600 s; :mod:`kappa.runtime.upkeep`).
+- ``KAPPA_SUPERVISE_POLL_SECONDS`` / ``KAPPA_SUPERVISE_BACKOFF_SECONDS`` -- how often the local stack's supervisor
+  looks at what ``kappa up`` started (5 s) and its first wait before restarting one that died (5 s, doubling with
+  each failure in a row; :mod:`kappa.front.supervisor`).
+- ``KAPPA_LOG_MAX_MB`` -- the size past which the supervisor moves a process log under ``$KAPPA_HOME`` aside (64 MB;
+  one previous file kept).
+- ``KAPPA_AIRFLOW_DB_CONN`` -- Airflow's metadata database URL for ``kappa_retire``'s ``airflow db clean`` where
+  Airflow's own setting comes from the environment only (the chart sets it; Airflow 3 hides its
+  ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` from tasks). Unset locally: ``airflow.cfg`` has it.
 - ``KAPPA_VERIFY_CACHE_MB`` -- how much disk the records staged by strict verifications may keep under
   ``$KAPPA_HOME/verify-cache`` for the next verification of the same version (4096 MB; the least recently used go
   first; 0: keep nothing, every verification reads its whole range again; :mod:`kappa.verify.stagecache`).
@@ -162,7 +170,8 @@ class Settings:
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
-        upkeep_seconds, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
+        verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -205,6 +214,10 @@ class Settings:
     driver_lease_seconds: float = 120.0
     kafka_outage_seconds: float = 1800.0
     upkeep_seconds: float = 3600.0
+    supervise_poll_seconds: float = 5.0
+    supervise_backoff_seconds: float = 5.0
+    log_max_mb: float = 64.0
+    airflow_db_conn: str | None = field(default=None, repr=False)
     verify_cache_mb: int = 4096
     bench_events: int = 2_000_000
     fault: str | None = None
@@ -296,6 +309,10 @@ class Settings:
             driver_lease_seconds=number("KAPPA_DRIVER_LEASE_SECONDS", float, 120.0),
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             upkeep_seconds=number("KAPPA_UPKEEP_SECONDS", float, 3600.0),
+            supervise_poll_seconds=number("KAPPA_SUPERVISE_POLL_SECONDS", float, 5.0),
+            supervise_backoff_seconds=number("KAPPA_SUPERVISE_BACKOFF_SECONDS", float, 5.0),
+            log_max_mb=number("KAPPA_LOG_MAX_MB", float, 64.0),
+            airflow_db_conn=get("KAPPA_AIRFLOW_DB_CONN"),
             verify_cache_mb=number("KAPPA_VERIFY_CACHE_MB", int, 4096),
             bench_events=number("KAPPA_BENCH_EVENTS", int, 2_000_000),
             fault=get("KAPPA_FAULT"),

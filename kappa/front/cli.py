@@ -365,7 +365,7 @@ def up(
                                "wait)."),
 ) -> None:
     """Start the local platform (broker, topics, views, producer, Airflow); return once it is usable."""
-    from kappa.front import stack
+    from kappa.front import stack, supervisor
 
     settings = _settings()
     began = time.monotonic()
@@ -379,6 +379,7 @@ def up(
         # view without waiting for each (ready in 98 s instead of 156 s; docs/performance.md)
         if airflow:
             daemon = stack.start_airflow(settings)
+            supervisor.want(settings, "airflow")
             console.print(f"airflow    {stack.airflow_url(settings)}  (log {daemon.log_file})", highlight=False)
         if wait:
             _wait_views(settings, timeout=wait)
@@ -535,10 +536,13 @@ def down() -> None:
 @producer_app.command("start")
 def producer_start(rate: float = typer.Option(200.0, help="Events/s.")) -> None:
     """Start the live producer of the local stack (no-op if it runs)."""
-    from kappa.front import stack
+    from kappa.front import stack, supervisor
+    from kappa.process import Daemon
 
     settings = _settings()
     daemon = stack.start_producer(settings, rate=rate)
+    if Daemon("supervisor", settings).pid():  # the stack's supervisor starts it again if it dies
+        supervisor.want(settings, "producer", rate=rate)
     console.print(f"producer running (pid {daemon.pid()}, log {daemon.log_file})", highlight=False)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kappa.config import Settings
 from kappa.errors import KappaError, one_line
+from kappa.front import supervisor
 from kappa.identity import view_ref
 from kappa.process import Daemon, child_env
 
@@ -77,7 +78,8 @@ def airflow_password(settings: Settings) -> str | None:
 
 
 def start_producer(settings: Settings, *, rate: float = 200.0) -> Daemon:
-    """Start the live producer (YSB events at ``rate`` events/s, 5 % late, 1 % malformed) unless it runs."""
+    """Start the live producer (YSB events at ``rate`` events/s, 5 % late, 1 % malformed) unless it runs; while
+    the supervisor runs, it is started again if it dies."""
     producer = Daemon("producer", settings)
     producer.start([sys.executable, "-m", "kappa.front.cli", "produce", "--live", "--rate", str(rate),
                     "--count", "0", "--no-campaigns", "--late-fraction", "0.05", "--malformed-fraction", "0.01"],
@@ -86,7 +88,9 @@ def start_producer(settings: Settings, *, rate: float = 200.0) -> Daemon:
 
 
 def stop_producer(settings: Settings) -> bool:
-    """Stop the live producer; the views keep running (False if it did not run)."""
+    """Stop the live producer; the views keep running (False if it did not run); the supervisor leaves it
+    stopped."""
+    supervisor.forget(settings, "producer")
     return Daemon("producer", settings).stop()
 
 
@@ -278,11 +282,22 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
          f"{_short(Path(settings.home) / 'logs' / 'view-host.log')})")
     for name, version in views:  # asked at once; wait_ready follows them (the host's JVM starts meanwhile)
         runner.start(JobSpec(name, version, starting="earliest"), wait=False)
+    # what runs now is started again if it dies (kappa.front.supervisor); Airflow is added once it is started
+    for component, args in (("object store", {}) if store is not None else (None, {}),
+                            ("kafka", {}) if settings.local_broker else (None, {}),
+                            ("view host", {}), ("producer", {"rate": rate})):
+        if component:
+            supervisor.want(settings, component, **args)
+    daemon = supervisor.start(settings)
+    echo(f"supervisor restarts what stopped (log {_short(daemon.log_file)})")
 
 
 def down(settings: Settings, *, echo=print) -> None:
     """Stop everything ``up`` started; data stays."""
     from kappa.control.runners.local import LocalRunner
+
+    if supervisor.stop(settings):  # first: nothing stopped here may be started again
+        echo("stopped supervisor")
 
     for name in ("producer", "airflow"):
         if Daemon(name, settings).stop():
@@ -350,4 +365,25 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
     password = airflow_password(settings)
     rows.append(("airflow", "running" if airflow.pid() else "stopped",
                  f"{airflow_url(settings)} admin/{password or '(being generated)'}"))
-    return rows
+    watching = Daemon("supervisor", settings)
+    rows.append(("supervisor", "running" if watching.pid() else "stopped",
+                 f"restarts what stopped; log {_short(watching.log_file)}"))
+    return _with_restarts(rows, supervisor.records(settings))
+
+
+def _with_restarts(rows: list[tuple[str, str, str]],
+                   records: dict[str, "supervisor.Record"]) -> list[tuple[str, str, str]]:
+    """Each component's row with what the supervisor did to it: its restarts and why, a restart it waits for, a
+    crash loop it gave up on."""
+    out = []
+    for component, state, where in rows:
+        record = records.get(component)
+        line = record.line(component) if record else None
+        if line:
+            if record.gave_up:
+                state = "crash loop"
+            elif record.next_at and state != "running":
+                state = "restarting"
+            where = f"{where}; {line}" if where else line
+        out.append((component, state, where))
+    return out
