@@ -283,11 +283,13 @@ def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     for name, version in views:  # asked at once; wait_ready follows them (the host's JVM starts meanwhile)
         runner.start(JobSpec(name, version, starting="earliest"), wait=False)
     # what runs now is started again if it dies (kappa.front.supervisor); Airflow is added once it is started
-    for component, args in (("object store", {}) if store is not None else (None, {}),
-                            ("kafka", {}) if settings.local_broker else (None, {}),
-                            ("view host", {}), ("producer", {"rate": rate})):
-        if component:
-            supervisor.want(settings, component, **args)
+    wanted: list[tuple[str, dict]] = [("view host", {}), ("producer", {"rate": rate})]
+    if settings.local_broker:
+        wanted.insert(0, ("kafka", {}))
+    if store is not None:
+        wanted.insert(0, ("object store", {}))
+    for component, args in wanted:
+        supervisor.want(settings, component, **args)
     daemon = supervisor.start(settings)
     echo(f"supervisor restarts what stopped (log {_short(daemon.log_file)})")
 
