@@ -109,14 +109,14 @@ class Component:
     log_file: Path
 
 
-def components(settings: Settings) -> dict[str, Component]:
+def components(settings: Settings, wanted: dict[str, Any] | None = None) -> dict[str, Component]:
     """Every component ``kappa up`` may start here, by name, started by the same functions it uses (no broker
     where the platform uses an external Kafka, no object store where the lake is elsewhere)."""
     from kappa.front import stack
     from kappa.objectstore import LocalObjectStore, on_platform_store
     from kappa.runtime.host import host_pid, start_host
 
-    wanted = _read(_dir(settings) / "wanted.json")
+    wanted = _read(_dir(settings) / "wanted.json") if wanted is None else wanted
     logs = Path(settings.home) / "logs"
     rate = float((wanted.get("producer") or {}).get("rate", 200.0))
     comps = {
@@ -230,7 +230,7 @@ def _failed(settings: Settings, name: str, comp: Component, rec: Record, why: st
 def check(settings: Settings, recs: dict[str, Record]) -> dict[str, Record]:
     """One look at every wanted component: note a healthy one, restart a stopped one whose backoff is over."""
     wanted = _read(_dir(settings) / "wanted.json")
-    comps = components(settings)
+    comps = components(settings, wanted)
     now = time.time()
     for name in ORDER:
         if name not in wanted or name not in comps:
