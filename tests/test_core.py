@@ -262,6 +262,12 @@ def test_a_small_stateless_batch_is_read_by_one_task_and_a_big_one_by_every_part
     finally:
         job.stop()
     assert max(_tasks_per_stage(spark, group)) == 1, _tasks_per_stage(spark, group)
+    # the in-batch progress tracker reads the group's jobs in two calls into the JVM: the same ids as PySpark's
+    from kappa.runtime.inflight import ReadTracker
+
+    tracker = spark.sparkContext.statusTracker()
+    ids = ReadTracker(tracker, group, batch_range=lambda b: ({}, {}), next_batch=lambda: 0)._group_jobs()
+    assert ids and ids == set(tracker.getJobIdsForGroup(group)), ids
 
     big = generator.produce(lake, topic, generator.events(ONE_TASK_RECORDS + 2000, seed=13, universe=u,
                                                           start_ms=1_700_000_900_000))

@@ -108,3 +108,33 @@ def test_driver_jvms_map_the_class_data_archive(spark, tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", script, str(archive), str(tmp_path)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and "rows 7" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_killed_driver_s_scratch_files_are_removed_by_the_next_one(spark, tmp_path: Path) -> None:
+    """A SIGKILLed driver JVM never runs Spark's shutdown hook, which removes its temporary folders (the jars its
+    tasks use, block manager files): the platform's drivers keep them in a folder of their own process, and the next
+    driver removes the folders of processes that are gone."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from kappa.runtime.spark import scratch_dir
+
+    jvm = spark.sparkContext._jvm
+    assert jvm.java.lang.System.getProperty("java.io.tmpdir") == spark.conf.get("spark.local.dir") == scratch_dir()
+    script = ("import os, signal, sys\nfrom kappa.config import Settings\nfrom kappa.runtime.spark import build_spark\n"
+              "s = build_spark('killed', Settings.from_env().replace(home=sys.argv[1]))\n"
+              "print(s.conf.get('spark.local.dir'), s.range(7).count(), flush=True)\n"
+              "os.killpg(0, signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         start_new_session=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    left, rows = run.stdout.split()
+    assert rows == "7" and Path(left).name != str(os.getpid())
+    assert any(Path(left).rglob("*.jar")), "the killed driver left its task jars behind"
+    old = time.time() - 120
+    os.utime(left, (old, old))
+    scratch_dir()  # what the next driver of this machine does first
+    assert not Path(left).exists()
+    assert Path(scratch_dir()).is_dir()  # this process' own stays

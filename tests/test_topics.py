@@ -21,6 +21,7 @@ from kappa.log.topics import (
     ensure_topics,
     offsets_for_timestamp,
     partition_offsets,
+    recent_partition_offsets,
 )
 
 TopicFactory = Callable[..., str]
@@ -103,6 +104,34 @@ def test_offsets(kafka_settings: Settings, topic_factory: TopicFactory) -> None:
     assert offsets_for_timestamp(kafka_settings, name, t0 + 4500) == {0: 5, 1: 5}
     # later than every record: the end offset (a valid "start from here" position)
     assert offsets_for_timestamp(kafka_settings, name, int(time.time() * 1000) + 10**7) == {0: 10, 1: 10}
+
+
+def test_recent_offsets_share_one_answer_per_period_between_callers(kafka_settings: Settings,
+                                                                    topic_factory: TopicFactory) -> None:
+    """The view jobs' lag pollers: callers within ``max_age`` get the last answer, later ones a new one."""
+    import threading
+
+    name = topic_factory(2, {"retention.ms": "-1"})
+    first = recent_partition_offsets(kafka_settings, name, max_age=600)
+    assert first == {0: (0, 0), 1: (0, 0)}
+    p = Producer(kafka_settings.kafka_client_config({"enable.idempotence": True}))
+    for part in (0, 1):
+        p.produce(name, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    answers: list[dict] = []
+    callers = [threading.Thread(target=lambda: answers.append(recent_partition_offsets(kafka_settings, name,
+                                                                                       max_age=600)))
+               for _ in range(4)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert answers == [first] * 4  # within the period: the answer from before the records, not four requests
+    assert recent_partition_offsets(kafka_settings, name, max_age=0) == {0: (0, 1), 1: (0, 1)}  # older: asked
+    assert recent_partition_offsets(kafka_settings, name, max_age=600) == {0: (0, 1), 1: (0, 1)}
+    assert partition_offsets(kafka_settings, name) == {0: (0, 1), 1: (0, 1)}  # as the uncached answer
+    with pytest.raises(TopicError, match="does not exist"):
+        recent_partition_offsets(kafka_settings, f"nope-{uuid.uuid4().hex[:6]}", max_age=600, timeout=5)
 
 
 def test_unknown_topic(kafka_settings: Settings) -> None:

@@ -73,6 +73,12 @@ check() {  # can this machine run a node? One line on stderr saying why not
         [[ -d "/sys/fs/cgroup/$c" ]] || grep -qw "$c" /sys/fs/cgroup/cgroup.controllers 2>/dev/null \
             || die "cannot run a node here: no $c cgroup controller (a kubelet limits pods with it)"
     done
+    # the imported images (~5 GB) and the pods' volumes live under the checkout; under 2 GiB free the kubelet taints
+    # the node (disk-pressure) and schedules nothing: a helm install --wait then waits for its whole timeout
+    local free_gb
+    mkdir -p "$HOME_DIR"
+    free_gb=$(( $(df -Pk "$HOME_DIR" | awk 'NR==2 {print $4}') / 1048576 ))
+    (( free_gb >= 10 )) || die "cannot run a node here: ${free_gb} GiB free on the disk of $HOME_DIR (the node's images and volumes need ~10 GiB)"
     # one node per machine: containerd's state folder and the kubelet's port are fixed
     if [[ -S "$CTR_SOCK" ]] && ! alive containerd && pgrep -f "containerd --config .*node/containerd.toml" >/dev/null; then
         die "cannot run a node here: another checkout's node runs on this machine ($CTR_SOCK); stop it with its make cluster-down"

@@ -101,6 +101,9 @@ $(awk '/^\[/ { skip = ($0 ~ /^\[tool\.pytest/) } !skip' "$ROOT/pyproject.toml")"
     "${uv[@]}" install --python "$VENV/bin/python" -r "$LOCK"
     # editable install of the project itself (built with setuptools in an isolated build env)
     "${uv[@]}" install --python "$VENV/bin/python" --no-deps -e "$ROOT"
+    # each fresh venv builds pyspark's sdist into a new revision of uv's cache (1.4 GB each: 26 GB after a few
+    # days of fresh checkouts on one machine, until the disk was full); keep only what the cache still reaches
+    "$VENV/bin/uv" cache prune --quiet || log "python: uv cache prune failed (the venv is fine; ~/.cache/uv keeps growing)"
     "$VENV/bin/pip" check >/dev/null || die "pip check failed in .cache/venv: $("$VENV/bin/pip" check 2>&1 | head -3)"
     stamp_set python "$h"
     PY_STATUS="installed"

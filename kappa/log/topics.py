@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ __all__ = [
     "ensure_topics",
     "list_topics",
     "offsets_for_timestamp",
+    "recent_partition_offsets",
     "partition_offsets",
 ]
 
@@ -503,6 +505,44 @@ def partition_offsets(settings: Settings, topic: str, *, timeout: float = 30.0) 
     low = _list_offsets(admin, topic, parts, OffsetSpec.earliest(), timeout=timeout)
     high = _list_offsets(admin, topic, parts, OffsetSpec.latest(), timeout=timeout)
     return {p: (low[p], high[p]) for p in parts}
+
+
+#: :func:`recent_partition_offsets`: one AdminClient per client configuration, and per (configuration, topic) the
+#: last answer with its time and a lock, so callers asking at once wait for one request instead of each making one
+_SHARED_LOCK = threading.Lock()
+_SHARED_ADMINS: dict[tuple, AdminClient] = {}
+_RECENT_ENDS: dict[tuple, list] = {}  # key -> [lock, monotonic time of the answer, answer]
+
+
+def _shared_admin(settings: Settings) -> tuple[tuple, AdminClient]:
+    conf = settings.kafka_client_config({"client.id": "kappa-admin", "logger": log})
+    key = tuple(sorted((k, str(v)) for k, v in conf.items() if k != "logger"))
+    with _SHARED_LOCK:
+        admin = _SHARED_ADMINS.get(key)
+        if admin is None:
+            admin = _SHARED_ADMINS[key] = AdminClient(conf)
+    return key, admin
+
+
+def recent_partition_offsets(settings: Settings, topic: str, *, max_age: float,
+                             timeout: float = 30.0) -> dict[int, tuple[int, int]]:
+    """:func:`partition_offsets`, answered from the last request for ``topic`` made in this process less than
+    ``max_age`` seconds ago, through one AdminClient kept for the process.
+
+    For pollers (the view jobs' lag gauges): the view host runs several jobs reading one topic, each asking every
+    few seconds; a new client per question (threads, a connection, a metadata request) and one question per job
+    cost the host more than its idle micro-batches."""
+    key, admin = _shared_admin(settings)
+    with _SHARED_LOCK:
+        entry = _RECENT_ENDS.setdefault((key, topic), [threading.Lock(), float("-inf"), None])
+    with entry[0]:
+        if entry[2] is not None and time.monotonic() - entry[1] < max_age:
+            return dict(entry[2])
+        parts = _partitions(admin, topic, timeout=timeout)
+        low = _list_offsets(admin, topic, parts, OffsetSpec.earliest(), timeout=timeout)
+        high = _list_offsets(admin, topic, parts, OffsetSpec.latest(), timeout=timeout)
+        entry[1:] = [time.monotonic(), {p: (low[p], high[p]) for p in parts}]
+        return dict(entry[2])
 
 
 def offsets_for_timestamp(settings: Settings, topic: str, ts_ms: int, *, timeout: float = 30.0) -> dict[int, int]:

@@ -938,14 +938,17 @@ class ViewJob:
                 logged = (reading.batch_id, time.monotonic(), reading.complete)
 
     def _poll_lag(self) -> None:
-        from kappa.log.topics import partition_offsets
+        from kappa.log.topics import recent_partition_offsets
 
         m = self.metrics
         topic = self.settings.topic(self.view.stream_topic)
         reached = time.time()
+        rs_table = None  # the table's log through delta-rs, brought up to date at each poll (opened once)
         while not self._stop.wait(self.lag_poll_seconds):
             try:
-                ends = partition_offsets(self.settings, topic, timeout=max(5.0, self.lag_poll_seconds))
+                # the jobs of a view host reading one topic share one answer per poll period
+                ends = recent_partition_offsets(self.settings, topic, max_age=self.lag_poll_seconds / 2,
+                                                timeout=max(5.0, self.lag_poll_seconds))
             except Exception as exc:  # Kafka unreachable: keep the last values, say so (metrics and log)
                 m.g(m.kafka_reachable).set(0)
                 m.g(m.kafka_unreachable_seconds).set(time.time() - reached)
@@ -969,12 +972,16 @@ class ViewJob:
                 total_lag += lag
                 m.g(m.lag, topic=topic, partition=p).set(lag)
                 m.g(m.processed_offset, topic=topic, partition=p).set(processed)
-            try:  # off the batch path: delta-rs reads the table's log, no Spark job
-                from deltalake import DeltaTable as _RsTable
+            try:  # off the batch path: delta-rs reads the table's new commits, no Spark job
+                if rs_table is None:
+                    from deltalake import DeltaTable as _RsTable
 
-                m.g(m.last_delta_version).set(_RsTable(self.paths.table.removeprefix("file:")).version())
+                    rs_table = _RsTable(self.paths.table.removeprefix("file:"))
+                else:
+                    rs_table.update_incremental()
+                m.g(m.last_delta_version).set(rs_table.version())
             except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
-                pass
+                rs_table = None
             if done_offsets:
                 start = self.start_offsets or done_offsets
                 target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}

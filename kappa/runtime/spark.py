@@ -198,6 +198,43 @@ def _jvm_output_to(log_file: str | None) -> Iterator[None]:
             os.close(fd)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def scratch_dir() -> str:
+    """This process' folder for its Spark JVM's scratch files (``spark.local.dir``, ``java.io.tmpdir``):
+    ``<tmp>/kappa-spark-<uid>/<pid>``; the folders of processes that are gone are removed first.
+
+    Spark removes its temporary folders (the jars it copies for its tasks, ~44 MB, block manager and shuffle
+    files) in a shutdown hook, which a SIGKILLed JVM never runs: every driver killed that way (a crash test, the
+    OOM killer, a supervisor's restart after one) left them in /tmp for good - 228 of them, 5 GB, on a machine that
+    ran the tests for a few days. One folder per driver process makes what a dead one left identifiable."""
+    import shutil
+    import tempfile
+    import time
+
+    root = Path(tempfile.gettempdir()) / f"kappa-spark-{os.getuid()}"
+    root.mkdir(exist_ok=True)
+    for folder in root.iterdir():
+        try:
+            pid = int(folder.name)
+            stale = pid != os.getpid() and not _alive(pid) and time.time() - folder.stat().st_mtime > 60
+        except (ValueError, OSError):
+            continue
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+    mine = root / str(os.getpid())
+    mine.mkdir(exist_ok=True)
+    return str(mine)
+
+
 def build_spark(
     app_name: str,
     settings: "Settings",
@@ -259,11 +296,22 @@ def build_spark(
         # them holds 100 by default, so every batch evicted and recompiled them all (~1 s of each batch)
         .config("spark.sql.codegen.cache.maxEntries", "2000")
     )
+    if not settings.spark_ui:
+        # Spark's status store keeps the last 1,000 jobs, stages and SQL executions (with their plans' graphs) for
+        # the UI and the status tracker; a view host runs several per micro-batch of each view. Without the UI only
+        # the jobs in flight are read (kappa.runtime.inflight): keep a few hundred
+        for key, value in (("spark.ui.retainedJobs", "200"), ("spark.ui.retainedStages", "200"),
+                           ("spark.ui.retainedTasks", "20000"), ("spark.sql.ui.retainedExecutions", "100")):
+            builder = builder.config(key, value)
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
     # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
     java_options = ["-Xss8m", *(cds.java_options(settings) if cds_options is None else cds_options)]
+    if master.startswith("local"):  # a driver and its executors in one JVM: its scratch files in one folder
+        scratch = scratch_dir()
+        builder = builder.config("spark.local.dir", scratch)
+        java_options.append(f"-Djava.io.tmpdir={scratch}")
     warehouse_dir = warehouse_dir or str(Path(settings.home) / "warehouse")
     if warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", warehouse_dir)
