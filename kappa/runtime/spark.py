@@ -305,8 +305,8 @@ def build_spark(
             builder = builder.config(key, value)
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
-    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
+    # -Xss8m: Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
+    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread).
     # The parallel collector: a driver's garbage is young (each micro-batch's plans, rows and tasks) and nothing reads
     # its pauses but the batch they fall in; G1's concurrent work and write barriers cost more on 2 cores. Two malloc
     # arenas instead of 8 per core for the JVM's native memory (RocksDB, Netty, the compilers' threads). Measured
