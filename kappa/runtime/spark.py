@@ -198,16 +198,6 @@ def _jvm_output_to(log_file: str | None) -> Iterator[None]:
             os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def scratch_dir() -> str:
     """This process' folder for its Spark JVM's scratch files (``spark.local.dir``, ``java.io.tmpdir``):
     ``<tmp>/kappa-spark-<uid>/<pid>``; the folders of processes that are gone are removed first.
@@ -220,12 +210,14 @@ def scratch_dir() -> str:
     import tempfile
     import time
 
+    from kappa.process import pid_alive
+
     root = Path(tempfile.gettempdir()) / f"kappa-spark-{os.getuid()}"
     root.mkdir(exist_ok=True)
     for folder in root.iterdir():
         try:
             pid = int(folder.name)
-            stale = pid != os.getpid() and not _alive(pid) and time.time() - folder.stat().st_mtime > 60
+            stale = pid != os.getpid() and not pid_alive(pid) and time.time() - folder.stat().st_mtime > 60
         except (ValueError, OSError):
             continue
         if stale:
