@@ -500,7 +500,10 @@ def partition_offsets(settings: Settings, topic: str, *, timeout: float = 30.0) 
     ``latest`` is the offset the next record will get, so ``latest - earliest`` is the number of
     retained offsets (records, for a non-compacted topic without transactions).
     """
-    admin = admin_client(settings)
+    return _ends(admin_client(settings), topic, timeout=timeout)
+
+
+def _ends(admin: AdminClient, topic: str, *, timeout: float) -> dict[int, tuple[int, int]]:
     parts = _partitions(admin, topic, timeout=timeout)
     low = _list_offsets(admin, topic, parts, OffsetSpec.earliest(), timeout=timeout)
     high = _list_offsets(admin, topic, parts, OffsetSpec.latest(), timeout=timeout)
@@ -538,10 +541,7 @@ def recent_partition_offsets(settings: Settings, topic: str, *, max_age: float,
     with entry[0]:
         if entry[2] is not None and time.monotonic() - entry[1] < max_age:
             return dict(entry[2])
-        parts = _partitions(admin, topic, timeout=timeout)
-        low = _list_offsets(admin, topic, parts, OffsetSpec.earliest(), timeout=timeout)
-        high = _list_offsets(admin, topic, parts, OffsetSpec.latest(), timeout=timeout)
-        entry[1:] = [time.monotonic(), {p: (low[p], high[p]) for p in parts}]
+        entry[1:] = [time.monotonic(), _ends(admin, topic, timeout=timeout)]
         return dict(entry[2])
 
 
