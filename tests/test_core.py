@@ -259,6 +259,8 @@ def test_a_small_stateless_batch_is_read_by_one_task_and_a_big_one_by_every_part
         assert job.await_termination(300) and job.failure() is None, job.failure()
         group, batch = str(job.queries[0].runId), job._next_batch() - 1
         assert job._batch_records(spark, batch) == small.delivered  # what the offset log says the batch read
+        # each record was computed once, though the batch's output and its bad records are read by two jobs
+        assert sum(p["numInputRows"] for p in job.queries[0].recentProgress) == small.delivered
     finally:
         job.stop()
     assert max(_tasks_per_stage(spark, group)) == 1, _tasks_per_stage(spark, group)
@@ -282,3 +284,30 @@ def test_a_small_stateless_batch_is_read_by_one_task_and_a_big_one_by_every_part
     rows = spark.read.format("delta").load(job.paths.table)
     assert rows.count() == small.kinds["valid"] + big.kinds["valid"]
     assert rows.select("partition", "offset").distinct().count() == rows.count()
+
+
+def test_a_frame_computed_once_is_computed_once_and_its_blocks_are_freed(spark):
+    """``computed_once``: the actions in the block see the same rows - computed by the first, a non-deterministic
+    column proves it - and the blocks that kept them are gone once it ends; nothing goes through Spark's cache."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.spark import computed_once
+
+    draw = F.udf(lambda _: random.random(), "double", useArrow=False).asNondeterministic()
+    frame = spark.range(0, 200, numPartitions=3).withColumn("draw", draw("id"))
+    assert frame.collect() != frame.collect()  # the column really differs from one computation to the next
+
+    def kept_partitions(rdd: int) -> int:
+        return sum(i.numCachedPartitions() for i in spark.sparkContext._jsc.sc().getRDDStorageInfo() if i.id() == rdd)
+
+    cached = spark._jsparkSession.sharedState().cacheManager().numCachedEntries()
+    with computed_once(frame) as kept:
+        first = kept.collect()
+        assert kept.where("draw < 0.5").collect() == [r for r in first if r.draw < 0.5]
+        assert kept.count() == 200 and kept.collect() == first
+        rdd = kept._jdf.logicalPlan().rdd().id()
+        assert kept_partitions(rdd) == 3
+        assert spark._jsparkSession.sharedState().cacheManager().numCachedEntries() == cached
+    assert kept_partitions(rdd) == 0

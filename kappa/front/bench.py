@@ -299,6 +299,7 @@ def engine_floor_run(spark: Any, settings: Any, view: Any, table: str, ranges: d
     from kappa.runtime.archive import archived_decoded
     from kappa.runtime.lookups import LookupCache
     from kappa.runtime.parsing import valid_rows
+    from kappa.runtime.spark import computed_once
 
     home = Path(tempfile.mkdtemp(prefix="floor-", dir=str(settings.home)))
     seconds = []
@@ -307,13 +308,10 @@ def engine_floor_run(spark: Any, settings: Any, view: Any, table: str, ranges: d
             out = str(home / f"table-{i}")
 
             def append(batch: Any, batch_id: int) -> None:
-                batch.persist()
-                try:
-                    batch.count()
-                    (batch.write.format("delta").mode("append").option("txnAppId", "floor")
+                with computed_once(batch) as kept:  # as a view's micro-batch is kept for its jobs
+                    kept.count()
+                    (kept.write.format("delta").mode("append").option("txnAppId", "floor")
                      .option("txnVersion", batch_id).save(out))
-                finally:
-                    batch.unpersist()
 
             t0 = time.monotonic()
             lookups = LookupCache(spark, settings)

@@ -2,10 +2,12 @@
 
 .. code-block:: text
 
-    compute      read + decode + transform: the micro-batch is materialized once (persist) and counted, with its
-                 statistics (rows, bad records, event-time maximum, event times for the latency histogram) from
-                 one aggregation over it - or, a small live batch, its rows and bad records collected to the
-                 driver and counted there (:func:`kappa.runtime.sink.collect_rows`)
+    compute      read + decode + transform, each row computed once: a small live batch of a stateful view is
+                 collected to the driver in one job, its output and bad records together
+                 (:func:`kappa.runtime.sink.collect_split`); any other batch is kept for the jobs that read it
+                 (:func:`kappa.runtime.spark.computed_once`) - a small live one's rows and bad records collected
+                 (:func:`kappa.runtime.sink.collect_rows`), a larger one's statistics (rows, bad records,
+                 event-time maximum, event times for the latency histogram) from one aggregation over it
     write        one idempotent Delta commit of the view (appId, txnVersion = batch id; lineage as userMetadata;
                  a small live batch's through delta-rs)
     quarantine   one idempotent append of the batch's bad records and, for views that keep them, the late records
@@ -23,14 +25,15 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kappa.runtime.lineage import with_expectations
 from kappa.runtime.metrics import LATENCY_BUCKETS
 from kappa.runtime.plan import KIND, OUT, SIDE, SIDE_COLUMNS, split_batch
-from kappa.runtime.sink import collect_rows
+from kappa.runtime.sink import LIVE_ROWS, collect_rows, collect_split
+from kappa.runtime.spark import computed_once
 from kappa.errors import KappaError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -276,7 +279,7 @@ class BatchHandler:
                     action=rule.on_violation).inc(checked.violations[rule.name])
 
     def _frames(self, batch: "DataFrame") -> "tuple[DataFrame, DataFrame]":
-        """(output rows, bad records) of the persisted micro-batch."""
+        """(output rows, bad records) of the micro-batch."""
         if self.view.stateful:
             return split_batch(batch, self.output_columns)
         from kappa.runtime.parsing import invalid_rows, valid_rows
@@ -289,15 +292,26 @@ class BatchHandler:
         output = self.view.transform(valid_rows(batch), **self.lookups.frames(self.view.lookups))
         return output, side
 
+    def _one_pass(self, batch: "DataFrame", records: int | None) -> "tuple[Collected, list[dict[str, Any]]] | None":
+        """A stateful view's small live micro-batch collected in one job (:func:`kappa.runtime.sink.collect_split`),
+        or None: the batch is then computed once and kept for the several jobs that read it."""
+        view = self.view
+        if (not view.stateful or view.expectations or records is None or records > LIVE_ROWS
+                or not self.sink.live(batch.sparkSession)):
+            return None
+        return collect_split(batch, self.output_columns)
+
     def _handle(self, batch: "DataFrame", batch_id: int) -> None:
         m, times, view = self.metrics, self.times, self.view
-        if not view.stateful:  # a stateful view's batch comes out of its shuffle: its tasks are the state's
-            records = self.records(batch.sparkSession, batch_id)
-            if records is not None and records <= ONE_TASK_RECORDS:
-                batch = batch.coalesce(1)
-        batch.persist()
-        try:
+        session = batch.sparkSession
+        records = self.records(session, batch_id)
+        if not view.stateful and records is not None and records <= ONE_TASK_RECORDS:
+            batch = batch.coalesce(1)  # a stateful view's batch comes out of its shuffle: its tasks are the state's
+        with ExitStack() as held:
             with times.phase("compute"):
+                one_pass = self._one_pass(batch, records)
+                if one_pass is None:
+                    batch = held.enter_context(computed_once(batch))
                 output, side = self._frames(batch)
                 checked = None
                 if view.expectations:
@@ -305,11 +319,13 @@ class BatchHandler:
                     output = checked.output
                     self._count_expectations(checked)
                 fin = view.finality
-                session = batch.sparkSession
                 # a small live batch: its rows and bad records collected, its statistics counted here and its
                 # commits made through delta-rs (kappa.runtime.sink: no Spark job to write it)
-                collected = collect_rows(output) if self.sink.live(session) else None
-                side_rows = self.quarantine.collect(side) if collected is not None else None
+                if one_pass is not None:
+                    collected, side_rows = one_pass
+                else:
+                    collected = collect_rows(output) if self.sink.live(session) else None
+                    side_rows = self.quarantine.collect(side) if collected is not None else None
                 columns = dict(latency_column=view.latency_column,
                                event_max_column=fin.event_max_column if fin else None,
                                window_end_column=fin.window_end_column if fin else None)
@@ -336,8 +352,9 @@ class BatchHandler:
                 late = self.late_rows(session, batch_id)
                 dropped = checked.dropped if checked is not None else None
                 if stats.bad or late is not None or dropped is not None:
-                    if side_rows is not None and late is None and dropped is None:
-                        written = self.quarantine.append(side_rows, batch_id)
+                    if side_rows is not None and dropped is None:
+                        late_rows = self.quarantine.collect(late) if late is not None else []
+                        written = self.quarantine.append(side_rows + late_rows, batch_id)
                     else:
                         kept = side
                         for more in (late, dropped):
@@ -359,5 +376,3 @@ class BatchHandler:
             times.batches += 1
             for phase in PHASES:
                 m.g(m.phase_seconds, phase=phase).set(times.last.get(phase, 0.0))
-        finally:
-            batch.unpersist()

@@ -49,7 +49,7 @@ reads the windows the batch touches, not the whole table.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -57,13 +57,15 @@ from kappa.runtime.deltars import SQL_TYPES
 from kappa.runtime.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterable, Sequence
+
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
     from kappa.runtime.deltars import Collected
 
-__all__ = ["CHANGE_FEED", "LIVE_ROWS", "DeltaSink", "collect_rows", "QuarantineSink", "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH",
-           "SeedError", "enable_change_feed", "ensure_table", "final_flag", "seed_table", "table_columns",
+__all__ = ["CHANGE_FEED", "LIVE_ROWS", "DeltaSink", "collect_rows", "collect_split", "QuarantineSink",
+           "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "SeedError", "enable_change_feed", "ensure_table", "final_flag", "seed_table", "table_columns",
            "txn_version"]
 
 QUARANTINE_SCHEMA = (
@@ -194,26 +196,69 @@ def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":
     return StructType(fields)
 
 
-def collect_rows(frame: "DataFrame", limit: int = LIVE_ROWS) -> "Collected | None":
-    """The rows of ``frame`` at the driver (:class:`kappa.runtime.deltars.Collected`), or None when it has more
-    than ``limit`` or a column of a type delta-rs commits are not made for here (``SPARK_TYPES``)."""
+def _driver_columns(fields: "Iterable[StructField]",
+                    prefix: str = "") -> "tuple[list[tuple[str, str]], list[Column]] | None":
+    """(name, type) and the expression collecting each of ``fields`` as :class:`kappa.runtime.deltars.Collected`
+    holds it (timestamps as epoch microseconds, dates as epoch days); None when one has a type delta-rs commits are
+    not made for here (``SPARK_TYPES``). ``prefix`` reaches them inside a struct column (``"out."``)."""
     from pyspark.sql import functions as F
 
-    from kappa.runtime.deltars import SPARK_TYPES, Collected
+    from kappa.runtime.deltars import SPARK_TYPES
 
     columns, exprs = [], []
-    for f in frame.schema.fields:
+    for f in fields:
         kind = f.dataType.simpleString()
         if kind not in SPARK_TYPES:
             return None
         columns.append((f.name, kind))
-        col = F.col(f"`{f.name}`")
-        exprs.append(F.unix_micros(col).alias(f.name) if kind == "timestamp"
-                     else F.unix_date(col).alias(f.name) if kind == "date" else col)
-    rows = frame.select(*exprs).limit(limit + 1).collect()
+        col = F.col(f"{prefix}`{f.name}`")
+        exprs.append(F.unix_micros(col) if kind == "timestamp" else F.unix_date(col) if kind == "date" else col)
+    return columns, exprs
+
+
+def collect_rows(frame: "DataFrame", limit: int = LIVE_ROWS) -> "Collected | None":
+    """The rows of ``frame`` at the driver (:class:`kappa.runtime.deltars.Collected`), or None when it has more
+    than ``limit`` or a column of a type delta-rs commits are not made for here (``SPARK_TYPES``)."""
+    from kappa.runtime.deltars import Collected
+
+    driver = _driver_columns(frame.schema.fields)
+    if driver is None:
+        return None
+    columns, exprs = driver
+    rows = frame.select(*(e.alias(name) for e, (name, _kind) in zip(exprs, columns))).limit(limit + 1).collect()
     if len(rows) > limit:
         return None
     return Collected(tuple(columns), [tuple(r) for r in rows])
+
+
+def collect_split(batch: "DataFrame", output_columns: "Sequence[str]",
+                  limit: int = LIVE_ROWS) -> "tuple[Collected, list[dict[str, Any]]] | None":
+    """A stateful view's micro-batch (:func:`kappa.runtime.plan.stateful_plan`'s tagged rows) at the driver in one
+    job: its output rows as :func:`collect_rows` gives them and its side rows as :meth:`QuarantineSink.collect`
+    does. One pass computes the batch once - its state store written once, its metrics counted once - with nothing
+    kept between two jobs. None, before any job, when an output column has a type :func:`collect_rows` refuses;
+    after it, when there are more than ``limit`` output rows (the caller counts the log records first)."""
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.deltars import Collected
+    from kappa.runtime.plan import KIND, OUT, SIDE_COLUMNS
+
+    fields = {f.name: f for f in batch.schema["out"].dataType.fields}
+    driver = _driver_columns([fields[c] for c in output_columns], prefix="out.")
+    if driver is None:
+        return None
+    columns, exprs = driver
+    side = [F.unix_micros(F.col(f"side.{c}")) if c == "kafka_timestamp" else F.col(f"side.{c}") for c in SIDE_COLUMNS]
+    n = len(exprs)
+    out, bad = [], []
+    for row in batch.select(F.col(KIND), *(e.alias(f"_{i}") for i, e in enumerate(exprs + side))).collect():
+        if row[0] == OUT:
+            out.append(tuple(row[1:n + 1]))
+        else:
+            bad.append(dict(zip(SIDE_COLUMNS, row[n + 1:])))
+    if len(out) > limit:
+        return None
+    return Collected(tuple(columns), out), bad
 
 
 def _micros(value: Any) -> int:
@@ -397,6 +442,8 @@ class DeltaSink:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
+        from kappa.runtime.spark import computed_once
+
         parts = []
         if DeltaTable.isDeltaTable(session, self.staging):
             parts.append(session.read.format("delta").load(self.staging))
@@ -424,8 +471,7 @@ class DeltaSink:
         if self.view.write == "upsert_delete":
             latest = latest.where(~F.col("is_tombstone"))
         event_max, open_ends = None, None
-        result = latest.persist()
-        try:
+        with computed_once(latest) if fin is not None else nullcontext(latest) as result:
             if fin is not None:
                 # finality from the batches before the last one compacted, as a MERGE of it would have set it; when
                 # nothing came before it (a replay's one batch), no row is final: the open windows are all the ends,
@@ -436,8 +482,6 @@ class DeltaSink:
                 open_ends = set(ends) if before is None else None
                 result = result.drop("_before", "_max").withColumn(fin.flag_column, final_flag(fin, before))
             self._append(result, batch_id, user_metadata)
-        finally:
-            latest.unpersist()
         self._event_max, self._event_max_known, self._bulk, self._open_ends = event_max, True, False, open_ends
         self._last_batch = batch_id
 

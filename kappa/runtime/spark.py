@@ -26,12 +26,12 @@ from kappa.errors import KappaError
 from kappa.runtime import cds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from kappa.config import Settings
 
-__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "end_jvm", "jvm_output_to_logging", "s3a_conf",
-           "spark_jars", "view_shuffle_partitions"]
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "jvm_output_to_logging",
+           "s3a_conf", "spark_jars", "view_shuffle_partitions"]
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -432,6 +432,28 @@ def _restore_levels(jvm: object) -> None:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - the JVM ended with the stop
         pass
+
+
+@contextlib.contextmanager
+def computed_once(frame: "DataFrame") -> Iterator["DataFrame"]:
+    """``frame`` for several actions, computed by the first and kept for the others until the block ends.
+
+    A lazy local checkpoint - the rows as blocks of one RDD, freed at the end - not Spark's cache (``persist``): a
+    cached relation's tasks carry an accumulator that Spark 4.2's executor heartbeat can read while a task is still
+    deserializing it (SPARK-59451: a ``NullPointerException`` in ``PartitionKeyedAccumulator.isZero`` that ends
+    the executor's heartbeats), and building its column batches and statistics costs more than a micro-batch's rows
+    are worth. The checkpointed rows replace ``frame``'s plan, so each row is computed exactly once, whatever the
+    actions that follow (a stateful micro-batch's state store is written once, its metrics counted once).
+    """
+    kept = frame.localCheckpoint(eager=False)
+    try:
+        yield kept
+    finally:
+        try:
+            kept._jdf.logicalPlan().rdd().unpersist(False)  # else its blocks wait for the JVM's garbage collector
+        except Exception as exc:  # noqa: BLE001 - Spark's context cleaner frees them once the RDD is unreferenced
+            logging.getLogger("kappa.runtime.spark").debug(
+                "a local checkpoint's blocks are left to Spark's cleaner: %s", exc)
 
 
 def stop_spark(spark: "SparkSession") -> None:
