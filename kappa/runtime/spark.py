@@ -297,9 +297,17 @@ def build_spark(
             builder = builder.config(key, value)
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    # Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
-    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread)
-    java_options = ["-Xss8m", *(cds.java_options(settings) if cds_options is None else cds_options)]
+    # -Xss8m: Spark matches a failed foreachBatch's Python traceback with a recursive regex when a query stops; a
+    # long traceback overflows the default 1 MiB thread stack (StackOverflowError in the stream thread).
+    # The parallel collector: a driver's garbage is young (each micro-batch's plans, rows and tasks) and nothing reads
+    # its pauses but the batch they fall in; G1's concurrent work and write barriers cost more on 2 cores. Two malloc
+    # arenas instead of 8 per core for the JVM's native memory (RocksDB, Netty, the compilers' threads). Measured
+    # together on make run's view host, side by side: 1.246 -> 1.147 and 1.923 -> 1.693 CPU-s per micro-batch, RSS
+    # -214 and -227 MiB (docs/performance.md, "What the jobs' pollers cost"). Micro-batches are not cached (see
+    # computed_once): a collector's timing made SPARK-59451's race with cached relations show.
+    java_options = ["-Xss8m", "-XX:+UseParallelGC",
+                    *(cds.java_options(settings) if cds_options is None else cds_options)]
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")  # read by the JVM's glibc when it starts (a child of this process)
     if master.startswith("local"):  # a driver and its executors in one JVM: its scratch files in one folder
         scratch = scratch_dir()
         builder = builder.config("spark.local.dir", scratch)
