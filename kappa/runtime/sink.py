@@ -65,8 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.runtime.deltars import Collected
 
 __all__ = ["CHANGE_FEED", "LIVE_ROWS", "DeltaSink", "collect_rows", "collect_split", "QuarantineSink",
-           "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "SeedError", "enable_change_feed", "ensure_table", "final_flag", "seed_table", "table_columns",
-           "txn_version"]
+           "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "SeedError", "enable_change_feed",
+           "ensure_table", "final_flag", "seed_table", "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -231,6 +231,17 @@ def collect_rows(frame: "DataFrame", limit: int = LIVE_ROWS) -> "Collected | Non
     return Collected(tuple(columns), [tuple(r) for r in rows])
 
 
+def _side_exprs(prefix: str = "") -> "list[Column]":
+    """The expressions collecting :data:`kappa.runtime.plan.SIDE_COLUMNS` as the quarantine's delta-rs appends take
+    them (``kafka_timestamp`` as epoch microseconds); ``prefix`` reaches them inside a struct column."""
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.plan import SIDE_COLUMNS
+
+    return [F.unix_micros(F.col(f"{prefix}{c}")) if c == "kafka_timestamp" else F.col(f"{prefix}{c}")
+            for c in SIDE_COLUMNS]
+
+
 def collect_split(batch: "DataFrame", output_columns: "Sequence[str]",
                   limit: int = LIVE_ROWS) -> "tuple[Collected, list[dict[str, Any]]] | None":
     """A stateful view's micro-batch (:func:`kappa.runtime.plan.stateful_plan`'s tagged rows) at the driver in one
@@ -248,7 +259,7 @@ def collect_split(batch: "DataFrame", output_columns: "Sequence[str]",
     if driver is None:
         return None
     columns, exprs = driver
-    side = [F.unix_micros(F.col(f"side.{c}")) if c == "kafka_timestamp" else F.col(f"side.{c}") for c in SIDE_COLUMNS]
+    side = _side_exprs("side.")
     n = len(exprs)
     out, bad = [], []
     for row in batch.select(F.col(KIND), *(e.alias(f"_{i}") for i, e in enumerate(exprs + side))).collect():
@@ -790,12 +801,9 @@ class QuarantineSink:
     @staticmethod
     def collect(rows: "DataFrame") -> list[dict[str, Any]]:
         """The records of ``rows`` (the columns of :data:`kappa.runtime.plan.SIDE_COLUMNS`) at the driver."""
-        from pyspark.sql import functions as F
-
         from kappa.runtime.plan import SIDE_COLUMNS
 
-        return [r.asDict() for r in rows.select(*(F.unix_micros(c).alias(c) if c == "kafka_timestamp" else F.col(c)
-                                                    for c in SIDE_COLUMNS)).collect()]
+        return [dict(zip(SIDE_COLUMNS, r)) for r in rows.select(*_side_exprs()).collect()]
 
     def append(self, collected: list[dict[str, Any]], batch_id: int) -> int:
         """:meth:`write` of records already collected (:meth:`collect`)."""
