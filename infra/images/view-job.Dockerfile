@@ -97,7 +97,7 @@ WORKDIR /opt/kappa
 COPY --from=jars /jars/ .cache/jars/spark/
 # The class-data archive maps the classes of the JVM and the jars above (a JVM checks them), not the project's code:
 # it is dumped by the few modules kappa.runtime.cds imports, copied alone, so a code change elsewhere keeps it.
-COPY kappa/__init__.py kappa/errors.py kappa/config.py /tmp/cds/kappa/
+COPY kappa/__init__.py kappa/errors.py kappa/config.py kappa/process.py /tmp/cds/kappa/
 COPY kappa/runtime/__init__.py kappa/runtime/cds.py kappa/runtime/spark.py kappa/runtime/log4j2-file.properties /tmp/cds/kappa/runtime/
 RUN cd /tmp/cds \
  && KAPPA_REPO_ROOT=/opt/kappa PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -m kappa.runtime.cds \

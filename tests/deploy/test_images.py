@@ -196,6 +196,47 @@ def test_copy_sources_exist(dockerfile: Path) -> None:
                     f"{_name(dockerfile)}: COPY {src} is left out of the build context by its .dockerignore"
 
 
+def _kappa_imports(path: Path) -> set[str]:
+    """Every ``kappa`` module a file imports, at the top or inside a function (what a run may import)."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "kappa":
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from kappa import process`
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name.split(".")[0] == "kappa")
+    return out
+
+
+def test_the_class_data_stage_copies_every_module_its_dump_imports() -> None:
+    """The view-job image dumps the drivers' class-data archive with a few modules copied alone (so a code change
+    elsewhere keeps that layer): each module those import - at the top or in a function the dump runs - must be
+    copied with them, or the image fails to build once that layer is rebuilt."""
+    copied: set[str] = set()
+    for ins, rest in instructions(IMAGES / "view-job.Dockerfile"):
+        parts = [p for p in shlex.split(rest) if not p.startswith("--")]
+        if ins == "COPY" and parts[-1].startswith("/tmp/cds/"):
+            copied.update(src for src in parts[:-1] if src.endswith(".py"))
+    assert "kappa/runtime/cds.py" in copied
+
+    def file_of(module: str) -> str | None:
+        base = Path(*module.split("."))
+        for candidate in (base / "__init__.py", base.with_suffix(".py")):
+            if (h.ROOT / candidate).is_file():
+                return str(candidate)
+        return None  # a name imported from a module, not a module
+
+    missing = {}
+    for src in sorted(copied):
+        for module in _kappa_imports(h.ROOT / src):
+            needed = file_of(module)
+            if needed is not None and needed not in copied:
+                missing[needed] = src
+    assert not missing, f"view-job.Dockerfile's class-data stage lacks {missing} (module: imported by)"
+
+
 @pytest.mark.parametrize(("dockerfile", "uid", "image_repo"), [
     ("view-job.Dockerfile", 10001, "kappa/view-job"), ("airflow.Dockerfile", 50000, "kappa/airflow"),
     ("bases/airflow.Dockerfile", 50000, "kappa/airflow"), ("bases/kafka.Dockerfile", 10001, "docker.io/apache/kafka")])
