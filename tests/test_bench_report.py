@@ -1,7 +1,10 @@
 """``make bench``'s figure: a measurement that did not run says so in its panel (``--stack-minutes 0`` skips the
-``make run`` steady state (g)); one that ran draws its bars."""
+``make run`` steady state (g)); one that ran draws its bars. ``make bench-live --views``' copies of view versions
+are declared and importable as versions of their own."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from kappa.front.bench import _figure
 
@@ -31,3 +34,49 @@ def test_a_panel_whose_measurement_ran_draws_it():
     g = _panel(fig, "make run steady state (g)")
     assert not g.texts and [round(p.get_height(), 1) for p in g.patches] == [4.0, 6.2]
     assert not _panel(fig, "replay per core (h)").texts
+
+
+def test_many_views_declares_versions_that_run_side_by_side(tmp_path):
+    """``make bench-live --views 20``: the declared views' other versions, then copies of the views over ad-events
+    (the archive aside) - each importable under the platform file the bench writes, with its own version number and
+    metrics port, and publishing nothing; the copies' source views are unchanged."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kappa.catalog import load_catalog
+    from kappa.front.bench_live import COPY_VERSION_BASE, many_versions
+
+    declared = load_catalog()
+    extras, env = many_versions(20, tmp_path)
+    defaults = [(name, spec.default_version) for name, spec in declared.views.items()]
+    assert len(defaults) + len(extras) == 20 and len(set(extras)) == len(extras)
+    others = [(n, v) for n, s in declared.views.items() for v in s.versions if v != s.default_version]
+    assert extras[: len(others)] == others
+    copies = extras[len(others):]
+    assert copies and all(v >= COPY_VERSION_BASE for _, v in copies)
+    over_events = {n for n, s in declared.views.items() if "ad-events" in s.topics and not s.archives}
+    assert {n for n, _ in copies} == over_events
+    assert many_versions(len(defaults), tmp_path / "none") == ([], {})
+    probe = (
+        "import json\n"
+        "from kappa.catalog import load_catalog\n"
+        "from kappa.control.runners.local import metrics_port\n"
+        "from kappa.runtime.view import load_view\n"
+        "out = []\n"
+        "for name, spec in load_catalog().views.items():\n"
+        "    for version, module in spec.versions.items():\n"
+        "        view = load_view(module)\n"
+        "        out.append([name, version, view.name, view.version, view.publish is not None,\n"
+        "                    metrics_port(name, version)])\n"
+        "print(json.dumps(out))\n")
+    path = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).parents[1])])
+    rows = json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
+                                     env={**os.environ, **env, "PYTHONPATH": path}).stdout)
+    versions = sum(len(s.versions) for s in declared.views.values()) + len(copies)
+    assert len(rows) == len({(n, v) for n, v, *_ in rows}) == versions
+    assert all(name == vname and version == vversion for name, version, vname, vversion, *_ in rows)
+    assert len({port for *_, port in rows}) == len(rows)  # every version its own metrics port
+    publishing = {(n, v) for n, v, _, _, publishes, _ in rows if publishes}
+    assert publishing and not publishing & set(copies)

@@ -26,6 +26,12 @@ in the same run as what it costs a view. A leg runs the baseline's own code: its
 worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on ``PYTHONPATH``; this
 file is run as a script there and uses only what both versions have (``kappa.front.stack``, the runner's ports).
 
+**Many views** (``--views 6,12,20``): one leg of the working tree per count of view versions in the one view host -
+the declared views, then their other declared versions, then copies of the views over ``ad-events``
+(:func:`many_versions`), the extra ones started from the log's beginning beside the declared ones as a replay's
+version runs beside the serving one and followed until they are within 10 s of the log - and the engine's floor
+with as many queries as the largest; the cores, CPU-s per micro-batch and the worst lag against the count.
+
 ``python -m kappa.front.bench_live`` (``make bench-live``) prints both legs side by side and writes
 ``reports/bench-live.json`` and ``reports/bench-live.png``.
 """
@@ -114,41 +120,41 @@ def _committed(st: Any, view: str, version: int, topic: str) -> tuple[int, int]:
     return (-1 if batch is None else batch), sum(max(0, high - offsets.get(p, low)) for p, (low, high) in ends.items())
 
 
-def _window(st: Any, ports: dict[str, int], parts: dict[str, int | None], seconds: float, rate: float) -> dict:
-    """Measure ``seconds``: CPU and RSS of each part; per view the micro-batches committed and the lag (from its
-    checkpoint, every 2 s), its batches' mean duration and its end-to-end latency (from its metrics)."""
+def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int], parts: dict[str, int | None],
+            seconds: float, rate: float) -> dict:
+    """Measure ``seconds``: CPU and RSS of each part; per view version (``versions``: its label -> (view,
+    version), ``ports``: label -> metrics port) the micro-batches committed and the lag (from its checkpoint, every
+    2 s), its batches' mean duration and its end-to-end latency (from its metrics)."""
     from kappa.control.replay.version import stream_topic
-    from kappa.front import stack
 
-    topics = {view: st.topic(stream_topic(view, version)) for view, version in stack.stack_views(st)}
-    versions = dict(stack.stack_views(st))
+    topics = {label: st.topic(stream_topic(view, version)) for label, (view, version) in versions.items()}
     before = {name: _tree_usage(pid) for name, pid in parts.items()}
-    first = {view: _scrape(port) for view, port in ports.items()}
-    start = {view: _committed(st, view, versions[view], topics[view]) for view in ports}
-    lags: dict[str, list[float]] = {view: [start[view][1]] for view in ports}
+    first = {label: _scrape(port) for label, port in ports.items()}
+    start = {label: _committed(st, *versions[label], topics[label]) for label in ports}
+    lags: dict[str, list[float]] = {label: [start[label][1]] for label in ports}
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(2)
-        for view in ports:
-            lags[view].append(_committed(st, view, versions[view], topics[view])[1])
+        for label in ports:
+            lags[label].append(_committed(st, *versions[label], topics[label])[1])
     elapsed = time.monotonic() - t0
     after = {name: _tree_usage(pid) for name, pid in parts.items()}
-    end = {view: _committed(st, view, versions[view], topics[view]) for view in ports}
-    last = {view: _scrape(port) for view, port in ports.items()}
+    end = {label: _committed(st, *versions[label], topics[label]) for label in ports}
+    last = {label: _scrape(port) for label, port in ports.items()}
     views: dict[str, Any] = {}
-    for view in ports:
-        a, b = first.get(view), last.get(view)
-        series = lags[view]
-        views[view] = {"topic": topics[view], "batches": end[view][0] - start[view][0],
-                       "lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
-                       # seconds of produce: for the views reading the producer's topic
-                       "lag_seconds_max": (max(series) / rate if rate and topics[view] == st.topic("ad-events")
-                                           else None)}
+    for label in ports:
+        a, b = first.get(label), last.get(label)
+        series = lags[label]
+        views[label] = {"topic": topics[label], "batches": end[label][0] - start[label][0],
+                        "lag_records_mean": sum(series) / len(series), "lag_records_max": max(series),
+                        # seconds of produce: for the views reading the producer's topic
+                        "lag_seconds_max": (max(series) / rate if rate and topics[label] == st.topic("ad-events")
+                                            else None)}
         if a is not None and b is not None:
             counts = dict(a["buckets"])
             window = [(le, n - counts.get(le, 0)) for le, n in b["buckets"]]
             timed = b["batches"] - a["batches"]  # batches that read records (the job's histogram)
-            views[view].update({
+            views[label].update({
                 "batch_mean_s": (b["batch_seconds"] - a["batch_seconds"]) / timed if timed else None,
                 "latency_p50_s": _quantile(window, 0.5), "latency_p99_s": _quantile(window, 0.99)})
     cpu = {name: after[name]["cpu_s"] - before[name]["cpu_s"] for name in parts}
@@ -163,22 +169,54 @@ def _window(st: Any, ports: dict[str, int], parts: dict[str, int | None], second
             "load_avg": os.getloadavg()}
 
 
+def _extras(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The view versions a leg runs beside the declared ones (``--extra view@vN,...``, :func:`many_versions`)."""
+    return [(ref.rpartition("@v")[0], int(ref.rpartition("@v")[2])) for ref in args.extra.split(",") if ref]
+
+
 def leg(args: argparse.Namespace) -> None:
-    """One code version's stack: up, the load window, the idle window, down; the result as JSON in ``args.out``."""
+    """One code version's stack: up, the load window, the idle window, down; the result as JSON in ``args.out``.
+    With ``--extra``, those view versions run in the view host beside the declared ones, started from the log's
+    beginning right after ``up`` (as a replay's version runs beside the serving one)."""
     from kappa.config import Settings
-    from kappa.control.runners.local import metrics_port
+    from kappa.control.replay.version import module_of, stream_topic
+    from kappa.control.runners.local import LocalRunner, metrics_port
     from kappa.front import stack
+    from kappa.identity import view_ref
     from kappa.process import Daemon
+    from kappa.runtime.driver import JobSpec
     from kappa.runtime.host import host_pid
+    from kappa.runtime.job import live_trigger_seconds
+    from kappa.runtime.view import load_view
 
     st = Settings.from_env()
-    ports = {view: metrics_port(view, version) for view, version in stack.stack_views(st)}
+    declared, extras = stack.stack_views(st), _extras(args)
+    versions = {**{view: (view, version) for view, version in declared},
+                **{view_ref(view, version): (view, version) for view, version in extras}}
+    ports = {label: metrics_port(*ref) for label, ref in versions.items()}
     say = lambda line: print(f"  [{args.label}] {line}", flush=True)  # noqa: E731
     result: dict[str, Any] = {"label": args.label, "views": len(ports), "rate": args.rate}
     t0 = time.monotonic()
     try:
         stack.up(st, rate=args.rate, echo=say)
+        runner = LocalRunner(st, mode="host")
+        for view, version in extras:
+            runner.start(JobSpec(view, version, starting="earliest"), wait=False)
+        if extras:
+            say(f"{len(extras)} more view versions asked of the view host: {', '.join(view_ref(*e) for e in extras)}")
         stack.wait_ready(st, timeout=900)
+
+        def caught_up(view: str, version: int) -> bool:  # a micro-batch committed, within 10 s of produce
+            batch, lag = _committed(st, view, version, st.topic(stream_topic(view, version)))
+            return batch >= 0 and lag <= 10 * args.rate
+
+        deadline, behind = time.monotonic() + 900, list(extras)
+        while behind and time.monotonic() < deadline:
+            behind = [ref for ref in behind if not caught_up(*ref)]
+            time.sleep(2)
+        if behind:
+            raise RuntimeError("not within 10 s of the log after 15 minutes: "
+                               + ", ".join(view_ref(*ref) for ref in behind))
         if args.airflow:
             stack.start_airflow(st)
         result["up_seconds"] = time.monotonic() - t0
@@ -192,7 +230,7 @@ def leg(args: argparse.Namespace) -> None:
 
         time.sleep(args.warm)
         say(f"measuring {args.load:g} s at {args.rate:g} events/s")
-        result["load"] = _window(st, ports, parts(), args.load, args.rate)
+        result["load"] = _window(st, versions, ports, parts(), args.load, args.rate)
         stack.stop_producer(st)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:  # idle = every view read everything there is
@@ -202,7 +240,9 @@ def leg(args: argparse.Namespace) -> None:
             time.sleep(2)
         time.sleep(10)
         say(f"measuring {args.idle:g} s idle")
-        result["idle"] = _window(st, ports, parts(), args.idle, 0.0)
+        result["idle"] = _window(st, versions, ports, parts(), args.idle, 0.0)
+        for label, ref in versions.items():  # how often each runs: a view read for history runs every 30 s
+            result["load"]["views"][label]["trigger_s"] = live_trigger_seconds(load_view(module_of(*ref)))
     finally:
         stack.down(st, echo=say)
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -210,10 +250,11 @@ def leg(args: argparse.Namespace) -> None:
 
 def floor_leg(args: argparse.Namespace) -> None:
     """The engine's floor, measured like a leg: plain Structured Streaming and nothing of the platform - for each view
-    of ``make run`` one query over the same topic with the same trigger, its records decoded and validated in the
-    stream as the views do (:func:`kappa.runtime.parsing.decode`), each micro-batch's valid records collected to the
-    driver (one Spark job: the least a live view's batch does) - at the same rate, in a session built like the view
-    host's. CPU-s per micro-batch = this process tree's CPU / the micro-batches its queries ran."""
+    of ``make run`` (and each ``--extra`` version) one query over the same topic with the same trigger, its records
+    decoded and validated in the stream as the views do (:func:`kappa.runtime.parsing.decode`), each micro-batch's
+    valid records collected to the driver (one Spark job: the least a live view's batch does) - at the same rate, in
+    a session built like the view host's. CPU-s per micro-batch = this process tree's CPU / the micro-batches its
+    queries ran."""
     import tempfile
     import threading
 
@@ -244,15 +285,16 @@ def floor_leg(args: argparse.Namespace) -> None:
         return run
 
     queries = []
+    refs = [*stack.stack_views(st), *_extras(args)]
     try:
-        for name, version in stack.stack_views(st):
+        for name, version in refs:
             view = load_view(module_of(name, version))
             raw = (spark.readStream.format("kafka").options(**st.spark_kafka_options())
                    .option("subscribe", st.topic(view.stream_topic)).option("startingOffsets", "latest").load())
             queries.append(decode(raw, view.stream_format).writeStream
                            .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{name}-"))
                            .trigger(processingTime=f"{live_trigger_seconds(view)} seconds")
-                           .foreachBatch(handler(name)).start())
+                           .foreachBatch(handler(f"{name}@v{version}")).start())
         producer = stack.start_producer(st, rate=args.rate)  # a child of this process: not counted below
         result["up_seconds"] = time.monotonic() - t0
         say(f"{len(queries)} queries at {args.rate:g} events/s; warming up {args.warm:g} s")
@@ -272,8 +314,8 @@ def floor_leg(args: argparse.Namespace) -> None:
         result["load"] = {"seconds": elapsed, "batches": batches, "cores": {"view host": cpu / elapsed},
                           "cores_total": cpu / elapsed, "rss_mb_total": after["rss_mb"],
                           "host_cpu_s_per_batch": cpu / batches if batches else None,
-                          "views": {name: {"batches": last.get(name, 0) - first.get(name, 0)}
-                                    for name, _version in stack.stack_views(st)},
+                          "views": {ref: {"batches": last.get(ref, 0) - first.get(ref, 0)}
+                                    for ref in (f"{name}@v{version}" for name, version in refs)},
                           "load_avg": os.getloadavg()}
     finally:
         stack.stop_producer(st)
@@ -302,6 +344,51 @@ def code_tree(root: Path, ref: str) -> tuple[Path, str]:
     if not cache.exists():
         cache.symlink_to(root / ".cache")
     return tree, commit
+
+
+#: Version numbers of the copies ``--views`` adds: far above any declared one.
+COPY_VERSION_BASE = 11
+
+
+def many_versions(count: int, home: Path) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """The view versions beyond the declared defaults that make ``count`` in all, and the environment that declares
+    them: the declared views' other versions first (as replays run them beside the serving ones), then copies of
+    the default versions of the views over ``ad-events`` (the archive aside: one per topic), numbered from
+    :data:`COPY_VERSION_BASE` - the same logic as a version of its own, with its own table and checkpoint, publishing
+    nothing (a copy's windows would be published twice). The copies' modules and a ``platform.yaml`` declaring them
+    are written under ``home``; the environment points ``KAPPA_PLATFORM`` and ``PYTHONPATH`` at them."""
+    import yaml
+
+    from kappa.catalog import load_catalog, platform_file
+
+    catalog = load_catalog()
+    declared = [(name, spec.default_version) for name, spec in catalog.views.items()]
+    if count <= len(declared):
+        return [], {}
+    extras = [(name, version) for name, spec in catalog.views.items() for version in sorted(spec.versions)
+              if version != spec.default_version][: count - len(declared)]
+    sources = [(name, spec.default_version) for name, spec in catalog.views.items()
+               if "ad-events" in spec.topics and not spec.archives]
+    package = home / "copies" / "kappa_bench_copies"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text('"""Copies of declared view versions (kappa.front.bench_live --views)."""\n')
+    data = yaml.safe_load(platform_file().read_text(encoding="utf-8"))
+    next_version = {name: COPY_VERSION_BASE for name, _ in sources}
+    for i in range(count - len(declared) - len(extras)):
+        name, source = sources[i % len(sources)]
+        version = next_version[name]
+        next_version[name] += 1
+        module = f"{name}_v{version}"
+        (package / f"{module}.py").write_text(
+            f'"""{name} v{source} as version {version}: its own table and checkpoint, publishing nothing."""\n'
+            "from dataclasses import replace\n\n"
+            f"from {catalog.module_of(name, source)} import VIEW as _SOURCE\n\n"
+            f"VIEW = replace(_SOURCE, version={version}, publish=None)\n")
+        data["views"][name]["versions"][version] = {"module": f"kappa_bench_copies.{module}"}
+        extras.append((name, version))
+    platform = home / "platform.yaml"
+    platform.write_text(yaml.safe_dump(data, sort_keys=False))
+    return extras, {"KAPPA_PLATFORM": str(platform), "PYTHONPATH": str(package.parent)}
 
 
 def _print(results: list[dict[str, Any]]) -> None:
@@ -368,6 +455,83 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path)
 
 
+#: A view version whose micro-batches run less often than this is read for history, not freshness (the archive's
+#: 30 s): the freshness figures (worst lag, worst p99) leave it out.
+FRESH_TRIGGER_SECONDS = 10.0
+
+
+def _worst(r: dict[str, Any], key: str) -> tuple[float | None, str]:
+    """The largest ``key`` over a leg's view versions kept fresh (:data:`FRESH_TRIGGER_SECONDS`) at load, and
+    whose it is."""
+    values = [(v.get(key), label) for label, v in r["load"]["views"].items()
+              if v.get(key) is not None and (v.get("trigger_s") or 0) <= FRESH_TRIGGER_SECONDS]
+    return max(values) if values else (None, "")
+
+
+def _print_views(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="many views: view versions in one host at load (lag from checkpoints, seconds of produce; "
+                        f"worst of those triggered every {FRESH_TRIGGER_SECONDS:g} s or more often)")
+    for name in ("", "view versions", "host cores", "cores of all", "CPU-s / micro-batch", "micro-batches / s",
+                 "RSS MiB", "worst lag (s)", "worst p99 (s)", "idle cores"):
+        table.add_column(name, justify="left" if not name else "right")
+    for r in results:
+        load, floor = r["load"], r["commit"] == "Spark alone"
+        lag, lag_of = _worst(r, "lag_seconds_max")
+        p99, p99_of = _worst(r, "latency_p99_s")
+        table.add_row(r["label"], str(r["view_versions"]), f"{load['cores']['view host']:.2f}",
+                      f"{load['cores_total']:.2f}",
+                      "-" if load["host_cpu_s_per_batch"] is None else f"{load['host_cpu_s_per_batch']:.3f}",
+                      f"{load['batches'] / load['seconds']:.2f}", f"{load['rss_mb_total']:,.0f}",
+                      "-" if floor or lag is None else f"{lag:.1f} {lag_of}",
+                      "-" if floor or p99 is None else f"{p99:.0f} {p99_of}",
+                      "-" if "idle" not in r else f"{r['idle']['cores']['view host']:.3f}")
+    console = Console(width=max(Console().width, 170))
+    console.print(table)
+    last = [r for r in results if r["commit"] != "Spark alone"][-1]
+    detail = Table(title=f"{last['label']}: each view version at load")
+    for name in ("", "trigger (s)", "micro-batches", "batch mean (s)", "lag max (records)", "lag max (s)", "p99 (s)"):
+        detail.add_column(name, justify="left" if not name else "right")
+    for label, v in last["load"]["views"].items():
+        detail.add_row(label, *("-" if v.get(k) is None else f.format(v[k]) for k, f in (
+            ("trigger_s", "{:g}"), ("batches", "{:.0f}"), ("batch_mean_s", "{:.2f}"), ("lag_records_max", "{:,.0f}"),
+            ("lag_seconds_max", "{:.1f}"), ("latency_p99_s", "{:.0f}"))))
+    console.print(detail)
+
+
+def _plot_views(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    legs = [r for r in results if r["commit"] != "Spark alone"]
+    floors = [r for r in results if r["commit"] == "Spark alone"]
+    n = [r["view_versions"] for r in legs]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot(n, [r["load"]["cores"]["view host"] for r in legs], "o-", color="#37c", label="view host")
+    axes[0].plot(n, [r["idle"]["cores"]["view host"] for r in legs], "o--", color="#9bd", label="view host idle")
+    for r in floors:
+        axes[0].plot([r["view_versions"]], [r["load"]["cores"]["view host"]], "s", color="#c73",
+                     label="engine floor (Spark alone)")
+    axes[0].axhline(2, color="#999", lw=0.8)
+    axes[0].set_title("cores at 200 events/s")
+    axes[0].set_xlabel("view versions in one host")
+    axes[0].legend()
+    axes[1].plot(n, [r["load"]["host_cpu_s_per_batch"] or 0 for r in legs], "o-", color="#c73")
+    axes[1].set_title("CPU-s per micro-batch")
+    axes[1].set_xlabel("view versions in one host")
+    axes[2].plot(n, [_worst(r, "lag_seconds_max")[0] or 0 for r in legs], "o-", color="#3a3", label="worst lag")
+    axes[2].axhline(10, color="#999", lw=0.8, label="target 10 s")
+    axes[2].set_title("worst lag of a view version (s of produce)")
+    axes[2].set_xlabel("view versions in one host")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default=BASELINE, help="commit to measure beside the working tree ('' = none)")
@@ -381,7 +545,11 @@ def main() -> None:
                         help="skip the engine's floor (plain Structured Streaming over the same topics)")
     parser.add_argument("--busy", type=int, default=0,
                         help="unrelated processes kept busy (one core each) through every leg: a shared machine")
+    parser.add_argument("--views", default="",
+                        help="many views: comma-separated counts of view versions in one host (e.g. 6,12,20), "
+                             "one leg of this tree each (no baseline); the engine's floor at the largest")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
+    parser.add_argument("--extra", default="", help=argparse.SUPPRESS)  # a leg's versions beside the declared
     parser.add_argument("--label", default="")
     parser.add_argument("--leg-out", dest="leg_out", default="")
     args = parser.parse_args()
@@ -412,29 +580,40 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         if busy:
             print(f"bench-live: {len(busy)} unrelated busy process(es) beside every leg", flush=True)
-        legs = ([("baseline", args.baseline, "leg")] if args.baseline else [])
-        legs += ([("engine floor", "HEAD", "floor")] if args.floor else []) + [("this tree", "HEAD", "leg")]
+        counts = sorted({int(n) for n in args.views.split(",") if n.strip()})
+        if counts:  # many views: this tree with more and more view versions in its host, the floor at the most
+            legs = [(f"{n} views", "HEAD", "leg", n) for n in counts]
+            legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
+        else:
+            legs = ([("baseline", args.baseline, "leg", 0)] if args.baseline else [])
+            legs += ([("engine floor", "HEAD", "floor", 0)] if args.floor else []) + [("this tree", "HEAD", "leg", 0)]
         results = []
-        for label, ref, kind in legs:
+        for label, ref, kind, count in legs:
             tree, commit = code_tree(root, ref)
             stamp = int(time.time())
             home = Path(settings.home) / "bench-live" / f"{commit}-{stamp}"
             out = home / "leg.json"
             home.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONPATH": str(tree), "KAPPA_REPO_ROOT": str(tree), "KAPPA_HOME": str(home),
+            extras, declare = many_versions(count, home)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), declare.get("PYTHONPATH")])),
+                   "KAPPA_REPO_ROOT": str(tree), "KAPPA_HOME": str(home),
                    "KAPPA_LAKE_URI": str(home / "lake"), "KAPPA_TOPIC_PREFIX": f"live{stamp}-",
                    "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+            if "KAPPA_PLATFORM" in declare:
+                env["KAPPA_PLATFORM"] = declare["KAPPA_PLATFORM"]
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
             cmd = [sys.executable, str(Path(__file__).resolve()), kind, "--label", label, "--leg-out", str(out),
                    "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
-                   "--idle", str(args.idle)] + (["--airflow"] if args.airflow else [])
+                   "--idle", str(args.idle), "--extra", ",".join(f"{v}@v{n}" for v, n in extras)]
+            cmd += ["--airflow"] if args.airflow else []
             subprocess.run(cmd, env=env, cwd=tree, check=True)
             results.append({**json.loads(out.read_text()), "commit": "Spark alone" if kind == "floor" else commit,
-                            "busy_processes": len(busy)})
+                            "busy_processes": len(busy),
+                            "view_versions": len(stack.stack_views(settings)) + len(extras)})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
-        _plot(results, args.out / "bench-live.png")
-        _print(results)
+        (_plot_views if counts else _plot)(results, args.out / "bench-live.png")
+        (_print_views if counts else _print)(results)
         print(f"bench-live: {args.out / 'bench-live.json'}, {args.out / 'bench-live.png'}")
     finally:
         for proc in busy:
