@@ -582,7 +582,7 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             print(f"bench-live: {len(busy)} unrelated busy process(es) beside every leg", flush=True)
         counts = sorted({int(n) for n in args.views.split(",") if n.strip()})
         if counts:  # many views: this tree with more and more view versions in its host, the floor at the most
-            legs = [(f"{n} views", "HEAD", "leg", n) for n in counts]
+            legs = [(f"host of {n}", "HEAD", "leg", n) for n in counts]
             legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
         else:
             legs = ([("baseline", args.baseline, "leg", 0)] if args.baseline else [])
