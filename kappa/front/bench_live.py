@@ -29,7 +29,7 @@ file is run as a script there and uses only what both versions have (``kappa.fro
 **Many views** (``--views 6,12,20``): one leg of the working tree per count of view versions in the one view host -
 the declared views, then their other declared versions, then copies of the views over ``ad-events``
 (:func:`many_versions`), the extra ones started from the log's beginning beside the declared ones as a replay's
-version runs beside the serving one and followed until they are within 10 s of the log - and the engine's floor
+version runs beside the serving one and followed until each has read that backlog - and the engine's floor
 with as many queries as the largest; the cores, CPU-s per micro-batch and the worst lag against the count.
 
 ``python -m kappa.front.bench_live`` (``make bench-live``) prints both legs side by side and writes
@@ -179,10 +179,11 @@ def leg(args: argparse.Namespace) -> None:
     With ``--extra``, those view versions run in the view host beside the declared ones, started from the log's
     beginning right after ``up`` (as a replay's version runs beside the serving one)."""
     from kappa.config import Settings
-    from kappa.control.replay.version import module_of, stream_topic
+    from kappa.control.replay.version import committed_offsets, module_of, stream_topic
     from kappa.control.runners.local import LocalRunner, metrics_port
     from kappa.front import stack
     from kappa.identity import view_ref
+    from kappa.log.topics import partition_offsets
     from kappa.process import Daemon
     from kappa.runtime.driver import JobSpec
     from kappa.runtime.host import host_pid
@@ -200,23 +201,26 @@ def leg(args: argparse.Namespace) -> None:
     try:
         stack.up(st, rate=args.rate, echo=say)
         runner = LocalRunner(st, mode="host")
+        asked = {}  # each extra version: the log's end when it was asked for (its backlog)
         for view, version in extras:
+            asked[(view, version)] = {p: high for p, (_low, high) in partition_offsets(
+                st, st.topic(stream_topic(view, version))).items()}
             runner.start(JobSpec(view, version, starting="earliest"), wait=False)
         if extras:
             say(f"{len(extras)} more view versions asked of the view host: {', '.join(view_ref(*e) for e in extras)}")
         stack.wait_ready(st, timeout=900)
 
-        def caught_up(view: str, version: int) -> bool:  # a micro-batch committed, within 10 s of produce
-            batch, lag = _committed(st, view, version, st.topic(stream_topic(view, version)))
-            return batch >= 0 and lag <= 10 * args.rate
+        def read_backlog(view: str, version: int) -> bool:  # a committed micro-batch covers its backlog
+            offsets, batch = committed_offsets(st, view, version, st.topic(stream_topic(view, version)))
+            return batch is not None and all(offsets.get(p, 0) >= end for p, end in asked[(view, version)].items())
 
         deadline, behind = time.monotonic() + 900, list(extras)
         while behind and time.monotonic() < deadline:
-            behind = [ref for ref in behind if not caught_up(*ref)]
+            behind = [ref for ref in behind if not read_backlog(*ref)]
             time.sleep(2)
-        if behind:
-            raise RuntimeError("not within 10 s of the log after 15 minutes: "
-                               + ", ".join(view_ref(*ref) for ref in behind))
+        if behind:  # measured all the same: how far behind a host of that many falls is the figure
+            result["backlog_unread"] = [view_ref(*ref) for ref in behind]
+            say(f"still reading their backlog after 15 minutes: {', '.join(result['backlog_unread'])}")
         if args.airflow:
             stack.start_airflow(st)
         result["up_seconds"] = time.monotonic() - t0
