@@ -1,9 +1,8 @@
 """
 ### kappa_retire — delete the view versions past their keep period; keep the registry and Airflow small
 
-Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start: the
-scheduler would run it before Airflow's API server answers, and its tasks would log connection errors until it
-does): each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
+Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start; a run
+due while Airflow's API server is still starting waits for it, up to 3 minutes and more): each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
 it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
 `deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
 removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the

@@ -67,6 +67,43 @@ def test_another_airflow_is_reached_with_url_and_the_password_from_the_environme
     assert "make run" not in line and line.endswith("port-forward (if any) running?"), line  # not the local stack
 
 
+@pytest.mark.timeout(180)
+def test_a_task_started_before_the_api_server_listens_waits_for_it(tmp_path) -> None:
+    """Standalone starts its scheduler beside its API server, which takes minutes on 2 busy cores; a task the
+    scheduler starts meanwhile (kappa_retire's hourly run when Airflow starts just before a full hour) calls the
+    execution API through Airflow's own task client. With the local stack's Airflow environment it waits for the
+    server; with Airflow's defaults (5 calls within 15 s) it failed and logged a traceback per task. The fault - a
+    server that is not listening yet - is a plain HTTP listener opened LATE seconds after the first call."""
+    from kappa.config import Settings
+    from kappa.front import stack
+
+    late = 35
+    port = free_port()
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    env = {**stack.airflow_env(settings), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    call = ("import sys, time; from airflow.sdk.api.client import Client\n"
+            "t = time.monotonic()\n"
+            f"r = Client(base_url='http://127.0.0.1:{port}/execution/', token='t').get('health')\n"
+            "print(r.status_code, round(time.monotonic() - t))")
+    client = subprocess.Popen([sys.executable, "-c", call], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(late)
+        server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                   "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            (tmp_path / "execution").mkdir()
+            (tmp_path / "execution" / "health").write_text("{}")
+            out, err = client.communicate(timeout=120)
+        finally:
+            server.kill()
+    finally:
+        client.kill()
+    assert client.returncode == 0, err[-3000:]
+    status, waited = out.strip().splitlines()[-1].split()  # (the client logs its retries before)
+    assert status == "200" and int(waited) >= late, out + err[-3000:]
+
+
 @pytest.fixture(scope="module")
 def local_airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The local stack's Airflow (standalone, started as `make run` starts it, alone: no broker, no views), ready

@@ -35,6 +35,15 @@ class StackError(KappaError, RuntimeError):
 AIRFLOW_SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
+#: How long a task waits for Airflow's execution API (its API server) before it fails: tenacity's random
+#: exponential wait inside Airflow's task client, here at least 10 s between 20 calls. The chart sets the same.
+AIRFLOW_EXECUTION_API_RETRY = {
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "20",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN": "10",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": "20",
+}
+
+
 def airflow_env(settings: Settings) -> dict[str, str]:
     """Environment of the local Airflow: its home under KAPPA_HOME, the repo's dags/, no examples."""
     home = Path(settings.home) / "airflow"
@@ -53,6 +62,11 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         # may resolve to ::1 or name another port)
         "AIRFLOW__API__BASE_URL": airflow_url(settings),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{airflow_url(settings)}/execution/",
+        # standalone starts its scheduler and its API server side by side, and the API server takes 1-3 min on
+        # 2 busy cores: a task the scheduler starts meanwhile (kappa_retire's hourly run, when Airflow starts
+        # just before a full hour) waits for it - 20 calls 10-20 s apart, >= 190 s - instead of failing after
+        # Airflow's default 5 calls within 15 s and logging a traceback per task
+        **AIRFLOW_EXECUTION_API_RETRY,
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         # an idle Airflow on a 2-core machine: a few executor slots instead of 32 idle LocalExecutor workers,

@@ -605,6 +605,10 @@ def test_airflow_components_and_runner_rbac(all_renders: dict[str, list[dict]]) 
     assert env["KAPPA_VIEW_TEMPLATE_DIR"]["value"] == "/etc/kappa/view-template"
     assert any(v.get("configMap", {}).get("name") == "kappa-view-template" for v in h.pod_spec(sched)["volumes"])
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]["value"].startswith("postgresql+psycopg2://airflow:$(KAPPA_AIRFLOW_DB_PASSWORD)@")
+    # a task waits for the API server as long in the cluster as in the local stack (tests/test_airflow_client.py)
+    from kappa.front.stack import AIRFLOW_EXECUTION_API_RETRY
+
+    assert {k: env[k]["value"] for k in AIRFLOW_EXECUTION_API_RETRY} == AIRFLOW_EXECUTION_API_RETRY
     prod = all_renders["production"]
     pc = h.pod_spec(h.named(prod, "Deployment", "kappa-airflow-scheduler"))["containers"][0]
     penv = {e["name"]: e for e in pc["env"]}

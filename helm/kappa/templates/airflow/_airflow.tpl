@@ -28,6 +28,14 @@ connection settings (same as the view drivers) and the Kubernetes runner's setti
   value: "False"
 - name: AIRFLOW__CORE__EXECUTION_API_SERVER_URL
   value: {{ printf "%s/execution/" (include "kappa.airflow.apiServerUrl" .) | quote }}
+# a task started while the API server is not answering (starting, or restarted by its liveness probe) waits
+# for it: 20 calls at least 10 s apart instead of Airflow's 5 within 15 s (kappa.front.stack sets the same)
+- name: AIRFLOW__WORKERS__EXECUTION_API_RETRIES
+  value: "20"
+- name: AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN
+  value: "10"
+- name: AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX
+  value: "20"
 - name: AIRFLOW__CORE__AUTH_MANAGER
   value: airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
 - name: AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS
