@@ -1,6 +1,7 @@
 """``make bench``'s figure: a measurement that did not run says so in its panel (``--stack-minutes 0`` skips the
 ``make run`` steady state (g)); one that ran draws its bars. ``make bench-live --views``' copies of view versions
-are declared and importable as versions of their own."""
+are declared and importable as versions of their own; a ``make bench-live`` leg imports only what its default
+baseline's tree has."""
 
 from __future__ import annotations
 
@@ -80,3 +81,53 @@ def test_many_views_declares_versions_that_run_side_by_side(tmp_path):
     assert len({port for *_, port in rows}) == len(rows)  # every version its own metrics port
     publishing = {(n, v) for n, v, _, _, publishes, _ in rows if publishes}
     assert publishing and not publishing & set(copies)
+
+
+def _defines(source: str, name: str) -> bool:
+    """Whether a module's source binds ``name`` at its top level (def, class, assignment or import)."""
+    import ast
+
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+    return False
+
+
+def test_a_bench_live_leg_imports_only_what_the_default_baseline_has():
+    """``make bench-live`` runs its leg - this file's ``leg`` - in the baseline's tree (fc054fe by default): every
+    ``kappa`` name the leg imports outside a ``try ... except ImportError`` must exist there (a leg once imported
+    a function added later, and every ``make bench-live`` failed in its baseline leg)."""
+    import ast
+    import subprocess
+
+    from kappa.front import bench_live
+
+    root = Path(__file__).resolve().parents[1]
+    tree = ast.parse((root / "kappa/front/bench_live.py").read_text())
+    leg = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "leg")
+    guarded = {id(n) for t in ast.walk(leg) if isinstance(t, ast.Try)
+               if any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in t.handlers)
+               for stmt in t.body for n in ast.walk(stmt)}
+    wanted = [(node.module, alias.name) for node in ast.walk(leg)
+              if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kappa")
+              and id(node) not in guarded for alias in node.names]
+    assert wanted  # the walk found the leg's imports
+    missing = []
+    for module, name in wanted:
+        path = module.replace(".", "/")
+        shown = subprocess.run(["git", "show", f"{bench_live.BASELINE}:{path}.py"], cwd=root, capture_output=True,
+                               text=True)
+        if shown.returncode != 0:
+            shown = subprocess.run(["git", "show", f"{bench_live.BASELINE}:{path}/__init__.py"], cwd=root,
+                                   capture_output=True, text=True)
+        submodule = subprocess.run(["git", "cat-file", "-e", f"{bench_live.BASELINE}:{path}/{name}.py"], cwd=root)
+        if submodule.returncode != 0 and (shown.returncode != 0 or not _defines(shown.stdout, name)):
+            missing.append(f"{module}.{name}")
+    assert not missing, f"not in {bench_live.BASELINE}: {missing}"

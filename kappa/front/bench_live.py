@@ -187,8 +187,12 @@ def leg(args: argparse.Namespace) -> None:
     from kappa.process import Daemon
     from kappa.runtime.driver import JobSpec
     from kappa.runtime.host import host_pid
-    from kappa.runtime.job import live_trigger_seconds
     from kappa.runtime.view import load_view
+
+    try:
+        from kappa.runtime.job import live_trigger_seconds
+    except ImportError:  # a tree before platform.yaml's triggers (726a51f; the default baseline): its module's or 2 s
+        live_trigger_seconds = lambda view: view.trigger_seconds or 2.0  # noqa: E731
 
     st = Settings.from_env()
     declared, extras = stack.stack_views(st), _extras(args)
