@@ -1,18 +1,18 @@
 """
 ### kappa_retire — delete the view versions past their keep period; keep the registry and Airflow small
 
-Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start; a run
-due while Airflow's API server is still starting waits for it, up to 3 minutes and more): each `retired` version whose `delete_after` has passed (set by the promote or rollback that replaced
-it, `keep_hours`, default 7 days) and that the serving alias does not point to has its job stopped, is marked
-`deleted_at` in the registry (from then on it can never serve again) and its folder — table and checkpoint — is
-removed. One call into `kappa.control.replay.retire_expired`, the same code as `kappa retire`. Beside it, the
-replays' retention leases that expired (their driver stopped showing life) end, and the topics converge: the
-declared retention comes back where no lease holds (`kappa.control.leases`, the same as `kappa topics ensure`).
-The control plane's tables in the lake (the registry, the serving alias, the leases) are compacted, VACUUMed and
-checkpointed (`kappa.runtime.upkeep.keep_registry`). Airflow's own history older than `airflow_history_days` (30)
-leaves its metadata database - runs, task instances, XComs, log rows, jobs (`airflow db clean`, no archive
-tables) - so the database stays the size of a month; the platform's own record of every replay, promotion and
-rollback is the registry's events table in the lake, which this keeps.
+Every hour, on the hour (the first run at the next full hour after Airflow starts, not at its start; a run due while
+Airflow's API server is still starting waits at least 3 minutes for it): each `retired` version whose `delete_after`
+has passed (set by the promote or rollback that replaced it, `keep_hours`, default 7 days) and that the serving
+alias does not point to has its job stopped, is marked `deleted_at` in the registry (from then on it can never serve
+again) and its folder — table and checkpoint — is removed. One call into `kappa.control.replay.retire_expired`, the
+same code as `kappa retire`. Beside it, the replays' retention leases that expired (their driver stopped showing
+life) end, and the topics converge: the declared retention comes back where no lease holds (`kappa.control.leases`,
+the same as `kappa topics ensure`). The control plane's tables in the lake (the registry, the serving alias, the
+leases) are compacted, VACUUMed and checkpointed (`kappa.runtime.upkeep.keep_registry`). Airflow's own history older
+than `airflow_history_days` (30) leaves its metadata database - runs, task instances, XComs, log rows, jobs
+(`airflow db clean`, no archive tables) - so the database stays the size of a month; the platform's own record of
+every replay, promotion and rollback is the registry's events table in the lake, which this keeps.
 
 Safe to run at any time and as often as wanted: a version is only ever deleted once, a crash between marking and
 removing is finished by the next run, and a rollback that made a version serve again keeps it.
