@@ -1,0 +1,292 @@
+"""Day two, compressed: what a running stack's tables, logs and processes grow to, with and without its upkeep.
+
+Two legs of ``make run``'s stack (every declared view in the view host, the live producer at ``--rate``), one after
+the other on the bench's broker, each in a home and topics of its own (never both at once: they would share the two
+cores):
+
+.. code-block:: text
+
+    upkeep       KAPPA_UPKEEP_SECONDS = --upkeep-seconds (300 s: an hour's upkeep compressed twelve-fold): every
+                 live job compacts its table and VACUUMs it between its micro-batches (kappa.runtime.upkeep)
+    no upkeep    KAPPA_UPKEEP_SECONDS = ten times the leg's length: no upkeep runs in the leg
+
+Every ``--sample-seconds`` for ``--minutes`` per leg, for each view's serving table and the quarantine: its Delta
+version (the commits so far), the data files its current version references (what a reader lists: compaction
+bounds it) and its files on disk - data, change feed, ``_delta_log`` commits and checkpoints - and bytes (what the
+disk holds: VACUUM removes a replaced file only once 7 days old, so this count flattens after a week, not within a
+compressed run); the view's Spark checkpoint and
+state store on disk; the RSS of every process the stack started; the seconds of ``bin/kappa query``'s engine
+(:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over each serving view, and for the change feed of
+the last ``--changes-minutes`` (``table_changes`` from the version the leg sampled that long ago).
+
+Printed per leg and table: files and query seconds at the first sample after two upkeep periods and at the end
+(their ratio: the target is at most 1.25), the RSS slope after the first quarter of the leg (MiB/hour; target
+under 10), and the files projected to 30 days at the leg's rate of growth. ``python -m kappa.front.bench_soak``
+(``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and ``reports/bench-soak.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+#: What the no-upkeep leg's period is, in leg lengths: its first upkeep would come after the leg ends.
+NO_UPKEEP_FACTOR = 10
+
+
+def table_stats(path: Path) -> dict[str, int]:
+    """Files and bytes of one Delta table on disk: ``data`` (Parquet outside the log and the change feed),
+    ``cdc`` (``_change_data``), ``commits`` (the log's JSON files), ``checkpoints`` (the log's Parquet files),
+    ``bytes`` (all of them) and ``version`` (the highest commit in the log; -1 without one)."""
+    out = {"data": 0, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 0, "version": -1}
+    if not path.is_dir():
+        return out
+    for root, _dirs, files in os.walk(path):
+        rel = Path(root).relative_to(path).parts
+        for name in files:
+            try:
+                out["bytes"] += (Path(root) / name).stat().st_size
+            except OSError:  # removed by a VACUUM meanwhile
+                continue
+            if rel[:1] == ("_delta_log",):
+                if name.endswith(".json") and name[:20].isdigit():
+                    out["commits"] += 1
+                    out["version"] = max(out["version"], int(name[:20]))
+                elif ".checkpoint" in name and name.endswith(".parquet"):
+                    out["checkpoints"] += 1
+            elif rel[:1] == ("_change_data",):
+                out["cdc"] += name.endswith(".parquet")
+            elif name.endswith(".parquet"):
+                out["data"] += 1
+    return out
+
+
+def active_files(path: Path) -> int:
+    """Data files the table's current version references (what a reader lists); 0 without a table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return len(DeltaTable(str(path)).file_uris())
+    except TableNotFoundError:
+        return 0
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:
+                continue
+    return total
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, value) points, per hour; None for fewer than two distinct times."""
+    if len({t for t, _ in points}) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (v - mv) for t, v in points) / var * 3600
+
+
+def summarize(samples: list[dict[str, Any]], upkeep_seconds: float) -> dict[str, Any]:
+    """Per table: files (data + change feed + log) and query seconds at the first sample at least two upkeep
+    periods in (``first``) and at the last, their ratio, and files projected to 30 days at the rate they grew
+    between those samples; the stack's RSS slope after the first quarter (MiB/hour)."""
+    if not samples:
+        return {}
+    start = next((s for s in samples if s["t"] >= 2 * upkeep_seconds), samples[-1])
+    last = samples[-1]
+    tables: dict[str, Any] = {}
+    for name, stats in last["tables"].items():
+        def files(sample: dict[str, Any]) -> int:  # what a reader lists: the current version's data files
+            return (sample["tables"].get(name) or {}).get("active", 0)
+
+        def on_disk(sample: dict[str, Any]) -> int:  # what the disk holds (VACUUM keeps 7 days of removed files)
+            st = sample["tables"].get(name) or {}
+            return sum(st.get(k, 0) for k in ("data", "cdc", "commits", "checkpoints"))
+
+        f0, f1 = files(start), files(last)
+        grow = (f1 - f0) / max(last["t"] - start["t"], 1.0)  # files per second between the two
+        q0, q1 = start["query_s"].get(name), last["query_s"].get(name)
+        tables[name] = {"commits_from": (start["tables"].get(name) or {}).get("version"),
+                        "commits_to": stats["version"], "files_from": f0, "files_to": f1,
+                        "files_ratio": f1 / f0 if f0 else None,
+                        "files_30_days": round(f1 + max(grow, 0.0) * (30 * 86_400 - last["t"])),
+                        "query_s_from": q0, "query_s_to": q1,
+                        "query_ratio": q1 / q0 if q0 and q1 is not None else None,
+                        "disk_files_from": on_disk(start), "disk_files_to": on_disk(last), "bytes_to": stats["bytes"]}
+    quarter = samples[-1]["t"] / 4
+    rss = [(s["t"], s["rss_mb_total"]) for s in samples if s["t"] >= quarter]
+    return {"from_t": start["t"], "to_t": last["t"], "tables": tables, "rss_mb_per_hour": slope_per_hour(rss),
+            "rss_mb_to": last["rss_mb_total"]}
+
+
+# ------------------------------------------------------------------------------------------------ one leg
+def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: float) -> dict[str, Any]:
+    from kappa.control.serving import ServingAlias
+    from kappa.front.query import QueryError, run_query
+    from kappa.front.stack import stack_views
+    from kappa.identity import ViewPaths
+    from kappa.process import Daemon
+    from kappa.runtime.host import host_pid
+    from kappa.front.bench_live import _tree_usage
+
+    sample: dict[str, Any] = {"t": round(t, 1), "tables": {}, "checkpoint_bytes": {}, "state_bytes": {},
+                              "query_s": {}, "changes_s": {}, "rss_mb": {}}
+    alias = ServingAlias(st.lake_uri)
+    for view, _version in stack_views(st):
+        target = alias.target(view)
+        table = Path(target.table_path.removeprefix("file:"))
+        sample["tables"][view] = {**table_stats(table), "active": active_files(table)}
+        checkpoint = Path(ViewPaths(st.lake_uri, view, target.version).checkpoint.removeprefix("file:"))
+        sample["checkpoint_bytes"][view] = dir_bytes(checkpoint)
+        sample["state_bytes"][view] = dir_bytes(checkpoint / "state")
+        for key, sql in (("query_s", f"SELECT count(*) FROM {view}"), ("changes_s", None)):
+            if sql is None:  # the change feed from the version sampled --changes-minutes ago (or the first)
+                then = [h for h in history if h["t"] <= t - changes_seconds] or history[:1]
+                start = (then[-1]["tables"].get(view) or {}).get("version", -1) if then else -1
+                if start < 0:
+                    continue
+                sql = f"SELECT count(*) FROM table_changes('{view}', {start})"
+            began = time.monotonic()
+            try:
+                run_query(sql, settings=st)
+            except QueryError:  # a view with no table yet, or a feed not kept: no figure
+                continue
+            sample[key][view] = round(time.monotonic() - began, 3)
+    quarantine = Path(st.lake_uri.removeprefix("file:")) / "quarantine"
+    sample["tables"]["quarantine"] = {**table_stats(quarantine), "active": active_files(quarantine)}
+    for part, pid in (("view host", host_pid(st)), ("producer", Daemon("producer", st).pid()),
+                      ("supervisor", Daemon("supervisor", st).pid())):
+        sample["rss_mb"][part] = round(_tree_usage(pid)["rss_mb"], 1)
+    sample["rss_mb_total"] = round(sum(sample["rss_mb"].values()), 1)
+    sample["home_bytes"] = dir_bytes(Path(st.home))
+    return sample
+
+
+def leg(label: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    from kappa.config import Settings
+    from kappa.front import stack
+
+    os.environ.update(env)  # the processes the stack starts inherit it (KAPPA_UPKEEP_SECONDS among it)
+    st = Settings.from_env()
+    say = lambda line: print(f"  [{label}] {line}", flush=True)  # noqa: E731
+    samples: list[dict[str, Any]] = []
+    try:
+        stack.up(st, rate=args.rate, echo=say)
+        stack.wait_ready(st, timeout=900)
+        t0 = time.monotonic()
+        while (t := time.monotonic() - t0) < args.minutes * 60:
+            samples.append(_sample(st, t, samples, args.changes_minutes * 60))
+            s = samples[-1]
+            files = {v: f"{x['active']}/{sum(x[k] for k in ('data', 'cdc', 'commits', 'checkpoints'))}"
+                     for v, x in s["tables"].items()}
+            say(f"{t / 60:5.1f} min: files read/on disk {files}; RSS {s['rss_mb_total']:,.0f} MiB")
+            time.sleep(max(0.0, args.sample_seconds - (time.monotonic() - t0 - t)))
+    finally:
+        stack.down(st, echo=say)
+    return {"label": label, "upkeep_seconds": float(env["KAPPA_UPKEEP_SECONDS"]), "samples": samples,
+            "summary": summarize(samples, float(env["KAPPA_UPKEEP_SECONDS"]))}
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _print(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    for r in results:
+        s = r["summary"]
+        table = Table(title=f"{r['label']}: {s.get('from_t', 0) / 60:.0f} -> {s.get('to_t', 0) / 60:.0f} min "
+                            f"(upkeep every {r['upkeep_seconds']:g} s); RSS {s.get('rss_mb_to', 0):,.0f} MiB, "
+                            f"slope {s.get('rss_mb_per_hour') or 0:+.0f} MiB/h after the first quarter")
+        for col in ("table", "commits", "files read", "files ratio", "files in 30 days", "files on disk", "query s",
+                    "query ratio", "MiB"):
+            table.add_column(col, justify="left" if col == "table" else "right")
+        fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+        for name, t in s.get("tables", {}).items():
+            table.add_row(name, f"{fmt(t['commits_from'], '{:,}')} -> {fmt(t['commits_to'], '{:,}')}",
+                          f"{t['files_from']:,} -> {t['files_to']:,}", fmt(t["files_ratio"], "{:.2f}"),
+                          f"{t['files_30_days']:,}", f"{t['disk_files_from']:,} -> {t['disk_files_to']:,}",
+                          f"{fmt(t['query_s_from'], '{:.2f}')} -> {fmt(t['query_s_to'], '{:.2f}')}",
+                          fmt(t["query_ratio"], "{:.2f}"), f"{t['bytes_to'] / 2**20:,.1f}")
+        Console(width=160).print(table)
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for r, style in zip(results, ("-", "--")):
+        samples = r["samples"]
+        minutes = [s["t"] / 60 for s in samples]
+        for name in (samples[-1]["tables"] if samples else {}):
+            files = [(s["tables"].get(name) or {}).get("active", 0) for s in samples]
+            axes[0].plot(minutes, files, style, label=f"{name} ({r['label']})")
+        axes[1].plot(minutes, [max(s["query_s"].values(), default=0) for s in samples], style, label=r["label"])
+        axes[2].plot(minutes, [s["rss_mb_total"] for s in samples], style, label=r["label"])
+    for ax, title in zip(axes, ("data files a reader lists, per table", "slowest count(*) over a view (s)",
+                                "RSS of the stack (MiB)")):
+        ax.set_title(title)
+        ax.set_xlabel("minutes")
+    axes[0].legend(fontsize=6)
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60.0, help="minutes per leg")
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--upkeep-seconds", dest="upkeep_seconds", type=float, default=300.0)
+    parser.add_argument("--sample-seconds", dest="sample_seconds", type=float, default=60.0)
+    parser.add_argument("--changes-minutes", dest="changes_minutes", type=float, default=60.0)
+    parser.add_argument("--no-control", dest="control", action="store_false", help="skip the leg without upkeep")
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    args = parser.parse_args()
+    from kappa.front.bench import bench_settings, run_interruptible
+
+    run_interruptible(lambda: bench(args, bench_settings), "the broker")
+
+
+def bench(args: argparse.Namespace, bench_settings: Any) -> None:
+    settings, broker = bench_settings("bench-soak")
+    try:
+        legs = [("upkeep", args.upkeep_seconds)]
+        legs += [("no upkeep", NO_UPKEEP_FACTOR * args.minutes * 60)] if args.control else []
+        results = []
+        for label, period in legs:
+            stamp = int(time.time())
+            home = Path(settings.home) / "bench-soak" / f"{stamp}"
+            print(f"bench-soak: {label}: {args.minutes:g} min at {args.rate:g} events/s, upkeep every {period:g} s",
+                  flush=True)
+            results.append(leg(label, {"KAPPA_HOME": str(home), "KAPPA_LAKE_URI": str(home / "lake"),
+                                       "KAPPA_TOPIC_PREFIX": f"soak{stamp}-",
+                                       "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+                                       "KAPPA_UPKEEP_SECONDS": f"{period:g}"}, args))
+            args.out.mkdir(parents=True, exist_ok=True)  # every leg's samples kept as soon as it ends
+            (args.out / "bench-soak.json").write_text(json.dumps(results, indent=2))
+        _plot(results, args.out / "bench-soak.png")
+        _print(results)
+        print(f"bench-soak: {args.out / 'bench-soak.json'}, {args.out / 'bench-soak.png'}")
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()

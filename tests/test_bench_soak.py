@@ -1,0 +1,54 @@
+"""``make bench-soak``'s counting: the files a Delta table holds on disk, as delta-rs itself accounts for them
+through appends, a compaction, a VACUUM and a checkpoint; and the summary's growth figures."""
+
+from __future__ import annotations
+
+import duckdb
+from deltalake import DeltaTable, write_deltalake
+
+from kappa.front.bench_soak import active_files, slope_per_hour, summarize, table_stats
+
+
+def test_table_stats_counts_what_delta_rs_writes_and_removes(tmp_path):
+    path = tmp_path / "t"
+    for i in range(3):
+        write_deltalake(str(path), duckdb.connect().sql(f"SELECT * FROM (VALUES ({i}), ({i + 10})) t(id)"), mode="append",
+                        configuration={"delta.enableChangeDataFeed": "true"})
+    st = table_stats(path)
+    dt = DeltaTable(str(path))
+    assert st["version"] == dt.version() == 2 and st["commits"] == 3
+    assert st["data"] == len(dt.file_uris()) == active_files(path) == 3 and st["cdc"] == 0 and st["checkpoints"] == 0
+    dt.optimize.compact()
+    dt = DeltaTable(str(path))
+    assert table_stats(path)["data"] == 3 + 1  # the compacted file beside the three it replaced, until a VACUUM
+    assert active_files(path) == 1  # what a reader lists
+    dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    dt.create_checkpoint()
+    st = table_stats(path)
+    assert st["data"] == len(DeltaTable(str(path)).file_uris()) == 1
+    assert st["checkpoints"] == 1 and st["version"] == DeltaTable(str(path)).version()
+    assert st["bytes"] > 0
+    assert active_files(tmp_path / "missing") == 0
+    assert table_stats(tmp_path / "missing") == {"data": 0, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 0,
+                                                 "version": -1}
+
+
+def _sample(t: float, files: int, version: int, query_s: float, rss: float) -> dict:
+    return {"t": t, "tables": {"v": {"data": files, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 1,
+                                     "version": version, "active": files}},
+            "query_s": {"v": query_s}, "rss_mb_total": rss}
+
+
+def test_summary_measures_from_two_upkeep_periods_in_and_projects_the_growth():
+    # files grow by 1 a minute, RSS by 10 MiB a minute (600 MiB/h), from the 10th minute (2 x 300 s) on
+    samples = [_sample(60.0 * m, 100 + m, 50 * m, 0.1 + 0.01 * m, 1000 + 10 * m) for m in range(31)]
+    s = summarize(samples, 300.0)
+    t = s["tables"]["v"]
+    assert s["from_t"] == 600.0 and s["to_t"] == 1800.0
+    assert (t["files_from"], t["files_to"], t["commits_from"], t["commits_to"]) == (110, 130, 500, 1500)
+    assert abs(t["files_ratio"] - 130 / 110) < 1e-9 and abs(t["query_ratio"] - 0.4 / 0.2) < 1e-9
+    assert t["files_30_days"] == round(130 + (30 * 86_400 - 1800) / 60)
+    assert abs(s["rss_mb_per_hour"] - 600.0) < 1e-6
+    flat = summarize([_sample(60.0 * m, 100, m, 0.1, 1000) for m in range(31)], 300.0)
+    assert flat["tables"]["v"]["files_30_days"] == 100 and flat["rss_mb_per_hour"] == 0.0
+    assert slope_per_hour([(0.0, 1.0)]) is None
