@@ -30,7 +30,7 @@ def test_table_stats_counts_what_delta_rs_writes_and_removes(tmp_path):
     assert st["bytes"] > 0
     assert active_files(tmp_path / "missing") == 0
     assert table_stats(tmp_path / "missing") == {"data": 0, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 0,
-                                                 "version": -1}
+                                                 "version": -1, "active": 0}
 
 
 def _sample(t: float, files: int, version: int, query_s: float, rss: float) -> dict:

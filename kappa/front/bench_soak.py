@@ -41,10 +41,12 @@ NO_UPKEEP_FACTOR = 10
 def table_stats(path: Path) -> dict[str, int]:
     """Files and bytes of one Delta table on disk: ``data`` (Parquet outside the log and the change feed),
     ``cdc`` (``_change_data``), ``commits`` (the log's JSON files), ``checkpoints`` (the log's Parquet files),
-    ``bytes`` (all of them) and ``version`` (the highest commit in the log; -1 without one)."""
-    out = {"data": 0, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 0, "version": -1}
+    ``bytes`` (all of them), ``version`` (the highest commit in the log; -1 without one) and ``active`` (the data
+    files its current version references: :func:`active_files`)."""
+    out = {"data": 0, "cdc": 0, "commits": 0, "checkpoints": 0, "bytes": 0, "version": -1, "active": 0}
     if not path.is_dir():
         return out
+    out["active"] = active_files(path)
     for root, _dirs, files in os.walk(path):
         rel = Path(root).relative_to(path).parts
         for name in files:
@@ -74,17 +76,6 @@ def active_files(path: Path) -> int:
         return len(DeltaTable(str(path)).file_uris())
     except TableNotFoundError:
         return 0
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += (Path(root) / name).stat().st_size
-            except OSError:
-                continue
-    return total
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -140,6 +131,7 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
     from kappa.process import Daemon
     from kappa.runtime.host import host_pid
     from kappa.front.bench_live import _tree_usage
+    from kappa.verify.stagecache import folder_bytes
 
     sample: dict[str, Any] = {"t": round(t, 1), "tables": {}, "checkpoint_bytes": {}, "state_bytes": {},
                               "query_s": {}, "changes_s": {}, "rss_mb": {}}
@@ -147,30 +139,29 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
     for view, _version in stack_views(st):
         target = alias.target(view)
         table = Path(target.table_path.removeprefix("file:"))
-        sample["tables"][view] = {**table_stats(table), "active": active_files(table)}
+        sample["tables"][view] = table_stats(table)
         checkpoint = Path(ViewPaths(st.lake_uri, view, target.version).checkpoint.removeprefix("file:"))
-        sample["checkpoint_bytes"][view] = dir_bytes(checkpoint)
-        sample["state_bytes"][view] = dir_bytes(checkpoint / "state")
-        for key, sql in (("query_s", f"SELECT count(*) FROM {view}"), ("changes_s", None)):
-            if sql is None:  # the change feed from the version sampled --changes-minutes ago (or the first)
-                then = [h for h in history if h["t"] <= t - changes_seconds] or history[:1]
-                start = (then[-1]["tables"].get(view) or {}).get("version", -1) if then else -1
-                if start < 0:
-                    continue
-                sql = f"SELECT count(*) FROM table_changes('{view}', {start})"
+        sample["checkpoint_bytes"][view] = folder_bytes(checkpoint)
+        sample["state_bytes"][view] = folder_bytes(checkpoint / "state")
+        # the change feed from the version sampled --changes-minutes ago (or at the first sample)
+        then = [h for h in history if h["t"] <= t - changes_seconds] or history[:1]
+        start = (then[-1]["tables"].get(view) or {}).get("version", -1) if then else -1
+        queries = {"query_s": f"SELECT count(*) FROM {view}"}
+        if start >= 0:
+            queries["changes_s"] = f"SELECT count(*) FROM table_changes('{view}', {start})"
+        for key, sql in queries.items():
             began = time.monotonic()
             try:
                 run_query(sql, settings=st)
             except QueryError:  # a view with no table yet, or a feed not kept: no figure
                 continue
             sample[key][view] = round(time.monotonic() - began, 3)
-    quarantine = Path(st.lake_uri.removeprefix("file:")) / "quarantine"
-    sample["tables"]["quarantine"] = {**table_stats(quarantine), "active": active_files(quarantine)}
+    sample["tables"]["quarantine"] = table_stats(Path(st.lake_uri.removeprefix("file:")) / "quarantine")
     for part, pid in (("view host", host_pid(st)), ("producer", Daemon("producer", st).pid()),
                       ("supervisor", Daemon("supervisor", st).pid())):
         sample["rss_mb"][part] = round(_tree_usage(pid)["rss_mb"], 1)
     sample["rss_mb_total"] = round(sum(sample["rss_mb"].values()), 1)
-    sample["home_bytes"] = dir_bytes(Path(st.home))
+    sample["home_bytes"] = folder_bytes(Path(st.home))
     return sample
 
 

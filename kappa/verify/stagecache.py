@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.runtime.view import ViewDefinition
 
-__all__ = ["LAYOUT", "Staging", "cache_root", "format_fingerprint", "prune", "staged_records", "staging"]
+__all__ = ["LAYOUT", "Staging", "cache_root", "folder_bytes", "format_fingerprint", "prune", "staged_records", "staging"]
 
 log = logging.getLogger("kappa.verify.stagecache")
 
@@ -234,7 +234,8 @@ def staged_records(settings: "Settings", view: "ViewDefinition", run: str) -> in
         return 0
 
 
-def _size(folder: Path) -> int:
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (0 when it is gone; a file removed meanwhile counts nothing)."""
     total = 0
     for dirpath, _dirs, files in os.walk(folder):
         for name in files:
@@ -252,7 +253,7 @@ def prune(settings: "Settings", *, keep: Path | None = None) -> list[Path]:
     budget = settings.verify_cache_mb * 2**20
     folders = sorted((f for f in root.iterdir() if f.is_dir()),
                      key=lambda f: (f == keep, f.stat().st_mtime))
-    sizes = {f: _size(f) for f in folders}
+    sizes = {f: folder_bytes(f) for f in folders}
     total = sum(sizes.values())
     removed = []
     for folder in folders:
