@@ -131,3 +131,28 @@ def test_a_bench_live_leg_imports_only_what_the_default_baseline_has():
         if submodule.returncode != 0 and (shown.returncode != 0 or not _defines(shown.stdout, name)):
             missing.append(f"{module}.{name}")
     assert not missing, f"not in {bench_live.BASELINE}: {missing}"
+
+
+def test_the_shared_floor_reads_each_topic_once_for_every_view_over_it():
+    """``make bench-live --shared-floor``: the engine floor with one read per topic groups the declared views by the
+    topic, format and trigger they read with, one query each; the plain floor runs one query per view version."""
+    from kappa.config import Settings
+    from kappa.front import stack
+    from kappa.front.bench_live import floor_queries
+    from kappa.runtime.job import live_trigger_seconds
+    from kappa.runtime.view import load_view
+    from kappa.control.replay.version import module_of
+
+    refs = stack.stack_views(Settings.from_env())
+    alone = floor_queries(refs, shared=False)
+    assert [names for _key, names in alone] == [[f"{n}@v{v}"] for n, v in refs]
+    shared = floor_queries(refs, shared=True)
+    assert sorted(n for _key, names in shared for n in names) == sorted(f"{n}@v{v}" for n, v in refs)
+    for (topic, fmt, trigger), names in shared:  # each member reads what its query reads, as it declares
+        for ref in names:
+            name, version = ref.split("@v")
+            view = load_view(module_of(name, int(version)))
+            assert (view.stream_topic, view.stream_format, live_trigger_seconds(view)) == (topic, fmt, trigger)
+    assert len({key for key, _names in shared}) == len(shared)  # one query per (topic, format, trigger)
+    fresh = [names for (topic, _fmt, trigger), names in shared if topic == "ad-events" and trigger <= 2]
+    assert len(fresh) == 1 and len(fresh[0]) >= 3, shared  # the fresh views over ad-events share one read

@@ -22,7 +22,9 @@ Between the two, the **engine's floor** (``floor``, skipped with ``--no-floor``)
 read by plain Structured Streaming in a session built like the view host's - per view one query that decodes and
 validates its records in the stream and collects each micro-batch's valid records to the driver, nothing else of
 the platform (no Delta commit, no quarantine, no metrics) - so what a micro-batch costs the engine alone is measured
-in the same run as what it costs a view. A leg runs the baseline's own code: its tree is a git
+in the same run as what it costs a view. With ``--shared-floor`` a second floor leg reads each topic once for
+every view over it (one query per topic and trigger, each micro-batch decoded once and collected once per view):
+what one read of a topic for every view would leave of the engine's cost. A leg runs the baseline's own code: its tree is a git
 worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on ``PYTHONPATH``; this
 file is run as a script there and uses only what both versions have (``kappa.front.stack``, the runner's ports).
 
@@ -256,24 +258,40 @@ def leg(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 
+def floor_queries(refs: list[tuple[str, int]], *, shared: bool) -> list[tuple[tuple[str, str, float], list[str]]]:
+    """The engine floor's queries: ((topic, format, trigger seconds), the view versions it reads for) - one per view
+    version, or with ``shared`` one per topic, format and trigger for every view version that reads it so."""
+    from kappa.control.replay.version import module_of
+    from kappa.runtime.job import live_trigger_seconds
+    from kappa.runtime.view import load_view
+
+    groups: dict[tuple, list[str]] = {}
+    for name, version in refs:
+        view = load_view(module_of(name, version))
+        key = (view.stream_topic, view.stream_format, live_trigger_seconds(view))
+        groups.setdefault(key if shared else (*key, name, version), []).append(f"{name}@v{version}")
+    return [(key[:3], names) for key, names in groups.items()]
+
+
 def floor_leg(args: argparse.Namespace) -> None:
     """The engine's floor, measured like a leg: plain Structured Streaming and nothing of the platform - for each view
     of ``make run`` (and each ``--extra`` version) one query over the same topic with the same trigger, its records
     decoded and validated in the stream as the views do (:func:`kappa.runtime.parsing.decode`), each micro-batch's
     valid records collected to the driver (one Spark job: the least a live view's batch does) - at the same rate, in
     a session built like the view host's. CPU-s per micro-batch = this process tree's CPU / the micro-batches its
-    queries ran."""
+    queries ran for the views.
+
+    ``--shared``: one query per topic (and format and trigger) for every view that reads it, each micro-batch read
+    and decoded once, kept (:func:`kappa.runtime.spark.computed_once`) and collected once per view - the least a
+    single read of a topic feeding every view over it would do; a micro-batch of that query counts once per view."""
     import tempfile
     import threading
 
     from kappa.config import Settings
     from kappa.control.leases import converge_topics
-    from kappa.control.replay.version import module_of
     from kappa.front import stack
     from kappa.runtime.parsing import decode, valid_rows
-    from kappa.runtime.spark import build_spark
-    from kappa.runtime.view import load_view
-    from kappa.runtime.job import live_trigger_seconds
+    from kappa.runtime.spark import build_spark, computed_once
 
     st = Settings.from_env()
     say = lambda line: print(f"  [{args.label}] {line}", flush=True)  # noqa: E731
@@ -285,27 +303,32 @@ def floor_leg(args: argparse.Namespace) -> None:
     counts: dict[str, int] = {}
     lock = threading.Lock()
 
-    def handler(name: str) -> Any:
+    def handler(names: list[str]) -> Any:
         def run(batch: Any, _batch_id: int) -> None:
-            valid_rows(batch).collect()
+            if len(names) == 1:
+                valid_rows(batch).collect()
+            else:  # one read and decode, then one job per view over the rows kept (as a shared read would)
+                with computed_once(valid_rows(batch)) as rows:
+                    for _name in names:
+                        rows.collect()
             with lock:
-                counts[name] = counts.get(name, 0) + 1
+                for name in names:
+                    counts[name] = counts.get(name, 0) + 1
         return run
 
     queries = []
     refs = [*stack.stack_views(st), *_extras(args)]
     try:
-        for name, version in refs:
-            view = load_view(module_of(name, version))
+        for (topic, fmt, trigger), names in floor_queries(refs, shared=args.shared):
             raw = (spark.readStream.format("kafka").options(**st.spark_kafka_options())
-                   .option("subscribe", st.topic(view.stream_topic)).option("startingOffsets", "latest").load())
-            queries.append(decode(raw, view.stream_format).writeStream
-                           .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{name}-"))
-                           .trigger(processingTime=f"{live_trigger_seconds(view)} seconds")
-                           .foreachBatch(handler(f"{name}@v{version}")).start())
+                   .option("subscribe", st.topic(topic)).option("startingOffsets", "latest").load())
+            queries.append(decode(raw, fmt).writeStream
+                           .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{topic}-"))
+                           .trigger(processingTime=f"{trigger} seconds")
+                           .foreachBatch(handler(names)).start())
         producer = stack.start_producer(st, rate=args.rate)  # a child of this process: not counted below
         result["up_seconds"] = time.monotonic() - t0
-        say(f"{len(queries)} queries at {args.rate:g} events/s; warming up {args.warm:g} s")
+        say(f"{len(queries)} queries for {len(refs)} views at {args.rate:g} events/s; warming up {args.warm:g} s")
         time.sleep(args.warm)
         say(f"measuring {args.load:g} s")
         pid = os.getpid()
@@ -319,6 +342,7 @@ def floor_leg(args: argparse.Namespace) -> None:
         after, last, elapsed = usage(), dict(counts), time.monotonic() - started
         batches = sum(last.values()) - sum(first.values())
         cpu = after["cpu_s"] - before["cpu_s"]
+        result["queries"] = len(queries)
         result["load"] = {"seconds": elapsed, "batches": batches, "cores": {"view host": cpu / elapsed},
                           "cores_total": cpu / elapsed, "rss_mb_total": after["rss_mb"],
                           "host_cpu_s_per_batch": cpu / batches if batches else None,
@@ -522,8 +546,10 @@ def _plot_views(results: list[dict[str, Any]], path: Path) -> None:
     axes[0].plot(n, [r["load"]["cores"]["view host"] for r in legs], "o-", color="#37c", label="view host")
     axes[0].plot(n, [r["idle"]["cores"]["view host"] for r in legs], "o--", color="#9bd", label="view host idle")
     for r in floors:
-        axes[0].plot([r["view_versions"]], [r["load"]["cores"]["view host"]], "s", color="#c73",
-                     label="engine floor (Spark alone)")
+        shared = "one read" in r["label"]
+        axes[0].plot([r["view_versions"]], [r["load"]["cores"]["view host"]], "D" if shared else "s",
+                     color="#3a3" if shared else "#c73",
+                     label=f"engine floor (Spark alone{', one read per topic' if shared else ''})")
     axes[0].axhline(2, color="#999", lw=0.8)
     axes[0].set_title("cores at 200 events/s")
     axes[0].set_xlabel("view versions in one host")
@@ -556,7 +582,10 @@ def main() -> None:
     parser.add_argument("--views", default="",
                         help="many views: comma-separated counts of view versions in one host (e.g. 6,12,20), "
                              "one leg of this tree each (no baseline); the engine's floor at the largest")
+    parser.add_argument("--shared-floor", dest="shared_floor", action="store_true",
+                        help="also the engine's floor with one query per topic for every view over it")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
+    parser.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)  # the floor leg: one read per topic
     parser.add_argument("--extra", default="", help=argparse.SUPPRESS)  # a leg's versions beside the declared
     parser.add_argument("--label", default="")
     parser.add_argument("--leg-out", dest="leg_out", default="")
@@ -592,9 +621,13 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
         if counts:  # many views: this tree with more and more view versions in its host, the floor at the most
             legs = [(f"host of {n}", "HEAD", "leg", n) for n in counts]
             legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
+            legs += ([(f"engine floor, {counts[-1]} views, one read per topic", "HEAD", "shared", counts[-1])]
+                     if args.shared_floor else [])
         else:
             legs = ([("baseline", args.baseline, "leg", 0)] if args.baseline else [])
-            legs += ([("engine floor", "HEAD", "floor", 0)] if args.floor else []) + [("this tree", "HEAD", "leg", 0)]
+            legs += ([("engine floor", "HEAD", "floor", 0)] if args.floor else [])
+            legs += ([("engine floor, one read per topic", "HEAD", "shared", 0)] if args.shared_floor else [])
+            legs += [("this tree", "HEAD", "leg", 0)]
         results = []
         for label, ref, kind, count in legs:
             tree, commit = code_tree(root, ref)
@@ -610,12 +643,15 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             if "KAPPA_PLATFORM" in declare:
                 env["KAPPA_PLATFORM"] = declare["KAPPA_PLATFORM"]
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
-            cmd = [sys.executable, str(Path(__file__).resolve()), kind, "--label", label, "--leg-out", str(out),
+            cmd = [sys.executable, str(Path(__file__).resolve()), "floor" if kind == "shared" else kind,
+                   "--label", label, "--leg-out", str(out),
                    "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
                    "--idle", str(args.idle), "--extra", ",".join(f"{v}@v{n}" for v, n in extras)]
             cmd += ["--airflow"] if args.airflow else []
+            cmd += ["--shared"] if kind == "shared" else []
             subprocess.run(cmd, env=env, cwd=tree, check=True)
-            results.append({**json.loads(out.read_text()), "commit": "Spark alone" if kind == "floor" else commit,
+            results.append({**json.loads(out.read_text()),
+                            "commit": "Spark alone" if kind in ("floor", "shared") else commit,
                             "busy_processes": len(busy),
                             "view_versions": len(stack.stack_views(settings)) + len(extras)})
         args.out.mkdir(parents=True, exist_ok=True)
