@@ -208,3 +208,103 @@ def test_the_hourly_upkeep_run_by_the_scheduler_cleans_airflow_history(local_air
             if re.search(r'\[(error|critical)\s*\]|"level": ?"(error|critical)"', line) and
             ("kappa_retire" in line or "dag_id=kappa_retire" in str(path))]
     assert not logs, "\n".join(logs[:10])
+
+
+class _SilentProxy:
+    """A plain HTTP reverse proxy in front of a real Airflow that, once asked to, stops answering for ``silence``
+    seconds: each request meanwhile hangs until the silence ends, then its connection is closed without an answer
+    (the fault: an API server that stops answering - a busy node, its container restarted - which the real Airflow
+    cannot be made to do on cue). Before and after, every request is forwarded as it came."""
+
+    def __init__(self, target: str, silence: float) -> None:
+        import http.server
+        import threading
+
+        import urllib3
+
+        self.target, self.silence = target, silence
+        self.quiet_until = 0.0
+        self.dropped = 0
+        http_pool = urllib3.PoolManager()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                wait = proxy.quiet_until - time.monotonic()
+                if wait > 0:
+                    proxy.dropped += 1
+                    time.sleep(wait)
+                    self.close_connection = True
+                    return
+                resp = http_pool.request(self.command, proxy.target + self.path, body=body or None,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+                                         redirect=False, preload_content=True)
+                self.send_response(resp.status)
+                for key, value in resp.headers.items():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(resp.data)))
+                self.end_headers()
+                self.wfile.write(resp.data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def go_quiet(self) -> None:
+        self.quiet_until = time.monotonic() + self.silence
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+@pytest.mark.timeout(900)
+def test_wait_outlasts_an_api_server_that_stops_answering_for_a_while(local_airflow: Path) -> None:
+    """`kappa airflow trigger ... --wait` as the docs run it against the chart's Airflow through a port-forward: the
+    API server stopped answering for more than its 30 s read timeout right after the trigger (a busy node; seen
+    in the cluster smoke), and `--wait` failed at its first silent poll although the run went on. Now it polls
+    again until Airflow answers, says so, and reports the run's end: exit 0, the run's success line."""
+    import threading
+
+    from kappa.config import Settings
+    from kappa.front.stack import airflow_password, airflow_url
+
+    settings = Settings.from_env()
+    proxy = _SilentProxy(airflow_url(settings), silence=45)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kappa.front.cli", "airflow", "trigger", "kappa_retire", "--url", proxy.url,
+             "--conf", json.dumps({"dry_run": True}), "--wait", "--timeout", "600"],
+            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                 "KAPPA_AIRFLOW_PASSWORD": airflow_password(settings)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
+
+        def read() -> None:
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("kappa_retire: run "):
+                    proxy.go_quiet()  # the run exists: the API server falls silent under the waiting command
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        proc.wait(timeout=700)
+        reader.join(timeout=10)
+        out, err = "".join(lines), proc.stderr.read()
+    finally:
+        proxy.close()
+    assert proxy.dropped >= 1, out + err  # the fault happened: a poll met the silence
+    assert proc.returncode == 0, out + err
+    assert "Airflow is not answering (" in out and "the run goes on in Airflow" in out, out
+    assert re.search(r"^Airflow answers again \(silent for \d+ s\)$", out, re.M), out
+    assert re.search(r"^success ", out, re.M), out
+    assert "Traceback" not in out + err, out + err

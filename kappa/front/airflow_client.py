@@ -15,7 +15,7 @@ library lacks is kept here, and only that:
 - one-line errors: the library raises ``ApiException`` subclasses (status, reason, JSON body) for answers and
   urllib3's ``MaxRetryError`` when nothing answers; both become :class:`AirflowError` with Airflow's detail;
 - the polling loop of ``--wait`` (the library's ``wait_dag_run_until_finished`` is an experimental stream without
-  the task states the CLI prints);
+  the task states the CLI prints), which outlasts an API server that stops answering for a while;
 - why a run failed: the one-line reason each failed task of the platform's DAGs records in its XCom
   ``kappa_failure`` (:mod:`kappa.front.airflow_tasks`), read back by :meth:`AirflowAPI.failure_reasons`.
 """
@@ -43,6 +43,9 @@ FINISHED = frozenset({"success", "failed"})
 _WAITING = frozenset({"running", "up_for_reschedule", "queued", "scheduled"})
 #: Task instances listed per request (a platform DAG has about ten tasks).
 _TASKS_PAGE = 100
+#: Seconds in a row ``--wait`` keeps polling an Airflow that stopped answering: the chart's API server container is
+#: restarted after 5 missed liveness checks 30 s apart and takes 1-2 minutes to start again on 2 busy cores.
+UNREACHABLE_PATIENCE = 600.0
 
 T = TypeVar("T")
 
@@ -203,19 +206,45 @@ class AirflowAPI:
         return self._lines(state, waiting if tasks is None else tasks, PROGRESS_XCOM_KEY)
 
     def wait(self, dag_id: str, run_id: str, *, timeout: float = 3600.0, poll: float = 5.0,
-             on_change: Callable[[RunState], None] | None = None) -> RunState:
+             on_change: Callable[[RunState], None] | None = None, patience: float = UNREACHABLE_PATIENCE,
+             on_silence: Callable[[str], None] | None = None) -> RunState:
         """Poll until the run has finished (success or failed); ``on_change`` sees every new state, with the
-        progress lines of its waiting tasks (:meth:`progress`)."""
+        progress lines of its waiting tasks (:meth:`progress`).
+
+        The run goes on in Airflow whatever this poller meets: an API server that stops answering for a while (a
+        busy node, its container restarted by its liveness probe) is polled again until it answers, for up to
+        ``patience`` seconds in a row; ``on_silence`` gets one line when it stops answering and one when it answers
+        again. Past ``patience`` the unreachable error is raised, saying the run goes on."""
         deadline = time.monotonic() + timeout
         last: RunState | None = None
         ended: dict[str, str] = {}  # the last line of each task that succeeded, read once
         asked: set[str] = set()
+        silent_since: float | None = None
         while True:
-            current = self.state(dag_id, run_id)
-            done = [t for t, st in current.tasks.items() if st == "success" and t not in asked]
-            asked.update(done)
-            ended.update(self.progress(current, done))
-            current = replace(current, progress={**ended, **self.progress(current)})
+            try:
+                current = self.state(dag_id, run_id)
+                done = [t for t, st in current.tasks.items() if st == "success" and t not in asked]
+                ended.update(self.progress(current, done))
+                asked.update(done)
+                current = replace(current, progress={**ended, **self.progress(current)})
+            except AirflowError as exc:
+                if exc.status is not None:  # Airflow answered, and refused: nothing to wait for
+                    raise
+                now = time.monotonic()
+                if silent_since is None:
+                    silent_since = now
+                    if on_silence is not None:
+                        on_silence(f"Airflow is not answering ({exc}); polling again for up to {patience:.0f} s - "
+                                   "the run goes on in Airflow meanwhile")
+                if now - silent_since > patience or now > deadline:
+                    raise AirflowError(f"{exc}; for {now - silent_since:.0f} s in a row - the run goes on in "
+                                       f"Airflow: see {self.run_url(dag_id, run_id)}") from None
+                time.sleep(poll)
+                continue
+            if silent_since is not None:
+                if on_silence is not None:
+                    on_silence(f"Airflow answers again (silent for {time.monotonic() - silent_since:.0f} s)")
+                silent_since = None
             if on_change is not None and current != last:
                 on_change(current)
             last = current

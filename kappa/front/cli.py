@@ -1102,7 +1102,8 @@ def airflow_trigger(
                 shown["progress"][task] = line
                 console.print(f"         {task}: {line}", highlight=False, markup=False, soft_wrap=True)
 
-    final = api.wait(dag, run_id, timeout=timeout, on_change=show)
+    final = api.wait(dag, run_id, timeout=timeout, on_change=show,
+                     on_silence=_say)
     if final.state != "success":
         failed = [t for t, st in final.tasks.items() if st in ("failed", "upstream_failed")]
         reasons = api.failure_reasons(final)  # what the failed tasks recorded: the reason, not only the task name
