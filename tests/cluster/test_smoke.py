@@ -176,6 +176,17 @@ class Cluster:
         sched = self.kubectl("logs", "-n", NS, "deploy/kappa-airflow-scheduler", "-c", "scheduler", "--tail=60",
                              check=False)
         parts.append(f"--- scheduler\n{sched.stdout[-4000:]}")
+        # a restarted scheduler's previous container says why it stopped; the API server's slow requests, why a
+        # client timed out (its access log has each request's duration)
+        before = self.kubectl("logs", "-n", NS, "deploy/kappa-airflow-scheduler", "-c", "scheduler", "--previous",
+                              "--tail=40", check=False)
+        if before.returncode == 0:
+            parts.append(f"--- scheduler, previous container\n{before.stdout[-3000:]}")
+        api = self.kubectl("logs", "-n", NS, "deploy/kappa-airflow-api-server", "-c", "api-server", "--tail=400",
+                           check=False)
+        slow = [line for line in api.stdout.splitlines()
+                if (m := re.search(r"duration_us=(\d+)", line)) and int(m.group(1)) > 5_000_000]
+        parts.append("--- API server, requests slower than 5 s\n" + "\n".join(slow[-20:]))
         return "\n".join(parts)
 
 
