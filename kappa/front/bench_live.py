@@ -24,9 +24,10 @@ validates its records in the stream and collects each micro-batch's valid record
 the platform (no Delta commit, no quarantine, no metrics) - so what a micro-batch costs the engine alone is measured
 in the same run as what it costs a view. With ``--shared-floor`` a second floor leg reads each topic once for
 every view over it (one query per topic and trigger, each micro-batch decoded once and collected once per view):
-what one read of a topic for every view would leave of the engine's cost. A leg runs the baseline's own code: its tree is a git
-worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on ``PYTHONPATH``; this
-file is run as a script there and uses only what both versions have (``kappa.front.stack``, the runner's ports).
+what one read of a topic for every view would leave of the engine's cost. A leg runs the baseline's own code: its
+tree is a git worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on
+``PYTHONPATH``; this file is run as a script there and uses only what both versions have (``kappa.front.stack``,
+the runner's ports).
 
 **Many views** (``--views 6,12,20``): one leg of the working tree per count of view versions in the one view host -
 the declared views, then their other declared versions, then copies of the views over ``ad-events``
