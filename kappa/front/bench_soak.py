@@ -67,6 +67,11 @@ def table_stats(path: Path) -> dict[str, int]:
     return out
 
 
+def disk_files(stats: dict[str, int]) -> int:
+    """The files of :func:`table_stats` on disk: data, change feed, commits and checkpoints."""
+    return sum(stats.get(k, 0) for k in ("data", "cdc", "commits", "checkpoints"))
+
+
 def active_files(path: Path) -> int:
     """Data files the table's current version references (what a reader lists); 0 without a table."""
     from deltalake import DeltaTable
@@ -103,8 +108,7 @@ def summarize(samples: list[dict[str, Any]], upkeep_seconds: float) -> dict[str,
             return (sample["tables"].get(name) or {}).get("active", 0)
 
         def on_disk(sample: dict[str, Any]) -> int:  # what the disk holds (VACUUM keeps 7 days of removed files)
-            st = sample["tables"].get(name) or {}
-            return sum(st.get(k, 0) for k in ("data", "cdc", "commits", "checkpoints"))
+            return disk_files(sample["tables"].get(name) or {})
 
         f0, f1 = files(start), files(last)
         grow = (f1 - f0) / max(last["t"] - start["t"], 1.0)  # files per second between the two
@@ -129,6 +133,7 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
     from kappa.front.stack import stack_views
     from kappa.identity import ViewPaths
     from kappa.process import Daemon
+    from kappa.runtime.deltars import local_path
     from kappa.runtime.host import host_pid
     from kappa.front.bench_live import _tree_usage
     from kappa.verify.stagecache import folder_bytes
@@ -138,9 +143,9 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
     alias = ServingAlias(st.lake_uri)
     for view, _version in stack_views(st):
         target = alias.target(view)
-        table = Path(target.table_path.removeprefix("file:"))
+        table = Path(local_path(target.table_path))
         sample["tables"][view] = table_stats(table)
-        checkpoint = Path(ViewPaths(st.lake_uri, view, target.version).checkpoint.removeprefix("file:"))
+        checkpoint = Path(local_path(ViewPaths(st.lake_uri, view, target.version).checkpoint))
         sample["checkpoint_bytes"][view] = folder_bytes(checkpoint)
         sample["state_bytes"][view] = folder_bytes(checkpoint / "state")
         # the change feed from the version sampled --changes-minutes ago (or at the first sample)
@@ -156,7 +161,7 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
             except QueryError:  # a view with no table yet, or a feed not kept: no figure
                 continue
             sample[key][view] = round(time.monotonic() - began, 3)
-    sample["tables"]["quarantine"] = table_stats(Path(st.lake_uri.removeprefix("file:")) / "quarantine")
+    sample["tables"]["quarantine"] = table_stats(Path(local_path(st.lake_uri)) / "quarantine")
     for part, pid in (("view host", host_pid(st)), ("producer", Daemon("producer", st).pid()),
                       ("supervisor", Daemon("supervisor", st).pid())):
         sample["rss_mb"][part] = round(_tree_usage(pid)["rss_mb"], 1)
@@ -180,8 +185,7 @@ def leg(label: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, 
         while (t := time.monotonic() - t0) < args.minutes * 60:
             samples.append(_sample(st, t, samples, args.changes_minutes * 60))
             s = samples[-1]
-            files = {v: f"{x['active']}/{sum(x[k] for k in ('data', 'cdc', 'commits', 'checkpoints'))}"
-                     for v, x in s["tables"].items()}
+            files = {v: f"{x['active']}/{disk_files(x)}" for v, x in s["tables"].items()}
             say(f"{t / 60:5.1f} min: files read/on disk {files}; RSS {s['rss_mb_total']:,.0f} MiB")
             time.sleep(max(0.0, args.sample_seconds - (time.monotonic() - t0 - t)))
     finally:
