@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FakeRunner", "Walk", "committed_batches", "delta_log", "delta_txns", "processes_mentioning", "read_table",
-           "recorded_batches", "run_to_end"]
+__all__ = ["FakeRunner", "Walk", "committed_batches", "delta_log", "delta_txns", "finish", "processes_mentioning",
+           "read_table", "recorded_batches", "run_to_end"]
 
 
 def processes_mentioning(path: Path) -> list[str]:
@@ -100,10 +100,22 @@ def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = No
                   max_offsets_per_trigger=batch)
     job.start()
     try:
-        assert job.await_termination(600), f"{module} did not finish"
-        assert job.failure() is None, job.failure()
+        finish(job, what=module)
     finally:
         job.stop()
+
+
+def finish(job: Any, timeout: float = 420.0, what: str = "the run") -> None:
+    """Wait for a bounded run to end without a failure. A run still going after ``timeout`` (kept below the
+    per-test ceiling, so the caller's ``job.stop()`` still runs and the shared Spark session stays usable) fails
+    with where each query stood: its status and its last progress."""
+    if not job.await_termination(timeout):
+        def stood(query: Any) -> str:
+            last = query.lastProgress or {}
+            return (f"{query.name}: {query.status.get('message')}, last batch {last.get('batchId')} at "
+                    f"{last.get('timestamp')} ({last.get('numInputRows')} rows)")
+        raise AssertionError(f"{what} did not finish in {timeout:.0f} s; " + "; ".join(map(stood, job.queries)))
+    assert job.failure() is None, job.failure()
 
 
 class FakeRunner:

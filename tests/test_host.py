@@ -34,6 +34,18 @@ def _wait(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _spark_jvms(pid: int) -> list[psutil.Process]:
+    """The Spark JVMs under a process; a child that exits while it is looked at (a short-lived helper) is skipped."""
+    jvms = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "java" in child.name() and "SparkSubmit" in " ".join(child.cmdline()):
+                jvms.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return jvms
+
+
 def test_host_runs_views_in_one_jvm_restarts_a_failing_query_alone_and_stops_one_alone(
         spark, kafka, declared_topics, lake, monkeypatch):
     """Two views in one host JVM. A real storage fault (events_raw's Delta log replaced by a file, the one fake
@@ -62,8 +74,7 @@ def test_host_runs_views_in_one_jvm_restarts_a_failing_query_alone_and_stops_one
         assert pid is not None
         _wait(lambda: _rows(spark, lake, "events_raw") == first.kinds["valid"], 300, "events_raw's first load")
         _wait(lambda: _rows(spark, lake, "campaign_window_counts") > 0, 300, "campaign_window_counts rows")
-        jvms = [p for p in psutil.Process(pid).children(recursive=True)
-                if "java" in p.name() and "SparkSubmit" in " ".join(p.cmdline())]
+        jvms = _spark_jvms(pid)
         assert len(jvms) == 1, f"expected one Spark JVM for both views, found {len(jvms)}"
         # the host's stateful query started with one state store (shuffle partition), kept in its checkpoint
         first_batch = Path(ViewPaths(lake.lake_uri, "campaign_window_counts", 1).checkpoint) / "main" / "offsets" / "0"

@@ -24,7 +24,7 @@ from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
 from kappa.runtime.view import load_view
-from tests.helpers import committed_batches, delta_txns, recorded_batches, run_to_end
+from tests.helpers import committed_batches, delta_txns, finish, recorded_batches, run_to_end
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -194,8 +194,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
         job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True)
         job.start()
         try:
-            assert job.await_termination(600), "the run did not finish"
-            assert job.failure() is None, job.failure()
+            finish(job)
             progress = job.queries[0].recentProgress
             # each record computed once (the first run's batch is kept for its jobs, the next ones' are collected
             # in one pass): a batch computed again would count its records - and its late rows - twice
@@ -264,8 +263,7 @@ def test_hopping_dedupe_view_equals_the_oracle_with_injected_duplicates(spark, k
         job = ViewJob(view, lake, spark=spark, starting="earliest", available_now=True, max_offsets_per_trigger=300)
         job.start()
         try:
-            assert job.await_termination(600), "the run did not finish"
-            assert job.failure() is None, job.failure()
+            finish(job)
         finally:
             job.stop()
 
