@@ -90,9 +90,10 @@ def recorded_batches(settings: Any, view: str, version: int) -> list[Any]:
     return lineage.batches_from_history(history, app)
 
 
-def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = None) -> None:
+def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = None, timeout: float = 600.0) -> None:
     """Run a view version module's real job in this process's Spark session, from its checkpoint (earliest for a
-    new one) to the end of the log, then stop it; ``batch``: records per micro-batch."""
+    new one) to the end of the log, then stop it; ``batch``: records per micro-batch; ``timeout``: see
+    :func:`finish` (the long tests' drains after their kills use the whole 600 s)."""
     from kappa.runtime.job import ViewJob
     from kappa.runtime.view import load_view
 
@@ -100,7 +101,7 @@ def run_to_end(spark: Any, settings: Any, module: str, *, batch: int | None = No
                   max_offsets_per_trigger=batch)
     job.start()
     try:
-        finish(job, what=module)
+        finish(job, timeout, what=module)
     finally:
         job.stop()
 
