@@ -8,7 +8,7 @@ KAPPA := bin/kappa
 # folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-verify bench-lake bench-soak clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-ceiling bench-verify bench-lake bench-soak clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
 
 help: ## list targets
@@ -53,6 +53,9 @@ bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON 
 
 bench-live: setup ## benchmark: what live views cost - make run's view host, CPU-s per micro-batch idle and at 200 events/s, beside fc054fe; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_live
+
+bench-ceiling: setup ## benchmark: the live ceiling - the highest rate at which campaign_window_counts keeps p99 <= 5 s for 5 minutes, beside the peer; JSON + PNG in reports/
+	@$(PY) -m kappa.front.bench_ceiling
 
 bench-soak: setup ## benchmark: day two compressed - the stack's tables, queries and memory over an hour with its upkeep every 5 min, beside an hour without; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_soak
