@@ -71,7 +71,8 @@ def peer_python(repo_root: Path) -> Path:
 
 
 def ensure_peer_venv(repo_root: Path, *, timeout: float = 900.0) -> Path:
-    """Create/refresh ``.cache/peer-venv`` from ``infra/local/requirements-peer.lock`` if needed; return its interpreter.
+    """Create/refresh ``.cache/peer-venv`` from ``infra/local/requirements-peer.lock`` if needed; return its
+    interpreter.
 
     Idempotent and cheap once done: a stamp file holds the hash of the lock the venv was installed from.
     Concurrent callers serialize on a file lock.

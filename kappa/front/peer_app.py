@@ -1,9 +1,10 @@
 """The benchmark peer's worker: the YSB windowed count as a Quix Streams application writing a Delta table.
 
-Runs **only** in the peer's own interpreter (``.cache/peer-venv``, see :mod:`kappa.front.peer`): Quix Streams 3.28.1 needs
-``confluent-kafka<2.13`` while the platform pins 2.16.1, so the two cannot share a venv. It imports nothing from the
-platform (no Spark, no ``kappa.runtime.parsing``); :func:`kappa.front.peer.run_peer` starts it as ``python -m kappa.front.peer_app`` with
-a JSON job description on stdin and reads one ``PEER_RESULT {...}`` line from its stdout (logs go to stderr).
+Runs **only** in the peer's own interpreter (``.cache/peer-venv``, see :mod:`kappa.front.peer`): Quix Streams 3.28.1
+needs ``confluent-kafka<2.13`` while the platform pins 2.16.1, so the two cannot share a venv. It imports nothing from
+the platform (no Spark, no ``kappa.runtime.parsing``); :func:`kappa.front.peer.run_peer` starts it as
+``python -m kappa.front.peer_app`` with a JSON job description on stdin and reads one ``PEER_RESULT {...}`` line from
+its stdout (logs go to stderr).
 
 The pipeline is what a Quix user writes for ``jobs/campaign_window_counts/v1.py``:
 
@@ -133,7 +134,8 @@ class CompiledValidator:
 
     ``jsonschema.Draft202012Validator`` costs ~0.3 ms per ad event in pure Python (it walks the schema with a
     fresh sub-validator per keyword), several times the rest of the per-record work. This one precompiles the same
-    rules into one function per property -- the way ``kappa.runtime.parsing`` derives its Spark checks from the schema --
+    rules into one function per property -- the way ``kappa.runtime.parsing`` derives its Spark checks from the
+    schema --
     and accepts exactly the same instances (``tests/test_peer.py`` checks it against jsonschema). It fails closed:
     a schema using any other keyword raises ``NotImplementedError`` at construction, and the caller falls back to
     jsonschema. Quix's ``JSONDeserializer(validator=...)`` takes it like a jsonschema validator.
