@@ -291,6 +291,7 @@ def floor_leg(args: argparse.Namespace) -> None:
     from kappa.config import Settings
     from kappa.control.leases import converge_topics
     from kappa.front import stack
+    from kappa.log.topics import partition_offsets
     from kappa.runtime.parsing import decode, valid_rows
     from kappa.runtime.spark import build_spark, computed_once
 
@@ -318,9 +319,22 @@ def floor_leg(args: argparse.Namespace) -> None:
         return run
 
     queries = []
+    read: list[tuple[str, list[str]]] = []  # each query's topic and the views it reads for
     refs = [*stack.stack_views(st), *_extras(args)]
+
+    def behind(query: Any, topic: str) -> int | None:
+        """Records of ``topic`` past the offsets the query's last finished micro-batch read up to."""
+        progress = query.lastProgress
+        if not progress:
+            return None
+        end = progress["sources"][0]["endOffset"]
+        done = json.loads(end) if isinstance(end, str) else end
+        done = {int(p): int(o) for p, o in (done or {}).get(st.topic(topic), {}).items()}
+        return sum(max(0, high - done.get(p, low)) for p, (low, high) in partition_offsets(st, st.topic(topic)).items())
+
     try:
         for (topic, fmt, trigger), names in floor_queries(refs, shared=args.shared):
+            read.append((topic, names))
             raw = (spark.readStream.format("kafka").options(**st.spark_kafka_options())
                    .option("subscribe", st.topic(topic)).option("startingOffsets", "latest").load())
             queries.append(decode(raw, fmt).writeStream
@@ -339,16 +353,29 @@ def floor_leg(args: argparse.Namespace) -> None:
             return {key: mine[key] - theirs[key] for key in mine}
 
         before, first, started = usage(), dict(counts), time.monotonic()
-        time.sleep(args.load)
+        lags: dict[str, list[int]] = {}
+        while time.monotonic() - started < args.load:  # the lag, as the legs read it: every 2 s
+            time.sleep(2)
+            for query, (topic, names) in zip(queries, read):
+                late = behind(query, topic)
+                for name in names if late is not None else ():
+                    lags.setdefault(name, []).append(late)
         after, last, elapsed = usage(), dict(counts), time.monotonic() - started
         batches = sum(last.values()) - sum(first.values())
         cpu = after["cpu_s"] - before["cpu_s"]
+        topic_of = {name: topic for topic, names in read for name in names}
+        declared = set(stack.stack_views(st))
         result["queries"] = len(queries)
         result["load"] = {"seconds": elapsed, "batches": batches, "cores": {"view host": cpu / elapsed},
                           "cores_total": cpu / elapsed, "rss_mb_total": after["rss_mb"],
                           "host_cpu_s_per_batch": cpu / batches if batches else None,
-                          "views": {ref: {"batches": last.get(ref, 0) - first.get(ref, 0)}
-                                    for ref in (f"{name}@v{version}" for name, version in refs)},
+                          # labelled as the legs label them: a declared view by its name
+                          "views": {(name if (name, version) in declared else ref): {
+                              "batches": last.get(ref, 0) - first.get(ref, 0),
+                              "lag_records_max": max(lags.get(ref) or [0]),
+                              "lag_seconds_max": (max(lags.get(ref) or [0]) / args.rate
+                                                  if topic_of.get(ref) == "ad-events" else None)}
+                              for name, version, ref in ((n, v, f"{n}@v{v}") for n, v in refs)},
                           "load_avg": os.getloadavg()}
     finally:
         stack.stop_producer(st)
