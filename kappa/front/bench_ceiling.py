@@ -142,10 +142,11 @@ class Producer:
 
 # ------------------------------------------------------------------------------------------------ one point
 def _behind(settings: Any, topic: str, read: Callable[[], dict[int, int]]) -> int:
-    """Records of ``topic`` beyond what ``read()`` says the system committed."""
-    from kappa.log.topics import partition_offsets
+    """Records of ``topic`` beyond what ``read()`` says the system committed (the log's end asked through the
+    process' one AdminClient: a new client per question would cost the measured process a connection a second)."""
+    from kappa.log.topics import recent_partition_offsets
 
-    ends = partition_offsets(settings, topic)
+    ends = recent_partition_offsets(settings, topic, max_age=0)
     done = read()
     return sum(max(0, high - done.get(p, low)) for p, (low, high) in ends.items())
 

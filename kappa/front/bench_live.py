@@ -291,7 +291,7 @@ def floor_leg(args: argparse.Namespace) -> None:
     from kappa.config import Settings
     from kappa.control.leases import converge_topics
     from kappa.front import stack
-    from kappa.log.topics import partition_offsets
+    from kappa.log.topics import recent_partition_offsets
     from kappa.runtime.parsing import decode, valid_rows
     from kappa.runtime.spark import build_spark, computed_once
 
@@ -330,7 +330,8 @@ def floor_leg(args: argparse.Namespace) -> None:
         end = progress["sources"][0]["endOffset"]
         done = json.loads(end) if isinstance(end, str) else end
         done = {int(p): int(o) for p, o in (done or {}).get(st.topic(topic), {}).items()}
-        return sum(max(0, high - done.get(p, low)) for p, (low, high) in partition_offsets(st, st.topic(topic)).items())
+        ends = recent_partition_offsets(st, st.topic(topic), max_age=0)  # one AdminClient for the process
+        return sum(max(0, high - done.get(p, low)) for p, (low, high) in ends.items())
 
     try:
         for (topic, fmt, trigger), names in floor_queries(refs, shared=args.shared):
