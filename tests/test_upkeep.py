@@ -5,8 +5,8 @@ seconds - ``events_raw`` (appends: a small file per micro-batch, which OPTIMIZE 
 ``campaign_window_counts`` v1 (MERGE: each micro-batch replaces the files it touches, and the view publishes its
 final windows). Nothing fails; each table equals an independent computation over the raw Kafka records; the
 append view's files are compacted; VACUUM removes the replaced files once they are past the table's retention
-(set to zero once the views stopped); compaction commits are no change to the change feed (no window published twice); and each
-view's partition of the shared quarantine is compacted too, every bad record in it once.
+(set to zero once the views stopped); compaction commits are no change to the change feed (no window published
+twice); and each view's partition of the shared quarantine is compacted too, every bad record in it once.
 """
 
 from __future__ import annotations

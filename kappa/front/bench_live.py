@@ -56,12 +56,13 @@ BASELINE = "fc054fe"
 
 # ------------------------------------------------------------------------------------------------ one leg
 def _tree_usage(pid: int | None) -> dict[str, float]:
-    """RSS (MiB) and CPU seconds so far of a process and its descendants."""
+    """RSS (MiB) and CPU seconds so far of a process and its descendants, and the CPU seconds of its JVMs
+    (the view host's Spark driver) among them."""
     import psutil
 
-    rss = cpu = 0.0
+    rss = cpu = jvm = 0.0
     if pid is None:
-        return {"rss_mb": 0.0, "cpu_s": 0.0}
+        return {"rss_mb": 0.0, "cpu_s": 0.0, "jvm_cpu_s": 0.0}
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
@@ -70,10 +71,12 @@ def _tree_usage(pid: int | None) -> dict[str, float]:
         try:
             rss += proc.memory_info().rss / 2**20
             times = proc.cpu_times()
-            cpu += times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
+            used = times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
+            cpu += used
+            jvm += used if proc.name() == "java" else 0.0
         except psutil.Error:
             continue
-    return {"rss_mb": rss, "cpu_s": cpu}
+    return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm}
 
 
 def _scrape(port: int) -> dict[str, Any] | None:
@@ -161,6 +164,7 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
                 "batch_mean_s": (b["batch_seconds"] - a["batch_seconds"]) / timed if timed else None,
                 "latency_p50_s": _quantile(window, 0.5), "latency_p99_s": _quantile(window, 0.99)})
     cpu = {name: after[name]["cpu_s"] - before[name]["cpu_s"] for name in parts}
+    jvm = after.get("view host", {}).get("jvm_cpu_s", 0.0) - before.get("view host", {}).get("jvm_cpu_s", 0.0)
     batches = sum(v.get("batches") or 0.0 for v in views.values())
     return {"seconds": elapsed, "views": views, "batches": batches,
             "cores": {name: c / elapsed for name, c in cpu.items()},
@@ -169,6 +173,8 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
             "rss_mb_total": sum(after[name]["rss_mb"] for name in parts),
             "host_cpu_s": cpu.get("view host", 0.0),
             "host_cpu_s_per_batch": cpu.get("view host", 0.0) / batches if batches else None,
+            # the view host's CPU in its JVM (Spark) against its Python process (the jobs' batch code, metrics)
+            "host_jvm_share": jvm / cpu["view host"] if cpu.get("view host") else None,
             "load_avg": os.getloadavg()}
 
 
@@ -475,6 +481,7 @@ def _print(results: list[dict[str, Any]]) -> None:
     row("load: CPU-s per micro-batch (checkpoint commits)", lambda r: r["load"]["host_cpu_s_per_batch"])
     row("load: micro-batches / s (all views)", lambda r: r["load"]["batches"] / r["load"]["seconds"], "{:.2f}")
     row("load: view host cores", lambda r: r["load"]["cores"]["view host"], "{:.2f}")
+    row("load: share of it in the JVM", lambda r: r["load"].get("host_jvm_share"), "{:.0%}")
     row("load: cores of all it started", lambda r: r["load"]["cores_total"], "{:.2f}")
     row("load: RSS of all it started (MiB)", lambda r: r["load"]["rss_mb_total"], "{:,.0f}")
     for view in results[-1]["load"]["views"]:
