@@ -152,7 +152,10 @@ class ReadTracker:
             return set(self.tracker.getJobIdsForGroup(self.group))
         from pyspark import SparkContext
 
-        text = SparkContext._jvm.java.util.Arrays.toString(jtracker.getJobIdsForGroup(self.group))
+        from kappa.runtime.spark import jvm_class
+
+        arrays = jvm_class(SparkContext._jvm, "java.util.Arrays")
+        text = arrays.toString(jtracker.getJobIdsForGroup(self.group))
         return {int(i) for i in text.strip("[]").split(",") if i.strip()}
 
     def _read_stage(self, jobs: set[int]) -> int | None:

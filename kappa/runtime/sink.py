@@ -142,9 +142,12 @@ def enable_change_feed(spark: "SparkSession", path: str) -> bool:
 
 def txn_version(spark: "SparkSession", path: str, app_id: str) -> int | None:
     """Last ``txnVersion`` Delta recorded for ``app_id`` in the table (None if never)."""
+    from kappa.runtime.spark import jvm_class
+
     jvm = spark.sparkContext._jvm  # the Delta Scala API has no Python wrapper for SetTransaction lookups
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    opt = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions().get(app_id)
+    log = jvm_class(jvm, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, path)
+    none = jvm_class(jvm, "scala.Option").empty()
+    opt = log.update(False, none, none).transactions().get(app_id)
     return None if opt.isEmpty() else int(opt.get())
 
 
