@@ -34,12 +34,18 @@ case "$TARGET" in
         need=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns "kube-router-${KUBE_ROUTER_VERSION}" "$PAUSE") ;;
     *) echo "k8s-build: error: usage: infra/k8s/build.sh [control-plane|node]" >&2; exit 1 ;;
 esac
-missing=()
-for b in "${need[@]}"; do [[ -e "$BIN/$b" ]] || missing+=("$b"); done
+find_missing() { missing=(); for b in "${need[@]}"; do [[ -e "$BIN/$b" ]] || missing+=("$b"); done; }
+find_missing
 # KAPPA_K8S_NO_BUILD=1: only the folder, whatever it holds (stopping a node must never start a build)
 if [[ ${#missing[@]} -eq 0 || "${KAPPA_K8S_NO_BUILD:-}" == 1 ]]; then echo "$BIN"; exit 0; fi
 command -v go >/dev/null || { echo "k8s-build: error: go not found on PATH" >&2; exit 1; }
 mkdir -p "$BIN"
+# one build per folder at a time: every clone on the machine shares it (make test beside make test-smoke, two
+# checkouts), and two builds would write the same files; the one that waited builds only what is still missing
+exec 9>"$BIN/.build.lock"
+if ! flock -n 9; then log "another build into $BIN is running: waiting for it"; flock 9; fi
+find_missing
+if [[ ${#missing[@]} -eq 0 ]]; then echo "$BIN"; exit 0; fi
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 export GOFLAGS="-mod=mod" CGO_ENABLED=0
 started=$SECONDS

@@ -175,3 +175,39 @@ esac
     res = subprocess.run(["bash", str(h.ROOT / "infra" / "verify-offline.sh"), "--tools"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=h.ROOT, timeout=120)
     assert res.returncode != 0 and "module lookup disabled" in res.stderr and "cannot download helm" in res.stderr
+
+
+def test_k8s_build_waits_for_another_build_of_the_same_folder(tmp_path) -> None:
+    """Every clone on the machine shares ``~/.cache/kappa/k8s`` (``make test`` beside ``make test-smoke``, two
+    checkouts): a second ``infra/k8s/build.sh`` waits for the build that holds the folder, then builds only what is
+    still missing - here nothing, so it never calls ``go``. The first build is stood in for by this test holding
+    the folder's lock and writing the last binary before letting go; ``go`` is a stand-in that records a call."""
+    import fcntl
+    import os
+    import subprocess
+    import time
+
+    v = h.versions()
+    cache = tmp_path / "cache"
+    bin_dir = cache / "k8s" / f"{v['K8S_VERSION']}-etcd{v['ETCD_VERSION']}-kwok{v['KWOK_VERSION']}" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwok-stages.yaml"):
+        (bin_dir / name).write_text("built\n")
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    calls = tmp_path / "go-calls"
+    (fake / "go").write_text(f"#!/bin/bash\necho \"$*\" >> {calls}\nexit 7\n")
+    (fake / "go").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "KAPPA_TOOLS_CACHE": str(cache)}
+    with open(bin_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second = subprocess.Popen(["bash", str(h.ROOT / "infra" / "k8s" / "build.sh")], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env, cwd=h.ROOT)
+        time.sleep(2)
+        assert second.poll() is None, "the second build did not wait for the folder's lock"
+        (bin_dir / "kubectl").write_text("built\n")  # what the first build left
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert out.strip() == str(bin_dir)
+    assert "waiting for it" in err
+    assert not calls.exists(), f"the second build built again: {calls.read_text()}"
