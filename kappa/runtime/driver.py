@@ -91,11 +91,12 @@ class JobSpec:
 
 
 #: Heap of a view host's driver JVM (``make run``'s host, the chart's grouped driver). Its live set is a few hundred
-#: MiB (six views: ~300 MiB after a full collection at 200 events/s: Spark's status store, the views' plans and
-#: generated code, Delta's snapshots); the parallel collector grows the heap toward its maximum to keep its own
-#: time under 1 %, so the maximum is what the process holds: 2g made the JVM 1.85 GiB resident (1.4 GiB of heap
-#: committed, docs/performance.md "What a view host's memory is").
+#: MiB (six views at 200 events/s: ~300 MiB after a full collection); the parallel collector grows the heap toward
+#: its maximum to keep its own time under 1 %, so the maximum is what the process holds: 2g made the JVM 1.85 GiB
+#: resident (1.4 GiB of heap committed); 1g used 400-570 MiB less at the same CPU per micro-batch
+#: (docs/performance.md, "a view host's memory is its heap's maximum").
 HOST_DRIVER_MEMORY = "1g"
+
 
 def host_command() -> list[str]:
     """The command line of a view host that runs what the local runner asks for."""
