@@ -31,7 +31,7 @@ def test_control_plane_serves_the_pinned_version_with_fake_nodes(cluster: Cluste
 
 EXAMPLES = {
     # example: (value changed by the upgrade, the Deployment it changes, the text that shows it in the container)
-    "local": ("viewJobs.groupedDriverMemory=1g", "kappa-views", "1g"),
+    "local": ("viewJobs.groupedDriverMemory=1536m", "kappa-views", "1536m"),
     "production": ("viewJobs.resources.limits.memory=5Gi", "kappa-view-campaign-window-counts-v1", "5Gi"),
     "external-kafka": ("viewJobs.resources.limits.memory=7Gi", "kappa-view-events-raw-v1", "7Gi"),
 }
