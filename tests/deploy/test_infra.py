@@ -186,10 +186,13 @@ def test_k8s_build_waits_for_another_build_of_the_same_folder(tmp_path) -> None:
     import os
     import subprocess
     import time
+    from pathlib import Path
 
-    v = h.versions()
     cache = tmp_path / "cache"
-    bin_dir = cache / "k8s" / f"{v['K8S_VERSION']}-etcd{v['ETCD_VERSION']}-kwok{v['KWOK_VERSION']}" / "bin"
+    build = ["bash", str(h.ROOT / "infra" / "k8s" / "build.sh")]
+    folder = subprocess.run(build, env={**os.environ, "KAPPA_TOOLS_CACHE": str(cache), "KAPPA_K8S_NO_BUILD": "1"},
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    bin_dir = Path(folder)
     bin_dir.mkdir(parents=True)
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwok-stages.yaml"):
         (bin_dir / name).write_text("built\n")
@@ -201,8 +204,8 @@ def test_k8s_build_waits_for_another_build_of_the_same_folder(tmp_path) -> None:
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "KAPPA_TOOLS_CACHE": str(cache)}
     with open(bin_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        second = subprocess.Popen(["bash", str(h.ROOT / "infra" / "k8s" / "build.sh")], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env, cwd=h.ROOT)
+        second = subprocess.Popen(build, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                  cwd=h.ROOT)
         time.sleep(2)
         assert second.poll() is None, "the second build did not wait for the folder's lock"
         (bin_dir / "kubectl").write_text("built\n")  # what the first build left
