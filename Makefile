@@ -54,7 +54,7 @@ bench: setup ## benchmark: raw log-read ceiling vs replay vs live latency; JSON 
 bench-live: setup ## benchmark: what live views cost - make run's view host, CPU-s per micro-batch idle and at 200 events/s, beside fc054fe; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_live
 
-bench-ceiling: setup ## benchmark: the live ceiling - the highest rate at which campaign_window_counts keeps p99 <= 5 s for 5 minutes, beside the peer; JSON + PNG in reports/
+bench-ceiling: setup ## benchmark: the live ceiling - the highest rate at which campaign_window_counts keeps p99 <= 5 s for 5 minutes, beside the engine's floor and the peer; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_ceiling
 
 bench-soak: setup ## benchmark: day two compressed - the stack's tables, queries and memory over an hour with its upkeep every 5 min, beside an hour without; JSON + PNG in reports/

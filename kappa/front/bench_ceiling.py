@@ -26,6 +26,11 @@ of the system (the Spark driver JVM and this process' own Python, which runs the
 peer's process) and of the producer - on 2 cores the producer's share is taken from what the system has, as it
 would not be on YSB's separate producer machines.
 
+After the view's points, the **engine's floor** at the same rates (``--no-floor`` skips it, :func:`floor_at`): the
+view's query - its decoding, transform, lookup join, output mode and trigger - in plain Structured Streaming in the
+same warm session, each micro-batch's rows collected instead of committed, so that what the platform adds to a
+micro-batch (its Delta commit, statistics, finality, bad records) is the difference between the two.
+
 ``python -m kappa.front.bench_ceiling`` (``make bench-ceiling``) prints each point and both ceilings and writes
 ``reports/bench-ceiling.json`` and ``reports/bench-ceiling.png`` (p99 and cores against the rate).
 """
@@ -240,6 +245,98 @@ def ours_at(spark: Any, settings: Any, rate: float, *, seconds: float, warm: flo
             "phases_mean_s": phases}
 
 
+def floor_at(spark: Any, settings: Any, rate: float, *, seconds: float, warm: float, drain: float,
+             jvm: int | None) -> dict[str, Any]:
+    """One point of the engine's floor: the view's query in plain Structured Streaming, nothing of the platform.
+
+    The same topic shape, decoding (:func:`kappa.runtime.parsing.decode`, :func:`~kappa.runtime.parsing.valid_rows`),
+    transform and lookup (the view's own, joined as it joins them), output mode and trigger as
+    ``campaign_window_counts`` v1, in the same warm session; each micro-batch's rows collected to the driver - the
+    least a committed batch does - where the view commits them to Delta with its statistics, finality and bad
+    records. A row's latency is taken when its micro-batch's collect returns (now - its latest event), on the view's
+    buckets; its cores are this process' and the JVM's, as the view's are."""
+    import tempfile
+
+    from kappa.front.bench import LIVE_TRIGGER_SECONDS, _quantile
+    from kappa.log.topics import delete_topics
+    from kappa.runtime.lookups import LookupCache
+    from kappa.runtime.metrics import LATENCY_BUCKETS
+    from kappa.runtime.parsing import decode, valid_rows
+    from kappa.runtime.view import load_view
+
+    view = load_view("jobs.campaign_window_counts.v1")
+    topic = _fresh_topic(settings, rate, "floor")
+    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    state = {"batches": 0, "marks": None}
+    lock = threading.Lock()
+
+    def collect(batch: Any, _batch_id: int) -> None:
+        latest = [row[0] for row in batch.select(view.latency_column).collect()]
+        now = time.time()
+        with lock:
+            for event in latest:
+                late = now - event.timestamp()
+                counts[sum(1 for b in LATENCY_BUCKETS if late > b)] += 1
+            state["batches"] += 1
+
+    def buckets() -> list[tuple[float, int]]:
+        with lock:
+            total, out = 0, []
+            for bound, n in zip([*LATENCY_BUCKETS, float("inf")], counts):
+                total += n
+                out.append((bound, total))
+            return out
+
+    def processed() -> dict[int, int]:  # the offsets the query's last finished micro-batch read up to
+        progress = query.lastProgress
+        if not progress:
+            return {}
+        end = progress["sources"][0]["endOffset"]
+        end = json.loads(end) if isinstance(end, str) else end
+        return {int(p): int(o) for p, o in (end or {}).get(topic, {}).items()}
+
+    cache = LookupCache(spark, settings)
+    raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
+           .option("subscribe", topic).option("startingOffsets", "latest").load())
+    rows = view.transform(valid_rows(decode(raw, view.stream_format)), **cache.frames(view.lookups))
+    checkpoint = tempfile.mkdtemp(dir=settings.home, prefix="ceiling-floor-")
+    query = (rows.writeStream.outputMode(view.output_mode).option("checkpointLocation", checkpoint)
+             .trigger(processingTime=f"{LIVE_TRIGGER_SECONDS} seconds").foreachBatch(collect).start())
+    producer = Producer(settings, topic, rate, seconds)
+    pids = [os.getpid()] + ([jvm] if jvm else [])
+    try:
+        deadline = time.monotonic() + 120
+        while query.lastProgress is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the floor's query ran no micro-batch within 120 s")
+            time.sleep(0.5)
+        with _Watch(settings, topic, processed) as watch:
+            producer.start()
+            time.sleep(warm)
+            warm_buckets, cpu0, t0, batches0 = buckets(), _cpu(pids), time.monotonic(), state["batches"]
+            produced = producer.wait()
+            caught_up, waited = _wait_caught_up(settings, topic, processed, drain)
+            cpu, elapsed = _cpu(pids) - cpu0, time.monotonic() - t0
+        progress = [p for p in query.recentProgress if p.get("numInputRows")]
+        phases: dict[str, float] = {}
+        for p in progress:
+            for key, ms in (p.get("durationMs") or {}).items():
+                phases[key] = phases.get(key, 0.0) + ms / 1000 / len(progress)
+    finally:
+        producer.kill()
+        query.stop()
+        cache.close()
+        delete_topics(settings, [topic])
+    final = buckets()
+    before = dict(warm_buckets)
+    steady = [(le, n - before.get(le, 0)) for le, n in final]
+    return {"rate": rate, **produced, "p50_s": _quantile(final, 0.5), "p99_s": _quantile(final, 0.99),
+            "steady_p50_s": _quantile(steady, 0.5), "steady_p99_s": _quantile(steady, 0.99), "rows": final[-1][1],
+            "worst_behind": watch.worst, "caught_up": caught_up, "caught_up_after_s": waited,
+            "cores": cpu / elapsed if elapsed else None, "batches": state["batches"] - batches0,
+            "phases_mean_s": phases}
+
+
 def _wait_caught_up(settings: Any, topic: str, read: Callable[[], dict[int, int]],
                     limit: float) -> tuple[bool, float]:
     """Wait until the system has committed the log's end (at most ``limit`` s); whether it did and how long."""
@@ -295,6 +392,9 @@ def _say(system: str, p: dict[str, Any]) -> None:
     print(f"  {system:6} {p['rate']:>8,.0f}/s  achieved {p['achieved_rate']:>8,.0f}/s  p99 {_fmt(p['steady_p99_s'])} s"
           f" (p50 {_fmt(p['steady_p50_s'])})  worst behind {p.get('worst_behind', '-')}  cores {_fmt(p['cores'], 2)}"
           f" (producer {_fmt(p['producer_cores'], 2)})  {'passed' if p['passed'] else 'FAILED'}", flush=True)
+    phases = sorted((p.get("phases_mean_s") or {}).items(), key=lambda kv: -kv[1])
+    if phases:
+        print("         mean per micro-batch: " + ", ".join(f"{k} {v:.2f} s" for k, v in phases[:6]), flush=True)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -325,9 +425,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             points = sweep(lambda rate: _said("view", ours_at(
                 spark, settings, rate, seconds=args.seconds, warm=args.warm, drain=args.drain,
                 version=next(versions), jvm=jvm), args.p99), rates, refine=args.refine, bound=args.p99)
+            result["systems"]["view"] = {"points": points, "ceiling": ceiling(points)}
+            if args.floor:  # the engine alone at the same rates, in the same warm session
+                points = sweep(lambda rate: _said("floor", floor_at(
+                    spark, settings, rate, seconds=args.seconds, warm=args.warm, drain=args.drain, jvm=jvm),
+                    args.p99), rates, refine=args.refine, bound=args.p99)
+                result["systems"]["floor"] = {"points": points, "ceiling": ceiling(points)}
         finally:
             stop_spark(spark)
-        result["systems"]["view"] = {"points": points, "ceiling": ceiling(points)}
         if args.peer:
             points = sweep(lambda rate: _said("peer", peer_at(
                 settings, rate, seconds=args.seconds, warm=args.warm, drain=args.drain, home=home),
@@ -390,7 +495,9 @@ def main() -> None:
                         help="seconds a system may take to read the log's end after the producer stopped")
     parser.add_argument("--jvm-warmup", dest="jvm_warmup", type=float, default=150.0,
                         help="seconds of the lowest rate run first, not counted (the JVM's JIT)")
-    parser.add_argument("--no-peer", dest="peer", action="store_false", help="the platform's view only")
+    parser.add_argument("--no-peer", dest="peer", action="store_false", help="without the peer")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="without the engine's floor (the view's query in plain Structured Streaming)")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     args = parser.parse_args()
     from kappa.front.bench import run_interruptible
