@@ -24,7 +24,10 @@ validates its records in the stream and collects each micro-batch's valid record
 the platform (no Delta commit, no quarantine, no metrics) - so what a micro-batch costs the engine alone is measured
 in the same run as what it costs a view. With ``--shared-floor`` a second floor leg reads each topic once for
 every view over it (one query per topic and trigger, each micro-batch decoded once and collected once per view):
-what one read of a topic for every view would leave of the engine's cost. A leg runs the baseline's own code: its
+what one read of a topic for every view would leave of the engine's cost. With ``--query-floor`` a floor leg runs
+each view's own query instead (:func:`view_query`: its transform, lookups and output mode - a stateful view's
+state kept by Spark - each micro-batch's rows collected): what the views' work costs the engine, where the plain
+floor only reads and decodes. A leg runs the baseline's own code: its
 tree is a git worktree (``.cache/bench-trees/<commit>``, sharing this checkout's ``.cache``) put first on
 ``PYTHONPATH``; this file is run as a script there and uses only what both versions have (``kappa.front.stack``,
 the runner's ports).
@@ -298,6 +301,7 @@ def floor_leg(args: argparse.Namespace) -> None:
     from kappa.control.leases import converge_topics
     from kappa.front import stack
     from kappa.log.topics import recent_partition_offsets
+    from kappa.runtime.lookups import LookupCache
     from kappa.runtime.parsing import decode, valid_rows
     from kappa.runtime.spark import build_spark, computed_once
 
@@ -311,9 +315,13 @@ def floor_leg(args: argparse.Namespace) -> None:
     counts: dict[str, int] = {}
     lock = threading.Lock()
 
-    def handler(names: list[str]) -> Any:
+    lookups = LookupCache(spark, st)
+
+    def handler(names: list[str], own: Any = None) -> Any:
         def run(batch: Any, _batch_id: int) -> None:
-            if len(names) == 1:
+            if own is not None:  # --queries: the view's own rows of the batch
+                own(batch).collect()
+            elif len(names) == 1:
                 valid_rows(batch).collect()
             else:  # one read and decode, then one job per view over the rows kept (as a shared read would)
                 with computed_once(valid_rows(batch)) as rows:
@@ -344,10 +352,13 @@ def floor_leg(args: argparse.Namespace) -> None:
             read.append((topic, names))
             raw = (spark.readStream.format("kafka").options(**st.spark_kafka_options())
                    .option("subscribe", st.topic(topic)).option("startingOffsets", "latest").load())
-            queries.append(decode(raw, fmt).writeStream
+            stream, mode, own = decode(raw, fmt), "append", None
+            if args.queries:
+                stream, mode, own = view_query(stream, names[0], lookups)
+            queries.append(stream.writeStream.outputMode(mode)
                            .option("checkpointLocation", tempfile.mkdtemp(dir=st.home, prefix=f"floor-{topic}-"))
                            .trigger(processingTime=f"{trigger} seconds")
-                           .foreachBatch(handler(names)).start())
+                           .foreachBatch(handler(names, own)).start())
         producer = stack.start_producer(st, rate=args.rate)  # a child of this process: not counted below
         result["up_seconds"] = time.monotonic() - t0
         say(f"{len(queries)} queries for {len(refs)} views at {args.rate:g} events/s; warming up {args.warm:g} s")
@@ -388,7 +399,27 @@ def floor_leg(args: argparse.Namespace) -> None:
         stack.stop_producer(st)
         for query in queries:
             query.stop()
+        lookups.close()
     Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+def view_query(decoded: Any, ref: str, lookups: Any) -> tuple[Any, str, Any]:
+    """A view version's own query over its decoded stream, in plain Structured Streaming (the ``--queries`` floor):
+    (the streaming DataFrame, its output mode, what a micro-batch collects of it). A stateful view's transform runs
+    in the stream (its state kept by Spark, as the view's is) and each micro-batch's rows are collected; a stateless
+    one's runs on each micro-batch's valid records (every record for an archive), as the view's does."""
+    from kappa.control.replay.version import module_of
+    from kappa.runtime.archive import archive_rows
+    from kappa.runtime.parsing import valid_rows
+    from kappa.runtime.view import load_view
+
+    name, _, version = ref.rpartition("@v")
+    view = load_view(module_of(name, int(version)))
+    frames = lookups.frames(view.lookups)
+    if view.stateful:
+        return view.transform(valid_rows(decoded), **frames), view.output_mode, lambda batch: batch
+    pick = archive_rows if view.keep_invalid else valid_rows
+    return decoded, "append", lambda batch: view.transform(pick(batch), **frames)
 
 
 # ------------------------------------------------------------------------------------------------ the bench
@@ -621,7 +652,11 @@ def main() -> None:
     parser.add_argument("--shared-floor", dest="shared_floor", action="store_true",
                         help="also the engine's floor with one query per topic for every view over it")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
+    parser.add_argument("--query-floor", dest="query_floor", action="store_true",
+                        help="also the engine's floor with each view's own query (its transform, lookups, output "
+                             "mode) in plain Structured Streaming")
     parser.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)  # the floor leg: one read per topic
+    parser.add_argument("--queries", action="store_true", help=argparse.SUPPRESS)  # the floor leg: views' queries
     parser.add_argument("--extra", default="", help=argparse.SUPPRESS)  # a leg's versions beside the declared
     parser.add_argument("--label", default="")
     parser.add_argument("--leg-out", dest="leg_out", default="")
@@ -659,10 +694,13 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
             legs += ([(f"engine floor, {counts[-1]} views, one read per topic", "HEAD", "shared", counts[-1])]
                      if args.shared_floor else [])
+            legs += ([(f"engine floor, {counts[-1]} views' queries", "HEAD", "queries", counts[-1])]
+                     if args.query_floor else [])
         else:
             legs = ([("baseline", args.baseline, "leg", 0)] if args.baseline else [])
             legs += ([("engine floor", "HEAD", "floor", 0)] if args.floor else [])
             legs += ([("engine floor, one read per topic", "HEAD", "shared", 0)] if args.shared_floor else [])
+            legs += ([("engine floor, the views' queries", "HEAD", "queries", 0)] if args.query_floor else [])
             legs += [("this tree", "HEAD", "leg", 0)]
         results = []
         for label, ref, kind, count in legs:
@@ -679,15 +717,16 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             if "KAPPA_PLATFORM" in declare:
                 env["KAPPA_PLATFORM"] = declare["KAPPA_PLATFORM"]
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
-            cmd = [sys.executable, str(Path(__file__).resolve()), "floor" if kind == "shared" else kind,
+            cmd = [sys.executable, str(Path(__file__).resolve()), "floor" if kind in ("shared", "queries") else kind,
                    "--label", label, "--leg-out", str(out),
                    "--rate", str(args.rate), "--warm", str(args.warm), "--load", str(args.load),
                    "--idle", str(args.idle), "--extra", ",".join(f"{v}@v{n}" for v, n in extras)]
             cmd += ["--airflow"] if args.airflow else []
             cmd += ["--shared"] if kind == "shared" else []
+            cmd += ["--queries"] if kind == "queries" else []
             subprocess.run(cmd, env=env, cwd=tree, check=True)
             results.append({**json.loads(out.read_text()),
-                            "commit": "Spark alone" if kind in ("floor", "shared") else commit,
+                            "commit": "Spark alone" if kind in ("floor", "shared", "queries") else commit,
                             "busy_processes": len(busy),
                             "view_versions": len(stack.stack_views(settings)) + len(extras)})
         args.out.mkdir(parents=True, exist_ok=True)
