@@ -258,10 +258,11 @@ def floor_at(spark: Any, settings: Any, rate: float, *, seconds: float, warm: fl
     import tempfile
 
     from kappa.front.bench import LIVE_TRIGGER_SECONDS, _quantile
+    from kappa.front.bench_live import view_query
     from kappa.log.topics import delete_topics
     from kappa.runtime.lookups import LookupCache
     from kappa.runtime.metrics import LATENCY_BUCKETS
-    from kappa.runtime.parsing import decode, valid_rows
+    from kappa.runtime.parsing import decode
     from kappa.runtime.view import load_view
 
     view = load_view("jobs.campaign_window_counts.v1")
@@ -298,9 +299,9 @@ def floor_at(spark: Any, settings: Any, rate: float, *, seconds: float, warm: fl
     cache = LookupCache(spark, settings)
     raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
            .option("subscribe", topic).option("startingOffsets", "latest").load())
-    rows = view.transform(valid_rows(decode(raw, view.stream_format)), **cache.frames(view.lookups))
+    rows, mode, _ = view_query(decode(raw, view.stream_format), view.ref, cache)  # as make bench-live's floor runs it
     checkpoint = tempfile.mkdtemp(dir=settings.home, prefix="ceiling-floor-")
-    query = (rows.writeStream.outputMode(view.output_mode).option("checkpointLocation", checkpoint)
+    query = (rows.writeStream.outputMode(mode).option("checkpointLocation", checkpoint)
              .trigger(processingTime=f"{LIVE_TRIGGER_SECONDS} seconds").foreachBatch(collect).start())
     producer = Producer(settings, topic, rate, seconds)
     pids = [os.getpid()] + ([jvm] if jvm else [])
