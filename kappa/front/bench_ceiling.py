@@ -268,7 +268,7 @@ def floor_at(spark: Any, settings: Any, rate: float, *, seconds: float, warm: fl
     view = load_view("jobs.campaign_window_counts.v1")
     topic = _fresh_topic(settings, rate, "floor")
     counts = [0] * (len(LATENCY_BUCKETS) + 1)
-    state = {"batches": 0, "marks": None}
+    state = {"batches": 0}
     lock = threading.Lock()
 
     def collect(batch: Any, _batch_id: int) -> None:
