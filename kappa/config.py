@@ -44,6 +44,10 @@ Running view versions:
 Operating it:
 
 - ``KAPPA_AIRFLOW_PORT`` -- the local Airflow's port (default 8080).
+- ``KAPPA_SQL_JDBC_PORT`` / ``KAPPA_SQL_CONNECT_PORT`` -- the analysts' SQL service's JDBC (HiveServer2) and Spark
+  Connect ports (default 10000 and 15002).
+- ``KAPPA_SQL_TOKEN`` -- the SQL service's credential (the chart's Secret); unset, the local stack's is
+  ``$KAPPA_HOME/sql/token``, made once.
 - ``KAPPA_AIRFLOW_PASSWORD`` -- the password ``kappa airflow trigger --url`` logs in with at another Airflow (the
   local stack's own is read from its home); never taken from the command line.
 - ``KAPPA_REPLAY_POKE_SECONDS`` / ``KAPPA_REPLAY_TIMEOUT_SECONDS`` -- how often ``kappa_replay`` checks a
@@ -168,7 +172,8 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, replay_poke_seconds,
+        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, sql_jdbc_port,
+        sql_connect_port, sql_token, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
         upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
         verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
@@ -207,6 +212,9 @@ class Settings:
     spark_cds: bool = True
     airflow_port: int = 8080
     airflow_password: str | None = field(default=None, repr=False)
+    sql_jdbc_port: int = 10000
+    sql_connect_port: int = 15002
+    sql_token: str | None = field(default=None, repr=False)
     replay_poke_seconds: float | None = None
     replay_timeout_seconds: float = 24 * 3600.0
     watch_poll_seconds: float = 15.0
@@ -302,6 +310,9 @@ class Settings:
             spark_cds=flag("KAPPA_SPARK_CDS", True),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
+            sql_jdbc_port=number("KAPPA_SQL_JDBC_PORT", int, 10000),
+            sql_connect_port=number("KAPPA_SQL_CONNECT_PORT", int, 15002),
+            sql_token=get("KAPPA_SQL_TOKEN"),
             replay_poke_seconds=number("KAPPA_REPLAY_POKE_SECONDS", float, None),
             replay_timeout_seconds=number("KAPPA_REPLAY_TIMEOUT_SECONDS", float, 24 * 3600.0),
             watch_poll_seconds=number("KAPPA_WATCH_POLL_SECONDS", float, 15.0),

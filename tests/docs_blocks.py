@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Documentation read by users, in the order the walk runs its blocks: the README first, then the docs.
-DOC_FILES = ("README.md", "docs/replay.md", "docs/deploy.md", "docs/performance.md", "helm/kappa/README.md")
+DOC_FILES = ("README.md", "docs/analysts.md", "docs/replay.md", "docs/deploy.md", "docs/performance.md", "helm/kappa/README.md")
 SHELL = ("bash", "sh", "shell", "console")
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 _SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<why>[^)]*)\)\s*-->")

@@ -23,6 +23,7 @@
 #   .cache/jars/spark/*.jar     jars missing from pyspark/jars: spark-sql-kafka-0-10, Kafka clients, Delta
 #   .cache/jars/s3a/*.jar       hadoop-aws + AWS SDK v2 modules: Spark's s3a:// filesystem (a lake on an object store)
 #   .cache/jars/cds/spark-driver.jsa  class-data sharing archive every Spark driver JVM maps (kappa/runtime/cds.py)
+#   .cache/jars/sql/kappa-sql.jar     the SQL service's guards (kappa/front/sql/java), compiled against pyspark/jars
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -226,6 +227,27 @@ cds_step() {
     fi
 }
 
+# ---------------------------------------------------------------------------------------------- sql
+# The analysts' SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark
+# Connect command filter), compiled with the JDK against the jars pyspark ships. Seconds; no download.
+sql_step() {
+    local h src pyspark_dir
+    src="$ROOT/kappa/front/sql/java"
+    pyspark_dir="$(pyspark_jars_dir)"
+    h="$(hash_of "$(java -version 2>&1) $(ls "$pyspark_dir")" $(find "$src" -name '*.java' | sort))"
+    if stamp_ok sql "$h" && [[ -f "$JARS/sql/kappa-sql.jar" ]]; then
+        SQL_STATUS="cached"; return 0
+    fi
+    local out="$CACHE/sql-classes"
+    rm -rf "$out" && mkdir -p "$out" "$JARS/sql"
+    javac -nowarn --release 17 -d "$out" -cp "$pyspark_dir/*" $(find "$src" -name '*.java' | sort) \
+        || die "compiling kappa/front/sql/java failed (above)"
+    jar cf "$JARS/sql/kappa-sql.jar.tmp" -C "$out" kappa && mv "$JARS/sql/kappa-sql.jar.tmp" "$JARS/sql/kappa-sql.jar"
+    rm -rf "$out"
+    stamp_set sql "$h"
+    SQL_STATUS="built"
+}
+
 # --------------------------------------------------------------------------------------------- lock
 lock_step() {
     local lv="$CACHE/lock-venv"
@@ -261,7 +283,8 @@ summary() {
          "| broker jars: $nb, $sb ($BROKER_STATUS, kafka $KAFKA_VERSION)" \
          "| spark jars: $ns, $ss ($SPARK_STATUS, spark $SPARK_VERSION, delta $DELTA_VERSION)" \
          "| s3a jars: $n3, $s3 ($S3A_STATUS, AWS SDK $AWS_SDK_V2_VERSION)" \
-         "| driver class-data archive: $(du -sh "$JARS/cds/spark-driver.jsa" | cut -f1) ($CDS_STATUS)"
+         "| driver class-data archive: $(du -sh "$JARS/cds/spark-driver.jsa" | cut -f1) ($CDS_STATUS)" \
+         "| sql guards: $SQL_STATUS"
 }
 
 main() {
@@ -269,9 +292,9 @@ main() {
     load_versions
     mkdir -p "$CACHE"
     case "$cmd" in
-        all)    preflight; python_step; jars_step; cds_step; summary ;;
+        all)    preflight; python_step; jars_step; cds_step; sql_step; summary ;;
         python) preflight; python_step; echo "bootstrap: python ok ($PY_STATUS) in ${SECONDS}s" ;;
-        jars)   preflight; PY_STATUS="n/a"; jars_step; cds_step; summary ;;
+        jars)   preflight; PY_STATUS="n/a"; jars_step; cds_step; sql_step; summary ;;
         lock)   preflight; lock_step ;;
         check)  preflight; echo "bootstrap: preflight ok (java, mvn, $PYTHON)" ;;
         -h|--help|help) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//' ;;

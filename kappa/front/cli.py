@@ -43,6 +43,9 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 lake_app = typer.Typer(help="The lake (KAPPA_LAKE_URI).", no_args_is_help=True)
 app.add_typer(lake_app, name="lake")
+sql_app = typer.Typer(help="The analysts' SQL service: JDBC and Spark Connect over the serving views, read-only.",
+                      no_args_is_help=True)
+app.add_typer(sql_app, name="sql")
 
 
 class UserError(KappaError):
@@ -157,6 +160,61 @@ def host_run(
 
     run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory,
              handed_over=handed_over or None)
+
+
+# -------------------------------------------------------------------------------------------- sql
+@sql_app.command("serve")
+def sql_serve(
+    host: str = typer.Option("127.0.0.1", help="Address both endpoints listen on (0.0.0.0 in a pod)."),
+    jdbc_port: int = typer.Option(0, "--jdbc-port", min=0, max=65535,
+                                  help="JDBC/ODBC endpoint (HiveServer2 protocol); 0: KAPPA_SQL_JDBC_PORT or 10000."),
+    connect_port: int = typer.Option(0, "--connect-port", min=0, max=65535,
+                                     help="Spark Connect endpoint; 0: KAPPA_SQL_CONNECT_PORT or 15002."),
+    cores: int = typer.Option(1, min=1, help="Tasks the analysts' queries run at once."),
+    memory: str = typer.Option("1g", help="Heap of the service's JVM."),
+    poll: float = typer.Option(5.0, min=0.5, help="Seconds between two looks at the serving aliases."),
+) -> None:
+    """Serve analytics.<view> (the serving versions, following promotions), kappa.freshness and the platform's
+    tables over JDBC and Spark Connect, read-only; the token is KAPPA_SQL_TOKEN, else $KAPPA_HOME/sql/token."""
+    from kappa.process import interrupt_on_termination
+    from kappa.front.sql.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with interrupt_on_termination():
+        try:
+            serve(_settings(), host=host, jdbc_port=jdbc_port or None, connect_port=connect_port or None, poll=poll,
+                  cores=cores, memory=memory)
+        except KeyboardInterrupt:
+            pass
+
+
+@sql_app.command("token")
+def sql_token(
+    rotate: bool = typer.Option(False, "--rotate", help="Make a new token (the old one stops working) and restart "
+                                "the local service if it runs: open sessions end, clients reconnect with the new one."),
+) -> None:
+    """Print the local SQL service's token: the password of its JDBC endpoint (any user name), the token of its
+    Spark Connect endpoint."""
+    from kappa.front import stack
+    from kappa.front.sql.server import ensure_token, token_path
+    from kappa.process import Daemon
+
+    settings = _settings()
+    if settings.sql_token:
+        if rotate:
+            raise UserError("the token is KAPPA_SQL_TOKEN here (set by whoever started the service): change it there "
+                            "and restart the service")
+        console.print(settings.sql_token, highlight=False)
+        return
+    if rotate:
+        token_path(settings).unlink(missing_ok=True)
+        ensure_token(settings)
+        daemon = Daemon("sql", settings)
+        if daemon.pid() is not None:
+            daemon.stop()
+            stack.start_sql(settings)
+            err.print(f"sql        restarted with the new token (log {daemon.log_file})", highlight=False)
+    console.print(ensure_token(settings), highlight=False)
 
 
 # -------------------------------------------------------------------------------------------- broker
@@ -362,6 +420,7 @@ def _wait_for_topics(settings, names: list[str], heartbeat: Optional[Path]) -> N
 def up(
     rate: float = typer.Option(200.0, help="Live producer rate (events/s)."),
     airflow: bool = typer.Option(True, help="Also start Airflow standalone."),
+    sql: bool = typer.Option(True, help="Also start the analysts' SQL service (JDBC and Spark Connect)."),
     wait: float = typer.Option(600.0, min=0.0, help="Seconds to wait for every view's first rows (0: do not "
                                "wait)."),
 ) -> None:
@@ -386,8 +445,15 @@ def up(
             _wait_views(settings, timeout=wait)
             console.print(f"first rows after {time.monotonic() - began:.0f} s: every view has read its topic and "
                           "has rows in its table", highlight=False)
+        if sql:  # once the views run: its JVM's start would otherwise share the 2 cores with theirs
+            daemon = stack.start_sql(settings)
+            supervisor.want(settings, "sql")
+            console.print(f"sql        {stack.sql_endpoints(settings)}  (log {daemon.log_file})", highlight=False)
+        if wait:
             if airflow:
                 _wait_airflow(settings, timeout=wait)
+            if sql:
+                _wait_sql(settings, timeout=wait)
     except KeyboardInterrupt as exc:
         if running_before:  # not this command's to stop: it only continued a platform that was running
             raise _interrupted(exc, f"the platform was running before this command ({', '.join(running_before)}) "
@@ -524,6 +590,23 @@ def _wait_airflow(settings, *, timeout: float) -> None:
                 said, told = awaited, now
             time.sleep(2)
     console.print(f"airflow    ready (login admin/{stack.airflow_password(settings)})", highlight=False)
+
+
+def _wait_sql(settings, *, timeout: float) -> None:
+    """Wait until the SQL service listens (its ready file), failing with its log's place if it stopped."""
+    from kappa.front import stack
+    from kappa.process import Daemon
+
+    began = time.monotonic()
+    log_file = Path(settings.home) / "logs" / "sql.log"
+    with console.status("waiting for the SQL service"):
+        while not stack.sql_ready_file(settings).exists():
+            if Daemon("sql", settings).pid() is None:
+                raise UserError(f"the SQL service stopped while starting; see {log_file}")
+            if time.monotonic() - began > timeout:
+                raise UserError(f"the SQL service did not listen within {timeout:.0f} s; see {log_file}")
+            time.sleep(2)
+    console.print(f"sql        ready after {time.monotonic() - began:.0f} s more", highlight=False)
 
 
 @app.command("down")

@@ -28,14 +28,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import queue
-import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -61,45 +57,20 @@ class PeerError(KappaError, RuntimeError):
     """The peer could not be installed or its run failed (the message carries the tail of its stderr)."""
 
 
-def _venv_dir(repo_root: Path) -> Path:
-    return repo_root / ".cache" / "peer-venv"
-
-
 def peer_python(repo_root: Path) -> Path:
     """Interpreter of the peer's venv."""
-    return _venv_dir(repo_root) / "bin" / "python"
+    return repo_root / ".cache" / "peer-venv" / "bin" / "python"
 
 
 def ensure_peer_venv(repo_root: Path, *, timeout: float = 900.0) -> Path:
     """Create/refresh ``.cache/peer-venv`` from ``infra/local/requirements-peer.lock`` if needed; return its
-    interpreter.
+    interpreter (:func:`kappa.front.venvs.ensure_venv`)."""
+    from kappa.front.venvs import VenvError, ensure_venv
 
-    Idempotent and cheap once done: a stamp file holds the hash of the lock the venv was installed from.
-    Concurrent callers serialize on a file lock.
-    """
-    lock = repo_root / _LOCK_FILE
-    digest = hashlib.sha256(lock.read_bytes()).hexdigest()
-    venv = _venv_dir(repo_root)
-    stamp = venv / ".kappa-peer-lock.sha256"
-    python = peer_python(repo_root)
-    if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:
-        return python
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / ".peer-venv.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:
-            return python
-        base = shutil.which("python3.11") or sys.executable
-        steps = []
-        if not python.exists():
-            steps.append([base, "-m", "venv", str(venv)])
-        steps.append([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(lock)])
-        for cmd in steps:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            if proc.returncode != 0:
-                raise PeerError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        stamp.write_text(digest + "\n")
-    return python
+    try:
+        return ensure_venv(repo_root, "peer-venv", _LOCK_FILE, timeout=timeout)
+    except VenvError as exc:
+        raise PeerError(str(exc)) from None
 
 
 def _worker_env(repo_root: Path) -> dict[str, str]:

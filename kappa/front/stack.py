@@ -256,6 +256,30 @@ def start_airflow(settings: Settings) -> Daemon:
     return daemon
 
 
+def sql_ready_file(settings: Settings) -> Path:
+    """Written by the SQL service once both endpoints listen (:func:`kappa.front.sql.server.serve`)."""
+    return Path(settings.home) / "sql" / "ready"
+
+
+def start_sql(settings: Settings) -> Daemon:
+    """Start the analysts' SQL service (JDBC and Spark Connect on 127.0.0.1, :func:`sql_endpoints`) unless it runs;
+    its token is ``$KAPPA_HOME/sql/token`` (made once)."""
+    from kappa.front.sql.server import ensure_token
+
+    ensure_token(settings)
+    daemon = Daemon("sql", settings)
+    if daemon.pid() is None:
+        sql_ready_file(settings).unlink(missing_ok=True)
+    daemon.start([sys.executable, "-m", "kappa.front.cli", "sql", "serve"], env=child_env(settings))
+    return daemon
+
+
+def sql_endpoints(settings: Settings) -> str:
+    """The SQL service's addresses for a client, and where its token is."""
+    return (f"jdbc:hive2://127.0.0.1:{settings.sql_jdbc_port}/ and sc://localhost:{settings.sql_connect_port}/ "
+            f"(password / token: `{settings.cli} sql token`)")
+
+
 def up(settings: Settings, *, rate: float = 200.0, echo=print) -> None:
     """Start (or continue) the broker, the topics, the live producer and every view (in the view host);
     idempotent. Returns once the view host runs and has been asked for every view (:func:`wait_ready` follows
@@ -315,7 +339,7 @@ def down(settings: Settings, *, echo=print) -> None:
     if supervisor.stop(settings):  # first: nothing stopped here may be started again
         echo("stopped supervisor")
 
-    for name in ("producer", "airflow"):
+    for name in ("producer", "airflow", "sql"):
         if Daemon(name, settings).stop():
             echo(f"stopped {name}")
     from kappa.runtime.host import stop_host
@@ -381,6 +405,10 @@ def status(settings: Settings) -> list[tuple[str, str, str]]:
     password = airflow_password(settings)
     rows.append(("airflow", "running" if airflow.pid() else "stopped",
                  f"{airflow_url(settings)} admin/{password or '(being generated)'}"))
+    sql = Daemon("sql", settings)
+    if sql.pid() or sql_ready_file(settings).parent.exists():
+        state = "stopped" if not sql.pid() else "running" if sql_ready_file(settings).exists() else "starting"
+        rows.append(("sql", state, sql_endpoints(settings)))
     watching = Daemon("supervisor", settings)
     rows.append(("supervisor", "running" if watching.pid() else "stopped",
                  f"restarts what stopped; log {_short(watching.log_file)}"))

@@ -55,7 +55,7 @@ GIVE_UP_AFTER = 6
 #: Airflow's task logs older than this are removed (its metadata is kept as long: kappa_retire's default).
 AIRFLOW_LOG_DAYS = 30
 #: The order components start in: each one after what it needs.
-ORDER = ("object store", "kafka", "view host", "producer", "airflow")
+ORDER = ("object store", "kafka", "view host", "producer", "airflow", "sql")
 
 #: A line of a log that says what went wrong: Python's and log4j's levels, Airflow's, an exception, the kernel's kill.
 _ERROR_LINE = re.compile(r"\b(ERROR|FATAL|CRITICAL)\b|\[(error|critical)\s*\]|\w+(Error|Exception)\b|\bKilled\b")
@@ -126,6 +126,8 @@ def components(settings: Settings, wanted: dict[str, Any] | None = None) -> dict
                               lambda: stack.start_producer(settings, rate=rate).pid(), logs / "producer.log"),
         "airflow": Component("airflow", Daemon("airflow", settings).pid,
                              lambda: stack.start_airflow(settings).pid(), logs / "airflow.log"),
+        "sql": Component("sql", Daemon("sql", settings).pid, lambda: stack.start_sql(settings).pid(),
+                         logs / "sql.log"),
     }
     if settings.local_broker:
         from kappa.log.broker import LocalBroker
