@@ -236,3 +236,25 @@ def test_beeline_reads_with_the_token(service):
     refused = subprocess.run([str(beeline), "-u", url, "-n", "analyst", "-p", "wrong", "-e", "SELECT 1"],
                              capture_output=True, text=True, timeout=300, env=env)
     assert refused.returncode != 0 and "Error validating the login" in refused.stdout + refused.stderr
+
+
+def test_the_token_command_prints_and_rotates_the_local_token(service):
+    settings = service["settings"]
+    env = {**os.environ, "KAPPA_HOME": str(settings.home), "KAPPA_LAKE_URI": settings.lake_uri}
+    env.pop("KAPPA_SQL_TOKEN", None)
+
+    def token(*args: str) -> str:
+        out = subprocess.run([str(ROOT / "bin" / "kappa"), "sql", "token", *args], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert token() == service["token"]
+    rotated = token("--rotate")
+    assert rotated != service["token"] and len(rotated) >= 40
+    assert (Path(settings.home) / "sql" / "token").read_text().strip() == rotated
+    assert oct((Path(settings.home) / "sql" / "token").stat().st_mode & 0o777) == "0o600"
+    refused = subprocess.run([str(ROOT / "bin" / "kappa"), "sql", "token", "--rotate"],
+                             env={**env, "KAPPA_SQL_TOKEN": "from-a-secret"}, cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "KAPPA_SQL_TOKEN" in refused.stderr and "Traceback" not in refused.stderr
