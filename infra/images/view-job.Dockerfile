@@ -77,6 +77,21 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
     ls /jars/kafka-clients-*.jar; \
     ls /jars
 
+# --------------------------------------------------------------------------------------------- sql
+# The SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark Connect
+# request filter), compiled with the Maven image's JDK against the jars of this image's own pyspark, as `make setup`
+# compiles them (infra/local/bootstrap.sh, sql_step): `kappa sql serve` refuses to start without them. A stage of
+# its own, so a change to the Java sources leaves the Maven stage's downloads cached.
+FROM ${MAVEN_IMAGE} AS sql
+ARG PYTHON_VERSION=3.11
+COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
+COPY kappa/front/sql/java /build/sql-java
+RUN set -eu; \
+    mkdir -p /build/sql-classes /sql; \
+    javac -nowarn --release 17 -d /build/sql-classes -cp "/pyspark-jars/*" $(find /build/sql-java -name '*.java' | sort); \
+    jar cf /sql/kappa-sql.jar -C /build/sql-classes kappa; \
+    jar tf /sql/kappa-sql.jar | grep -qx 'kappa/sql/ReadOnly.class'
+
 # --------------------------------------------------------------------------------------------- runtime
 # Layers in the order they change, each cached by its content: the JDK, the virtual environment (requirements.lock),
 # the jars (the pins above), the drivers' class-data archive (the JDK and the jars), the editable install (the
@@ -114,10 +129,13 @@ COPY schemas/ schemas/
 COPY dags/ dags/
 COPY jobs/ jobs/
 COPY kappa/ kappa/
+# the SQL service's guards: where kappa.front.sql.server.jar_path() looks (<repo>/.cache/jars/sql/kappa-sql.jar)
+COPY --from=sql /sql/kappa-sql.jar .cache/jars/sql/kappa-sql.jar
 COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
 RUN PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
  && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/kappa --help >/dev/null \
- && test -s /opt/kappa/.cache/jars/cds/spark-driver.jsa
+ && test -s /opt/kappa/.cache/jars/cds/spark-driver.jsa \
+ && KAPPA_REPO_ROOT=/opt/kappa PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "from kappa.config import Settings; from kappa.front.sql.server import jar_path; p = jar_path(Settings.from_env()); assert p.is_file(), p"
 # SPARK_HOME is the pip-installed pyspark, through the /opt/spark link (not a path spelled with PYTHON_VERSION:
 # the official python image sets ENV PYTHON_VERSION=3.11.x, which buildah lets win over this stage's ARG)
 ENV PATH=/opt/venv/bin:$PATH \

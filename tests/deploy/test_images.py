@@ -312,6 +312,51 @@ def test_view_job_layout_matches_the_chart(default_objs: list[dict]) -> None:
     assert "command" not in h.pod_spec(driver)["containers"][0], "the driver must keep the image entrypoint"
 
 
+def _stages(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """The instructions of each build stage, by its name (``AS <name>``; the last, unnamed one is ``""``)."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for ins, rest in instructions(path):
+        if ins == "FROM":
+            words = rest.split()
+            name = words[words.index("AS") + 1] if "AS" in words else ""
+            current = stages.setdefault(name, [("FROM", rest)])
+        elif current is not None:
+            current.append((ins, rest))
+    return stages
+
+
+def test_view_job_image_builds_the_sql_service_guards() -> None:
+    """`kappa sql serve` (the chart's <fullname>-sql Deployment) refuses to start without the guards' jar: the image
+    compiles kappa/front/sql/java with a JDK against its own pyspark's jars, as `make setup` does, and puts the jar
+    where kappa.front.sql.server.jar_path() looks in the image's repository (/opt/kappa)."""
+    from kappa.config import Settings
+    from kappa.front.sql.server import jar_path
+
+    stages = _stages(IMAGES / "view-job.Dockerfile")
+    sql = stages["sql"]
+    assert sql[0][1].startswith("${MAVEN_IMAGE} "), "the JDK of the Maven image (the runtime has a JRE only)"
+    copies = [rest for ins, rest in sql if ins == "COPY"]
+    assert "--from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars" in copies
+    source = next(c for c in copies if not c.startswith("--from="))
+    src, dst = source.split()
+    assert src == "kappa/front/sql/java" and (h.ROOT / src / "kappa" / "sql" / "ReadOnly.java").is_file()
+    run = " ".join(rest for ins, rest in sql if ins == "RUN")
+    javac = re.search(r"\bjavac ([^;]*)", run).group(1)
+    assert "--release 17" in javac and '-cp "/pyspark-jars/*"' in javac and dst in javac
+    classes = re.search(r"-d (\S+)", javac).group(1)
+    built = re.search(rf"\bjar cf (\S+) -C {re.escape(classes)} kappa\b", run)
+    assert built, run
+    runtime = stages[""]
+    assert ("WORKDIR", "/opt/kappa") in runtime
+    want = jar_path(Settings.from_env({"KAPPA_REPO_ROOT": "/opt/kappa"}))
+    assert want == Path("/opt/kappa/.cache/jars/sql/kappa-sql.jar")
+    copied = [rest for ins, rest in runtime if ins == "COPY" and rest.startswith("--from=sql ")]
+    assert copied == [f"--from=sql {built.group(1)} {want.relative_to('/opt/kappa')}"], copied
+    # the image's own check: the path the service reads holds the jar
+    assert any("jar_path(Settings.from_env())" in rest and "is_file()" in rest for ins, rest in runtime if ins == "RUN")
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)
 def test_dockerignore_keeps_caches_out(dockerfile: Path) -> None:
     patterns = _ignore_patterns(dockerfile)
