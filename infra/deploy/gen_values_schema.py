@@ -233,6 +233,16 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "networkPolicy.kafka.extraFrom": PEERS,
     "networkPolicy.airflow.apiServerFrom": PEERS,
     "producer.rate": {"type": "number", "exclusiveMinimum": 0},
+    "sql.driverMemory": {"pattern": r"^[0-9]+[kmgt]?$"},
+    "sql.cores": {"minimum": 1},
+    "sql.jdbcPort": {"minimum": 1024, "maximum": 65535},
+    "sql.connectPort": {"minimum": 1024, "maximum": 65535},
+    "sql.poll": {"type": "number", "minimum": 0.5},
+    "sql.startupProbeFailureThreshold": {"minimum": 1},
+    "sql.auth.secretKey": {"pattern": r"^[-._a-zA-Z0-9]+$"},
+    "sql.service.type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+    "sql.networkPolicy.from": PEERS,
+    "sql.networkPolicy.lakeTo": PEERS,
 }
 #: by last path segment
 BY_KEY: dict[str, dict[str, Any]] = {
@@ -298,6 +308,11 @@ OBJECT_DOCS = {
     "monitoring.prometheusRule": "Alert rules",
     "monitoring.prometheusRule.thresholds": "Alert thresholds",
     "monitoring.grafanaDashboard": "Grafana dashboard ConfigMap",
+    "sql": "The analysts' SQL service (`kappa sql serve`: JDBC and Spark Connect over the serving views, read-only)",
+    "sql.auth": "The service's token (a Secret)",
+    "sql.service": "Service `<fullname>-sql`",
+    "sql.serviceAccount": "ServiceAccount `<fullname>-sql`",
+    "sql.networkPolicy": "Who may reach the service, and where it may connect",
     "networkPolicy": "NetworkPolicies",
     "networkPolicy.metrics": "Who may scrape metrics",
     "networkPolicy.kafka": "Extra access to the bundled brokers",

@@ -31,7 +31,7 @@ data "aws_iam_policy_document" "jobs_assume" {
 
 resource "aws_iam_role" "jobs" {
   name                 = "${var.name}-jobs"
-  description          = "kappa view drivers, Spark executors and Airflow (IRSA) - lake access"
+  description          = "kappa view drivers, Spark executors, Airflow and the SQL service (IRSA) - lake access"
   assume_role_policy   = data.aws_iam_policy_document.jobs_assume.json
   max_session_duration = 3600
   tags                 = local.tags

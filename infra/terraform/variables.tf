@@ -67,9 +67,9 @@ variable "namespace" {
 }
 
 variable "service_accounts" {
-  description = "ServiceAccounts allowed to assume the jobs role: the chart's view drivers/executors, Airflow and the lake check hook (<fullname>-view, <fullname>-airflow, <fullname>-lake-check)."
+  description = "ServiceAccounts allowed to assume the jobs role: the chart's view drivers/executors, Airflow, the lake check hook and the analysts' SQL service (<fullname>-view, <fullname>-airflow, <fullname>-lake-check, <fullname>-sql)."
   type        = list(string)
-  default     = ["kappa-view", "kappa-airflow", "kappa-lake-check"]
+  default     = ["kappa-view", "kappa-airflow", "kappa-lake-check", "kappa-sql"]
 }
 
 variable "tags" {

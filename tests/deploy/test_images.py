@@ -326,7 +326,7 @@ def _stages(path: Path) -> dict[str, list[tuple[str, str]]]:
     return stages
 
 
-def test_view_job_image_builds_the_sql_service_guards() -> None:
+def test_view_job_image_builds_the_sql_service_guards(default_objs: list[dict]) -> None:
     """`kappa sql serve` (the chart's <fullname>-sql Deployment) refuses to start without the guards' jar: the image
     compiles kappa/front/sql/java with a JDK against its own pyspark's jars, as `make setup` does, and puts the jar
     where kappa.front.sql.server.jar_path() looks in the image's repository (/opt/kappa)."""
@@ -355,6 +355,9 @@ def test_view_job_image_builds_the_sql_service_guards() -> None:
     assert copied == [f"--from=sql {built.group(1)} {want.relative_to('/opt/kappa')}"], copied
     # the image's own check: the path the service reads holds the jar
     assert any("jar_path(Settings.from_env())" in rest and "is_file()" in rest for ins, rest in runtime if ins == "RUN")
+    # ... and the chart runs the service from this image
+    sql_deploy = h.named(default_objs, "Deployment", "kappa-sql")
+    assert h.pod_spec(sql_deploy)["containers"][0]["image"] == f"kappa/view-job:{h.versions()['KAPPA_VERSION']}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_name)

@@ -76,7 +76,7 @@ def test_jobs_role_is_irsa_scoped_to_the_chart_service_accounts(tf: dict) -> Non
     assert any(v.endswith(":sub}") or v.endswith(":sub") for v in variables)
     assert any(v.endswith(":aud}") or v.endswith(":aud") for v in variables)
     variables_tf = {k.strip('"'): v for entry in tf["variable"] for k, v in entry.items()}
-    assert variables_tf["service_accounts"]["default"] == ["kappa-view", "kappa-airflow", "kappa-lake-check"]
+    assert variables_tf["service_accounts"]["default"] == ["kappa-view", "kappa-airflow", "kappa-lake-check", "kappa-sql"]
     # ... which are the ServiceAccounts the chart gives IRSA to
     prod = h.render(h.CHART / "examples" / "production.yaml")
     annotated = sorted(sa["metadata"]["name"] for sa in h.by_kind(prod, "ServiceAccount")

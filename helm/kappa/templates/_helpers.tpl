@@ -336,6 +336,11 @@ from ConfigMap "<fullname>-platform-env" plus the credentials, each from a Secre
       name: {{ .Values.kafka.external.sasl.existingSecret }}
       key: {{ .Values.kafka.external.sasl.passwordKey }}
 {{- end }}
+{{- include "kappa.lake.credentialsEnv" . }}
+{{- end -}}
+
+{{/* The lake's static S3 credentials (lake.s3.existingSecret), each a Secret reference; nothing otherwise. */}}
+{{- define "kappa.lake.credentialsEnv" -}}
 {{- if and (eq .Values.lake.type "s3") .Values.lake.s3.existingSecret }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
