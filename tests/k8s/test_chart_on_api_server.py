@@ -104,20 +104,38 @@ def test_example_installs_upgrades_rolls_back_and_uninstalls(cluster: Cluster, e
     assert "topics" not in json.dumps([j["metadata"]["name"] for j in cluster.get("jobs", "-n", ns)["items"]]), \
         "the topics hook Job is deleted once it succeeded"
 
+    token = _sql_token(cluster, ns)
+    assert (token is None) == (example == "local"), "the SQL service runs in every example but the local one"
+
     upgrade = cluster.run("helm", "upgrade", "kappa", CHART, "-n", ns, "-f", values, "--set", change, "--wait",
                           "--wait-for-jobs", "--timeout", "3m")
     assert "has been upgraded" in upgrade.stdout, upgrade.stdout
     assert shows in _container_text(cluster, ns, deployment)
+    assert _sql_token(cluster, ns) == token, "an upgrade keeps the SQL service's generated token (lookup)"
     cluster.run("helm", "rollback", "kappa", "1", "-n", ns, "--wait", "--timeout", "3m")
     history = json.loads(cluster.run("helm", "history", "kappa", "-n", ns, "-o", "json").stdout)
     assert [(h["revision"], h["status"]) for h in history][-1] == (3, "deployed"), history
     assert shows not in _container_text(cluster, ns, deployment)
+    assert _sql_token(cluster, ns) == token
 
     kept = _kept_by_design(cluster.run("helm", "get", "manifest", "kappa", "-n", ns).stdout)
     cluster.run("helm", "uninstall", "kappa", "-n", ns, "--wait", "--timeout", "3m")
     cluster.kubectl("wait", "--for=delete", "pod", "--all", "-n", ns, "--timeout=120s")  # garbage collection
     left = _leftovers(cluster, ns)
     assert left - ours == kept, f"left: {sorted(left - ours)}, kept by design: {sorted(kept)}"
+
+
+def _sql_token(cluster: Cluster, ns: str) -> str | None:
+    """The SQL service's generated token (Secret kappa-sql), once its Deployment is Ready; None without the service."""
+    if cluster.kubectl("get", "deployment", "kappa-sql", "-n", ns, check=False).returncode != 0:
+        return None
+    deployment = cluster.get("deployment", "kappa-sql", "-n", ns)
+    assert deployment["status"].get("readyReplicas") == 1, deployment["status"]
+    ref = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "KAPPA_SQL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "kappa-sql", "key": "token"}}} in ref
+    data = cluster.get("secret", "kappa-sql", "-n", ns)["data"]
+    assert set(data) == {"token"} and len(data["token"]) >= 48, "48 random characters, base64"
+    return data["token"]
 
 
 def _leftovers(cluster: Cluster, ns: str) -> set[tuple[str, str]]:
