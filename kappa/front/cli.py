@@ -593,18 +593,25 @@ def _wait_airflow(settings, *, timeout: float) -> None:
 
 
 def _wait_sql(settings, *, timeout: float) -> None:
-    """Wait until the SQL service listens (its ready file), failing with its log's place if it stopped."""
+    """Wait until the SQL service listens (its ready file), failing with its log's place if it stopped; says what it
+    waits for at least every heartbeat when the output is not a terminal (a log, CI), as the other waits do."""
     from kappa.front import stack
     from kappa.process import Daemon
 
-    began = time.monotonic()
+    began = told = time.monotonic()
     log_file = Path(settings.home) / "logs" / "sql.log"
-    with console.status("waiting for the SQL service"):
+    with console.status("waiting for the SQL service") as spinner:
         while not stack.sql_ready_file(settings).exists():
+            now = time.monotonic()
             if Daemon("sql", settings).pid() is None:
                 raise UserError(f"the SQL service stopped while starting; see {log_file}")
-            if time.monotonic() - began > timeout:
+            if now - began > timeout:
                 raise UserError(f"the SQL service did not listen within {timeout:.0f} s; see {log_file}")
+            spinner.update(f"waiting for the SQL service: its Spark application starts ({now - began:.0f} s so far)")
+            if not console.is_terminal and now - told >= _HEARTBEAT_SECONDS:
+                console.print(f"sql        waiting for its Spark application to start and listen "
+                              f"({now - began:.0f} s so far)", highlight=False)
+                told = now
             time.sleep(2)
     console.print(f"sql        ready after {time.monotonic() - began:.0f} s more", highlight=False)
 
