@@ -241,6 +241,15 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", jdbc_port: int | None 
                        ("hive.server2.custom.authentication.class", "kappa.sql.TokenAuth"),
                        ("hive.server2.enable.doAs", "false")):
         system.setProperty(key, value)
+    # a JDBC session's close asks Hive for a metastore client (to uncache DataNucleus' class loaders) though the
+    # service's catalog is Spark's in-memory one; creating that client's Derby database fails and is retried, each
+    # time with a stack trace at ERROR: nothing a reader of the log can act on (the session is closed either way)
+    from kappa.runtime.spark import jvm_class
+
+    configurator = jvm_class(jvm, "org.apache.logging.log4j.core.config.Configurator")
+    off = jvm_class(jvm, "org.apache.logging.log4j.Level").OFF
+    for logger in ("DataNucleus", "org.apache.hadoop.hive.metastore"):
+        configurator.setLevel(logger, off)
     catalog = Catalog(spark, settings)
     for line in catalog.sync():
         log.info("catalog: %s", line)
