@@ -250,6 +250,7 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", jdbc_port: int | None 
     off = jvm_class(jvm, "org.apache.logging.log4j.Level").OFF
     for logger in ("DataNucleus", "org.apache.hadoop.hive.metastore"):
         configurator.setLevel(logger, off)
+    jvm.java.lang.System.setProperty("derby.stream.error.file", os.devnull)  # Derby's own log of the same failure
     catalog = Catalog(spark, settings)
     for line in catalog.sync():
         log.info("catalog: %s", line)
