@@ -17,7 +17,7 @@ help: ## list targets
 setup: ## install everything (venv, Kafka broker + Spark/Delta jars) into .cache/ -- fast when done
 	@bash infra/local/bootstrap.sh all
 
-run: setup ## start the platform (broker, topics, 6 views, a live producer, Airflow); returns once every view has rows
+run: setup ## start the platform (broker, topics, 6 views, a live producer, Airflow, the analysts' SQL service); returns once every view has rows
 	@$(KAPPA) up
 
 down: ## stop everything `make run` started (data is kept in .kappa/)
