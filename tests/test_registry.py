@@ -293,6 +293,22 @@ def test_resolve_falls_back_to_the_default_version(alias: ServingAlias, settings
         alias.resolve("nope")
 
 
+def test_targets_resolve_every_view_from_one_read_of_the_alias(alias: ServingAlias, reg: Registry,
+                                                                monkeypatch: pytest.MonkeyPatch):
+    p2 = ready(reg, 2)
+    alias.promote(VIEW, 2, by="cli:alice")
+    reads = []
+    real = ServingAlias.aliases
+    monkeypatch.setattr(ServingAlias, "aliases", lambda self, **kw: reads.append(kw) or real(self, **kw))
+    every = alias.targets()
+    assert len(reads) == 1 and list(every) == list(alias.catalog.views)
+    assert (every[VIEW].version, every[VIEW].table_path, every[VIEW].via) == (2, p2, "alias")
+    assert all(t.via == "default" and t.version == 1 for v, t in every.items() if v != VIEW)
+    assert {v: alias.target(v) for v in every} == every
+    with pytest.raises(ServingError, match="unknown view 'nope'"):
+        alias.targets([VIEW, "nope"])
+
+
 def test_promote_switches_alias_and_registry(alias: ServingAlias, reg: Registry):
     p1, p2 = ready(reg, 1), ready(reg, 2)
 

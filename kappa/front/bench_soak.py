@@ -140,9 +140,8 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
 
     sample: dict[str, Any] = {"t": round(t, 1), "tables": {}, "checkpoint_bytes": {}, "state_bytes": {},
                               "query_s": {}, "changes_s": {}, "rss_mb": {}}
-    alias = ServingAlias(st.lake_uri)
-    for view, _version in stack_views(st):
-        target = alias.target(view)
+    views = [view for view, _version in stack_views(st)]
+    for view, target in ServingAlias(st.lake_uri).targets(views).items():
         table = Path(local_path(target.table_path))
         sample["tables"][view] = table_stats(table)
         checkpoint = Path(local_path(ViewPaths(st.lake_uri, view, target.version).checkpoint))

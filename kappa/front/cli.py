@@ -723,8 +723,9 @@ def views_cmd() -> None:
     alias = ServingAlias(settings.lake_uri)
     over = {(e.view, e.version): e for e in graph()}
     table = Table("version", "reads", "publishes", "serves", box=None)
+    serving_versions = {view: target.version for view, target in alias.targets().items()}
     for name, spec in load_catalog().views.items():
-        serving = alias.target(name).version
+        serving = serving_versions[name]
         for version, module in spec.versions.items():
             definition = load_view(module)
             table.add_row(f"{name}@v{version}", definition.stream_topic,

@@ -158,11 +158,9 @@ def run_query(sql: str, *, as_of: str | None = None, settings: Any = None, catal
     mentioned = {m.group(0).lower() for m in _IDENT.finditer(sql)}
 
     sources: list[_Source] = []
-    for view in catalog.views:
-        if view in mentioned:
-            target = serving.target(view, as_of=ts)
-            sources.append(_Source(view, target.table_path, target.version,
-                                   f"view {view} has no data yet: is its job running? (`make run`)"))
+    for view, target in serving.targets([v for v in catalog.views if v in mentioned], as_of=ts).items():
+        sources.append(_Source(view, target.table_path, target.version,
+                               f"view {view} has no data yet: is its job running? (`make run`)"))
     if "quarantine" in mentioned and "quarantine" not in catalog.views:
         sources.append(_Source("quarantine", f"{lake}/quarantine", None,
                                "quarantine has no data yet: is a view job running? (`make run`)"))

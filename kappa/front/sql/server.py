@@ -117,14 +117,14 @@ class Catalog:
 
         done: list[str] = []
         rows: list[FreshnessRow] = []
-        for view in self.catalog.views:
-            target = self.serving.target(view)
+        before = {row.view: row for row in self.freshness or ()}
+        for view, target in self.serving.targets().items():
             path = target.table_path
             try:
                 table = open_delta(path)
             except KappaError:
                 continue  # no table yet: the view's first micro-batch creates it
-            rows.append(self._freshness(view, target.version, path, table))
+            rows.append(self._freshness(view, target.version, path, table, before.get(view)))
             current = self.locations.get(view)
             if current == path:
                 continue
@@ -153,11 +153,17 @@ class Catalog:
             self.freshness = tuple(rows)
         return done
 
-    def _freshness(self, view: str, version: int, path: str, table: Any) -> FreshnessRow:
+    def _freshness(self, view: str, version: int, path: str, table: Any,
+                   before: FreshnessRow | None) -> FreshnessRow:
+        """The view's row of kappa.freshness; ``before`` (the last pass's row) again while its table has no new
+        commit (the watermark lists every file's statistics)."""
         from kappa.control.registry import commit_time
         from kappa.runtime.view import load_view
 
         delta_version = table.version()
+        if before is not None and (before.serving_version, before.table_path, before.delta_version) == (
+                version, path, delta_version):
+            return before
         watermark = None
         try:
             spec = load_view(self.catalog.module_of(view, version)).watermark
