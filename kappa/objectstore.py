@@ -10,8 +10,9 @@ one *home* directory:
 
 .. code-block:: text
 
-    <home>/credentials.json   access key id + secret key, generated once (mode 0600)
-    <home>/s3.json            weed's -s3.config identities (the one credential), rewritten on every start (0600)
+    <home>/credentials.json   the platform's access key id + secret key, and a read-only one (analysts), each
+                              generated once (mode 0600)
+    <home>/s3.json            weed's -s3.config identities (the two credentials), rewritten on every start (0600)
     <home>/data/              the server's -dir: master metadata and the filer's store (names, metadata)
     <home>/volumes/           the volume server's -dir: object contents; both folders survive stop/start
     <home>/logs/server.log    the server's log;  logs/volume.log: the volume server's
@@ -56,6 +57,7 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -307,21 +309,38 @@ class LocalObjectStore:
 
     # ------------------------------------------------------------------ credentials and client settings
     def credentials(self) -> tuple[str, str]:
-        """``(access key id, secret key)`` of the store, generated on first use and kept under the home."""
+        """``(access key id, secret key)`` of the store (read, list, write, admin), generated on first use and kept
+        under the home."""
+        return self._credential("")
+
+    def reader_credentials(self) -> tuple[str, str]:
+        """``(access key id, secret key)`` that may only read and list (``Read``, ``List``): what an analyst is
+        given to read the lake's files; generated on first use, known to the store from its next start."""
+        return self._credential("reader_")
+
+    def _credential(self, prefix: str) -> tuple[str, str]:
+        data: dict[str, str] = {}
         try:
             data = json.loads(self.credentials_file.read_text(encoding="utf-8"))
-            return str(data["access_key_id"]), str(data["secret_access_key"])
+            if prefix + "access_key_id" in data:
+                return str(data[prefix + "access_key_id"]), str(data[prefix + "secret_access_key"])
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ObjectStoreError(f"unreadable credentials in {self.credentials_file}: {exc}") from exc
         alphabet = string.ascii_uppercase + string.digits
-        access = "KAPPA" + "".join(secrets.choice(alphabet) for _ in range(15))
+        access = ("KAPPAR" if prefix else "KAPPA") + "".join(secrets.choice(alphabet) for _ in range(15))
         secret = secrets.token_urlsafe(30)  # 40 characters
+        data.update({prefix + "access_key_id": access, prefix + "secret_access_key": secret})
         self.home.mkdir(parents=True, exist_ok=True)
-        _write_private(self.credentials_file,
-                       json.dumps({"access_key_id": access, "secret_access_key": secret}, indent=2) + "\n")
+        _write_private(self.credentials_file, json.dumps(data, indent=2) + "\n")
         return access, secret
+
+    def reader_env(self) -> dict[str, str]:
+        """The environment of a read-only client of this store (delta-rs, DuckDB, the AWS CLI read ``AWS_*``)."""
+        access, secret = self.reader_credentials()
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret,
+                "AWS_REGION": self.region, "AWS_ALLOW_HTTP": "true"}
 
     @property
     def access_key_id(self) -> str:
@@ -516,10 +535,15 @@ class LocalObjectStore:
         for folder in (self.home / "logs", self.data_dir, self.volumes_dir):
             folder.mkdir(parents=True, exist_ok=True)
         access, secret = self.credentials()
+        reader, reader_secret = self.reader_credentials()
         identities = {"identities": [{
             "name": "kappa",
             "credentials": [{"accessKey": access, "secretKey": secret}],
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }, {
+            "name": "analyst",  # read-only: every write, delete or tagging is refused (403)
+            "credentials": [{"accessKey": reader, "secretKey": reader_secret}],
+            "actions": ["Read", "List"],
         }]}
         _write_private(self.s3_config_file, json.dumps(identities, indent=2) + "\n")
         # the master holds the first volume allocation of a new cluster back (15 s) for veteran volume servers of a
@@ -733,12 +757,16 @@ def _pids(store: LocalObjectStore) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kappa.objectstore up|down|status``: the platform's store under ``$KAPPA_HOME/objectstore``."""
+    """``python -m kappa.objectstore up|down|status|reader-env``: the platform's store under
+    ``$KAPPA_HOME/objectstore``; ``reader-env`` prints the ``export`` lines of its read-only credential."""
     parser = _Parser(prog="python -m kappa.objectstore", description="the platform's local S3-API object store")
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "reader-env"])
     try:
         args = parser.parse_args(argv)
         store = LocalObjectStore.from_settings()
+        if args.command == "reader-env":
+            print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in store.reader_env().items()), end="")
+            return 0
         if args.command == "up":
             was_running = store.is_running()
             try:

@@ -105,8 +105,37 @@ def test_client_settings_name_this_store(object_store: LocalObjectStore) -> None
     assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
     assert (conf["spark.hadoop.fs.s3a.access.key"], conf["spark.hadoop.fs.s3a.secret.key"]) == (access, secret)
     assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith("SimpleAWSCredentialsProvider")
-    assert json.loads(object_store.credentials_file.read_text()) == {"access_key_id": access,
-                                                                     "secret_access_key": secret}
+    reader, reader_secret = object_store.reader_credentials()
+    assert json.loads(object_store.credentials_file.read_text()) == {
+        "access_key_id": access, "secret_access_key": secret,
+        "reader_access_key_id": reader, "reader_secret_access_key": reader_secret}
+    assert object_store.reader_env() == {**object_store.delta_rs_options(), "AWS_ACCESS_KEY_ID": reader,
+                                         "AWS_SECRET_ACCESS_KEY": reader_secret}
+    assert reader != access and reader_secret != secret
+
+
+def test_the_reader_key_reads_and_lists_only(object_store: LocalObjectStore) -> None:
+    """The analysts' key (docs/analysts.md, no server): GET, HEAD and LIST pass; PUT, DELETE and bucket creation are
+    refused, and the objects stay as they were."""
+    key = _key()
+    assert object_store.request("PUT", "kappa", key, body=b"the lake").status_code == 200
+    reader, secret = object_store.reader_credentials()
+
+    def as_reader(method: str, bucket: str = "kappa", k: str = "", **kw: object) -> int:
+        return object_store.request(method, bucket, k, access_key_id=reader, secret_access_key=secret,
+                                    **kw).status_code  # type: ignore[arg-type]
+
+    got = object_store.request("GET", "kappa", key, access_key_id=reader, secret_access_key=secret)
+    assert got.status_code == 200 and got.content == b"the lake"
+    assert as_reader("HEAD", k=key) == 200
+    listing = object_store.request("GET", "kappa", query={"list-type": "2", "prefix": key}, access_key_id=reader,
+                                   secret_access_key=secret)
+    assert listing.status_code == 200 and f"<Key>{key}</Key>" in listing.text
+    assert as_reader("PUT", k=key, body=b"changed") == 403
+    assert as_reader("PUT", k=_key(), body=b"new") == 403
+    assert as_reader("DELETE", k=key) == 403
+    assert as_reader("PUT", f"b-{uuid.uuid4().hex[:12]}") == 403
+    assert object_store.request("GET", "kappa", key).content == b"the lake"
 
 
 # --------------------------------------------------------------------------------------------- delta-rs

@@ -2,8 +2,9 @@
 its own lock file under ``infra/local/`` on first use, and again only when that file changes.
 
 * ``peer-venv`` (``requirements-peer.lock``): the benchmark's peer, Quix Streams + delta-rs;
-* ``analyst-venv`` (``requirements-analyst.lock``): what an analyst's laptop installs to reach the SQL service -
-  the Spark Connect client (``pyspark-client``, no JVM) and PyHive for the JDBC/HiveServer2 endpoint.
+* ``analyst-venv`` (``requirements-analyst.lock``): what an analyst's laptop installs - to reach the SQL service,
+  the Spark Connect client (``pyspark-client``, no JVM) and PyHive for the JDBC/HiveServer2 endpoint; to read the
+  lake's files with no server, delta-rs and DuckDB.
 """
 
 from __future__ import annotations
