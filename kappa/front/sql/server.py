@@ -198,6 +198,10 @@ class Catalog:
         self.spark.sql(f"CREATE OR REPLACE VIEW {META_DB}.freshness AS {' UNION ALL '.join(selects)}")
 
 
+#: how old a table's snapshot a query may answer from while the newer one loads (Delta's stalenessLimit)
+SNAPSHOT_STALENESS = "5s"
+
+
 def _spark(settings: Settings, *, host: str, connect_port: int, cores: int, memory: str) -> Any:
     from kappa.runtime.spark import build_spark, spark_jars
 
@@ -220,6 +224,11 @@ def _spark(settings: Settings, *, host: str, connect_port: int, cores: int, memo
             # an ALTER TABLE ... SET LOCATION to a version whose schema differs (a replay that added a column)
             "spark.databricks.delta.alterLocation.bypassSchemaCheck": "true",
             "spark.sql.thriftServer.incrementalCollect": "true",
+            # a query answers from the table's snapshot it already has when that is under 5 s old, and loads the
+            # newer one in the background: the live views commit every few seconds, and without it each query
+            # lists the log and rebuilds the snapshot's state first. A session that wants the last commit at once:
+            # SET spark.databricks.delta.stalenessLimit = 0
+            "spark.databricks.delta.stalenessLimit": SNAPSHOT_STALENESS,
         })
 
 
