@@ -3,14 +3,20 @@
 
 ``python sql_client.py jdbc|connect HOST PORT TOKEN`` opens ONE session, prints ``{"ready": true}`` (or
 ``{"error": ...}`` and exits when the service refuses it), then answers each stdin line - ``{"sql": "..."}`` or
-``{"op": "<name>", ...}`` - with one JSON line: ``{"rows": [...]}`` or ``{"error": "..."}``.
+``{"op": "<name>", ...}`` - with one JSON line: ``{"rows": [...]}`` or ``{"error": "..."}``. :class:`Client` is the
+tests' side of it (the platform's venv).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
 
 
 def _connect(host: str, port: int, token: str):
@@ -47,6 +53,35 @@ def _jdbc(host: str, port: int, token: str):
         return [list(r) for r in cursor.fetchall()] if cursor.description else []
 
     return run, {}
+
+
+class Client:
+    """One open session of ``tests/sql_client.py`` in the analyst venv."""
+
+    def __init__(self, python: Path, kind: str, port: int, token: str) -> None:
+        host = "localhost" if kind == "connect" else "127.0.0.1"  # Connect sends a token in clear only to localhost
+        self.proc = subprocess.Popen([str(python), str(HERE), kind, host, str(port),
+                                      token], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.opened = json.loads(self.proc.stdout.readline() or '{"error": "the client exited"}')
+
+    def ask(self, **request: Any) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def rows(self, sql: str) -> list[list[Any]]:
+        answer = self.ask(sql=sql)
+        assert "rows" in answer, f"{sql}: {answer}"
+        return answer["rows"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 def main() -> None:

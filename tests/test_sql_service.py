@@ -6,7 +6,6 @@ so every expected answer is what was written, not what any code of the platform 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -24,6 +23,7 @@ from kappa.control.serving import ServingAlias
 from kappa.front.venvs import ensure_venv
 from kappa.identity import ViewPaths
 from kappa.log.broker import free_port
+from tests.sql_client import Client
 
 pytestmark = [pytest.mark.integration]
 
@@ -44,35 +44,6 @@ def _windows(path: str, counts: dict[str, int], *, extra: bool = False) -> None:
         + (", 'v2'::VARCHAR AS note" if extra else "") + f" FROM (VALUES {values}) t(campaign_id, n)")
     # the views' tables record their change feed (an append's rows are its inserts)
     write_deltalake(path, rel, mode="append", configuration={"delta.enableChangeDataFeed": "true"})
-
-
-class Client:
-    """One open session of ``tests/sql_client.py`` in the analyst venv."""
-
-    def __init__(self, python: Path, kind: str, port: int, token: str) -> None:
-        host = "localhost" if kind == "connect" else "127.0.0.1"  # Connect sends a token in clear only to localhost
-        self.proc = subprocess.Popen([str(python), str(ROOT / "tests" / "sql_client.py"), kind, host, str(port),
-                                      token], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        self.opened = json.loads(self.proc.stdout.readline() or '{"error": "the client exited"}')
-
-    def ask(self, **request: Any) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def rows(self, sql: str) -> list[list[Any]]:
-        answer = self.ask(sql=sql)
-        assert "rows" in answer, f"{sql}: {answer}"
-        return answer["rows"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,20 @@ the DAG's defaults.
 
 1. the install block: ``make cluster-up`` (the node from the cached binaries), ``make images`` (incremental),
    ``node.sh load``, ``helm install --wait``; every pod Ready, as its chart user;
-2. rows in every view's Delta table (read on the host), then the analyst's query block;
+2. rows in every view's Delta table (read on the host), then the analyst's query block, then the analyst's SQL
+   block (a port-forward to the SQL service left running; beeline over JDBC and the Spark Connect client, the token
+   from the Secret): ``kappa.freshness`` says v1 serves;
 3. the replay block: a port-forward left running, ``kappa_replay`` of ``campaign_window_counts`` v2 with
-   ``auto_promote`` and the default watch window, ``--wait``: promoted, watched, and still serving after it;
+   ``auto_promote`` and the default watch window, ``--wait``: promoted, watched, and still serving after it - and
+   the SQL block says v2 serves, from the same SQL pod, never restarted;
 4. the upgrade block (the record: v1 stopped, v2 running), the rollback block (v1 serving again in its own driver,
-   v2's deleted, every pod Ready), the upgrade block again;
+   v2's deleted, every pod Ready; the SQL block says v1, same pod), the upgrade block again;
 5. the clean-up block (``helm uninstall``, ``kubectl delete namespace``, ``node.sh recycle``, ``make
    cluster-down``), after which nothing of the node is left on the machine (``node.sh leftovers``: no process, bridge,
    network namespace, veth, mount, iptables chain or ipset).
 
 Each block runs in its own bash (``-euo pipefail``) in the repository, after the install block's own ``export``
-line - the shell the docs' reader has. A block that leaves a process behind (the replay block's port-forward) is
+line - the shell the docs' reader has. A block that leaves a process behind (the SQL and replay blocks' port-forwards) is
 stopped with its process group at the end. The pods' memory (working set, the kubelet's ``/stats/summary``) is
 sampled throughout; timings and memory go to ``reports/smoke.json`` (docs/deploy.md, "Measured here").
 
@@ -39,6 +42,7 @@ from typing import Any
 import pytest
 
 from tests.docs_blocks import Block, cluster_block, cluster_blocks
+from tests.sql_client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "kappa"
@@ -276,15 +280,43 @@ def _report(operator: Operator, sampler: MemorySampler | None, total: float, res
     }, indent=2) + "\n")
 
 
+#: what serves the replayed view, as the SQL service's catalog says
+SERVING_SQL = f"SELECT serving_version FROM kappa.freshness WHERE view = '{VIEW}'"
+
+
+def _sql_token(cluster: Cluster) -> str:
+    import base64
+
+    secret = cluster.get("secret", "kappa-sql", "-n", NS)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def _analyst(operator: Operator, block: Block, cluster: Cluster, name: str, *, serving: int) -> str:
+    """The analyst's SQL block, verbatim: beeline's kappa.freshness says ``serving`` for the replayed view (the service
+    follows promotions and rollbacks by itself: the same pod every time, never restarted), and the Spark Connect
+    client's query printed rows. Returns the pod's name and uid."""
+    out = operator.run(block, name, timeout=900)
+    found = re.search(rf"^\|\s*{VIEW}\s*\|\s*(\d+)\s*\|", out, re.M)
+    assert found and int(found.group(1)) == serving, \
+        f"kappa.freshness over JDBC, {VIEW} serving v{serving}:\n{out[-3000:]}"
+    assert re.search(r"^\|\s*campaign_id\s*\|\s*sum\(view_count\)\s*\|", out, re.M), f"Spark Connect:\n{out[-3000:]}"
+    pods = [p for p in cluster.pods() if p["metadata"]["labels"].get("app.kubernetes.io/name") == "kappa-sql"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    restarts = [c["restartCount"] for c in pods[0]["status"].get("containerStatuses", [])]
+    assert restarts == [0], f"the SQL service restarted: {restarts}"
+    return f"{pods[0]['metadata']['name']}/{pods[0]['metadata']['uid']}"
+
+
 def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
     capable = node_sh("check", timeout=60)
     if capable.returncode != 0:
         pytest.fail((capable.stderr.strip().splitlines() or ["infra/k8s/node.sh check failed"])[-1], pytrace=False)
     blocks = {name: cluster_block(text) for name, text in (
-        ("install", "helm install"), ("query", "bin/kappa query"), ("replay", "kappa_replay"),
-        ("upgrade", "helm upgrade"), ("rollback", "kappa_rollback"), ("clean-up", "helm uninstall"))}
+        ("install", "helm install"), ("query", "bin/kappa query"), ("sql", "svc/kappa-sql"),
+        ("replay", "kappa_replay"), ("upgrade", "helm upgrade"), ("rollback", "kappa_rollback"),
+        ("clean-up", "helm uninstall"))}
     assert [b.where for b in cluster_blocks()] == [b.where for b in blocks.values()], \
-        "docs/deploy.md's cluster blocks are these six, in this order"
+        "docs/deploy.md's cluster blocks are these seven, in this order"
     assert "watch_minutes" not in blocks["replay"].text and '"auto_promote": true' in blocks["replay"].text
     if (HOME / "etcd").exists():  # an earlier cluster of this checkout: a fresh one, its images kept
         reset = node_sh("reset", timeout=900)
@@ -292,6 +324,7 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
 
     operator, started, sampler = Operator(), time.monotonic(), None
     cluster: Cluster | None = None
+    session: Client | None = None
     extra: dict[str, Any] = {}
     cleaned = False
     try:
@@ -304,7 +337,7 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         names = {p["metadata"]["labels"].get("app.kubernetes.io/name") for p in cluster.pods()}
         for expected in ("kappa-kafka", "kappa-views", "kappa-producer", "kappa-postgresql",
                          "kappa-airflow-api-server", "kappa-airflow-scheduler", "kappa-airflow-dag-processor",
-                         "kappa-airflow-triggerer"):
+                         "kappa-airflow-triggerer", "kappa-sql"):
             assert expected in names, f"{expected} not running: {sorted(n for n in names if n)}"
 
         # 2. rows in every view, then the analyst's block
@@ -323,6 +356,14 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         print(f"[smoke] rows per view: {counts}")
         out = operator.run(blocks["query"], "query", timeout=600)
         assert f"{VIEW}: serving v1" in out and out.count("│") > 10, out[-2000:]
+        sql_pod = _analyst(operator, blocks["sql"], cluster, "sql", serving=1)
+        # one JDBC session through the block's port-forward, kept open across the promote and the rollback
+        session = Client(ROOT / ".cache" / "analyst-venv" / "bin" / "python", "jdbc", 10000, _sql_token(cluster))
+        assert session.opened == {"ready": True}, session.opened
+        assert session.rows(SERVING_SQL) == [[1]]
+        refused = session.ask(sql=f"INSERT INTO analytics.{VIEW} SELECT * FROM analytics.{VIEW} LIMIT 1")
+        assert "kappa sql is read-only" in refused.get("error", ""), refused
+        extra["sql_refused_insert"] = refused["error"][:300]
 
         # 3. the replay, promoted, watched for the default window, still serving
         t = time.monotonic()
@@ -335,6 +376,8 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         v2 = cluster.get("deployment", "kappa-view-campaign-window-counts-v2", "-n", NS)
         assert v2["status"].get("readyReplicas") == 1, v2["status"]
         extra["replay_output_tail"] = out.splitlines()[-6:]
+        assert _analyst(operator, blocks["sql"], cluster, "sql after the promote", serving=2) == sql_pod
+        assert session.rows(SERVING_SQL) == [[2]], "the session opened before the replay reads the promoted version"
 
         # 4. upgrade after the promote, rollback, upgrade after it
         out = operator.run(blocks["upgrade"], "upgrade after the promote", timeout=1800)
@@ -348,6 +391,9 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         t = time.monotonic()
         cluster.wait_all_ready(600)  # v1's own driver Ready, the grouped driver too: every pod
         operator.timings["rollback -> every pod Ready"] = round(time.monotonic() - t, 1)
+        assert _analyst(operator, blocks["sql"], cluster, "sql after the rollback", serving=1) == sql_pod
+        assert session.rows(SERVING_SQL) == [[1]], "the same session follows the rollback"
+        session.close()
         out = operator.run(blocks["upgrade"], "upgrade after the rollback", timeout=1800)
         assert _record(cluster) == {"1": "running", "2": "stopped"}, out[-1000:]
         v1 = cluster.get("deployment", "kappa-view-campaign-window-counts-v1", "-n", NS)
@@ -379,6 +425,8 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         _report(operator, sampler, time.monotonic() - started, "failed", extra)
         raise
     finally:
+        if session is not None:
+            session.close()
         operator.stop_all()
         if not cleaned and os.environ.get("KAPPA_SMOKE_KEEP") != "1":
             node_sh("down", timeout=600)  # the rest of make test gets the machine back

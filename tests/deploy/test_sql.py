@@ -307,11 +307,13 @@ def test_the_schema_rejects_bad_sql_values(helm: Path, tmp_path: Path, values: d
 
 
 def test_every_example_s_choice(all_renders: dict[str, list[dict]]) -> None:
-    """production and external-kafka run the service (defaults); the local example, sized for one 2-core node with two
-    replays, leaves it off."""
-    assert ("Deployment", NAME) in _sql_objects(all_renders["production"])
-    assert ("Deployment", NAME) in _sql_objects(all_renders["external-kafka"])
-    assert _sql_objects(all_renders["local"]) == []
+    """Every example runs the service; the local one (one 2-core node) with a small CPU request and a longer start."""
+    for example in ("production", "external-kafka", "local"):
+        assert ("Deployment", NAME) in _sql_objects(all_renders[example]), example
+    local = next(w for w in h.workloads(all_renders["local"]) if w["metadata"]["name"] == NAME)
+    container = h.pod_spec(local)["containers"][0]
+    assert container["resources"]["requests"]["cpu"] == "100m"
+    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 600
 
 
 def test_notes_say_how_to_connect(helm: Path, tmp_path: Path) -> None:
