@@ -59,7 +59,8 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     jdbc, connect = free_port(), free_port()
     log = open(root / "sql.log", "w")
     proc = subprocess.Popen([str(ROOT / "bin" / "kappa"), "sql", "serve", "--jdbc-port", str(jdbc),
-                             "--connect-port", str(connect), "--poll", "1"], env=env, cwd=ROOT, stdout=log,
+                             "--connect-port", str(connect), "--poll", "1", "--nice", "7"], env=env, cwd=ROOT,
+                            stdout=log,
                             stderr=subprocess.STDOUT)
     python = ensure_venv(ROOT, "analyst-venv", "infra/local/requirements-analyst.lock")
     ready = Path(settings.home) / "sql" / "ready"
@@ -76,7 +77,8 @@ def service(tmp_path_factory: pytest.TempPathFactory):
         clients.append(client)
         return client
 
-    yield {"settings": settings, "open": open_client, "jdbc": jdbc, "token": token, "v1": v1, "log": root / "sql.log"}
+    yield {"settings": settings, "open": open_client, "jdbc": jdbc, "token": token, "v1": v1, "log": root / "sql.log",
+           "pid": proc.pid}
     for client in clients:
         client.close()
     proc.terminate()
@@ -229,3 +231,14 @@ def test_the_token_command_prints_and_rotates_the_local_token(service):
                              env={**env, "KAPPA_SQL_TOKEN": "from-a-secret"}, cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
     assert refused.returncode != 0 and "KAPPA_SQL_TOKEN" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_service_and_its_jvm_run_at_the_priority_asked(service):
+    """`--nice` (make run's stack passes kappa.front.stack.SQL_NICE): the analysts' queries yield the cores to the
+    views. The service's process and the JVM it started both run at the lowered priority."""
+    import psutil
+
+    proc = psutil.Process(service["pid"])
+    jvms = [c for c in proc.children(recursive=True) if c.name() == "java"]
+    assert jvms, [c.name() for c in proc.children(recursive=True)]
+    assert {p.nice() for p in (proc, *jvms)} == {os.getpriority(os.PRIO_PROCESS, 0) + 7}

@@ -173,6 +173,8 @@ def sql_serve(
     cores: int = typer.Option(1, min=1, help="Tasks the analysts' queries run at once."),
     memory: str = typer.Option("1g", help="Heap of the service's JVM."),
     poll: float = typer.Option(5.0, min=0.5, help="Seconds between two looks at the serving aliases."),
+    nice: int = typer.Option(0, min=0, max=19, help="Lower the service's CPU priority by this much (its JVM too): "
+                             "analysts' queries then take the cores the views leave."),
 ) -> None:
     """Serve analytics.<view> (the serving versions, following promotions), kappa.freshness and the platform's
     tables over JDBC and Spark Connect, read-only; the token is KAPPA_SQL_TOKEN, else $KAPPA_HOME/sql/token."""
@@ -180,6 +182,8 @@ def sql_serve(
     from kappa.front.sql.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if nice:
+        os.nice(nice)  # before the JVM starts: it inherits it
     with interrupt_on_termination():
         try:
             serve(_settings(), host=host, jdbc_port=jdbc_port or None, connect_port=connect_port or None, poll=poll,

@@ -261,16 +261,22 @@ def sql_ready_file(settings: Settings) -> Path:
     return Path(settings.home) / "sql" / "ready"
 
 
+#: how much lower the local SQL service's CPU priority is than the views' (``kappa sql serve --nice``): on the
+#: stack's shared cores an analyst's scan waits for the views' micro-batches, as the chart's CPU requests make it
+SQL_NICE = 10
+
+
 def start_sql(settings: Settings) -> Daemon:
-    """Start the analysts' SQL service (JDBC and Spark Connect on 127.0.0.1, :func:`sql_endpoints`) unless it runs;
-    its token is ``$KAPPA_HOME/sql/token`` (made once)."""
+    """Start the analysts' SQL service (JDBC and Spark Connect on 127.0.0.1, :func:`sql_endpoints`) unless it runs,
+    at a lower CPU priority (:data:`SQL_NICE`); its token is ``$KAPPA_HOME/sql/token`` (made once)."""
     from kappa.front.sql.server import ensure_token
 
     ensure_token(settings)
     daemon = Daemon("sql", settings)
     if daemon.pid() is None:
         sql_ready_file(settings).unlink(missing_ok=True)
-    daemon.start([sys.executable, "-m", "kappa.front.cli", "sql", "serve"], env=child_env(settings))
+    daemon.start([sys.executable, "-m", "kappa.front.cli", "sql", "serve", "--nice", str(SQL_NICE)],
+                 env=child_env(settings))
     return daemon
 
 
