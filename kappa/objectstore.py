@@ -339,8 +339,7 @@ class LocalObjectStore:
     def reader_env(self) -> dict[str, str]:
         """The environment of a read-only client of this store (delta-rs, DuckDB, the AWS CLI read ``AWS_*``)."""
         access, secret = self.reader_credentials()
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret,
-                "AWS_REGION": self.region, "AWS_ALLOW_HTTP": "true"}
+        return {**self.delta_rs_options(), "AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
 
     @property
     def access_key_id(self) -> str:
