@@ -84,7 +84,16 @@ def cluster_blocks(root: Path = ROOT) -> list[Block]:
 
 def cluster_block(containing: str, root: Path = ROOT) -> Block:
     """The one ``docs-test: cluster`` block whose text contains ``containing`` (fails when none or several do)."""
-    found = [b for b in cluster_blocks(root) if containing in b.text]
+    return _one(cluster_blocks(root), containing, "cluster blocks")
+
+
+def shell_block(containing: str, root: Path = ROOT) -> Block:
+    """The one command block whose text contains ``containing`` (fails when none or several do)."""
+    return _one(shell_blocks(root), containing, "command blocks")
+
+
+def _one(found: list[Block], containing: str, what: str) -> Block:
+    found = [b for b in found if containing in b.text]
     if len(found) != 1:
-        raise LookupError(f"{len(found)} cluster blocks contain {containing!r}: {[b.where for b in found]}")
+        raise LookupError(f"{len(found)} {what} contain {containing!r}: {[b.where for b in found]}")
     return found[0]

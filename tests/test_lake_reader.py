@@ -27,17 +27,11 @@ from kappa.front.venvs import ensure_venv
 from kappa.identity import ViewPaths
 from kappa.objectstore import LocalObjectStore
 from kappa.runtime.deltars import I64, STR, TS, arrow_rows, read_rows
-from tests.docs_blocks import shell_blocks
+from tests.docs_blocks import shell_block
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _doc_block(containing: str) -> str:
-    found = [b for b in shell_blocks() if b.path == "docs/analysts.md" and containing in b.text]
-    assert len(found) == 1, [b.where for b in found]
-    return found[0].text
 
 
 _WINDOW = (("campaign_id", STR), ("window_start", TS), ("view_count", I64), ("is_final", DataType.bool()))
@@ -76,7 +70,7 @@ def test_the_docs_block_reads_every_serving_view_with_the_read_only_key(object_s
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAPPA_"))}
     env.update(object_store.reader_env(), KAPPA_LAKE_URI=lake["uri"].replace("s3://", "s3a://", 1),
                PATH=f"{python.parent}:{env['PATH']}", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    block = _doc_block("DeltaTable(f\"{lake}/_registry/serving\")")
+    block = shell_block("DeltaTable(f\"{lake}/_registry/serving\")").text
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     out = run.stdout
@@ -113,7 +107,7 @@ def test_the_read_only_key_cannot_change_the_lake(object_store: LocalObjectStore
 
 def test_reader_env_prints_the_read_only_key(tmp_path: Path) -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAPPA_"))}, "KAPPA_HOME": str(tmp_path)}
-    block = _doc_block("kappa.objectstore reader-env")
+    block = shell_block("kappa.objectstore reader-env").text
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", f"eval \"$({block.strip().split('#')[0]})\"; env"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -393,7 +393,6 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         operator.timings["rollback -> every pod Ready"] = round(time.monotonic() - t, 1)
         assert _analyst(operator, blocks["sql"], cluster, "sql after the rollback", serving=1) == sql_pod
         assert session.rows(SERVING_SQL) == [[1]], "the same session follows the rollback"
-        session.close()
         out = operator.run(blocks["upgrade"], "upgrade after the rollback", timeout=1800)
         assert _record(cluster) == {"1": "running", "2": "stopped"}, out[-1000:]
         v1 = cluster.get("deployment", "kappa-view-campaign-window-counts-v1", "-n", NS)
