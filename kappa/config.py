@@ -37,7 +37,9 @@ Running view versions:
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: 1 for views' sessions on a local
   master, the local cores for other sessions, else 4), ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL``
   (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map the class-data archive ``make setup`` built,
-  :mod:`kappa.runtime.cds`) -- the Spark sessions the platform builds.
+  :mod:`kappa.runtime.cds`), ``KAPPA_SPARK_FORKLESS_FS`` (``true``: a local driver's Hadoop sets permissions and
+  reads links through ``java.nio`` instead of starting ``chmod`` and ``readlink`` for every file it writes,
+  :func:`kappa.runtime.spark.forkless_fs`) -- the Spark sessions the platform builds.
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
@@ -172,7 +174,7 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_log_file, spark_cds, airflow_port, airflow_password, sql_jdbc_port,
+        spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, airflow_port, airflow_password, sql_jdbc_port,
         sql_connect_port, sql_token, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
         upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
@@ -210,6 +212,7 @@ class Settings:
     spark_log_level: str = "WARN"
     spark_log_file: str | None = None
     spark_cds: bool = True
+    spark_forkless_fs: bool = True
     airflow_port: int = 8080
     airflow_password: str | None = field(default=None, repr=False)
     sql_jdbc_port: int = 10000
@@ -308,6 +311,7 @@ class Settings:
             spark_log_level=get("KAPPA_SPARK_LOG_LEVEL") or "WARN",
             spark_log_file=get("KAPPA_SPARK_LOG_FILE"),
             spark_cds=flag("KAPPA_SPARK_CDS", True),
+            spark_forkless_fs=flag("KAPPA_SPARK_FORKLESS_FS", True),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
             sql_jdbc_port=number("KAPPA_SQL_JDBC_PORT", int, 10000),

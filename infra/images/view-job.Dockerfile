@@ -77,6 +77,20 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
     ls /jars/kafka-clients-*.jar; \
     ls /jars
 
+# --------------------------------------------------------------------------------------------- hadoop
+# Hadoop's local file system without a process per file operation (kappa/runtime/java: chmod and readlink through
+# java.nio; kappa.runtime.spark.forkless_fs), compiled as `make setup` compiles it (bootstrap.sh, hadoop_step). The
+# drivers' class-data archive below is dumped with it on the class path, as the drivers run.
+FROM ${MAVEN_IMAGE} AS hadoop
+ARG PYTHON_VERSION=3.11
+COPY --from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars
+COPY kappa/runtime/java /build/hadoop-java
+RUN set -eu; \
+    mkdir -p /build/hadoop-classes /hadoop; \
+    javac -nowarn --release 17 -d /build/hadoop-classes -cp "/pyspark-jars/*" $(find /build/hadoop-java -name '*.java' | sort); \
+    jar cf /hadoop/kappa-hadoop.jar -C /build/hadoop-classes kappa; \
+    jar tf /hadoop/kappa-hadoop.jar | grep -qx 'kappa/hadoop/ForklessLocalFileSystem.class'
+
 # --------------------------------------------------------------------------------------------- sql
 # The SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark Connect
 # request filter), compiled with the Maven image's JDK against the jars of this image's own pyspark, as `make setup`
@@ -110,6 +124,8 @@ COPY --from=python /opt/venv /opt/venv
 RUN ln -s "$(/opt/venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
 WORKDIR /opt/kappa
 COPY --from=jars /jars/ .cache/jars/spark/
+# where kappa.runtime.spark.forkless_fs looks (<repo>/.cache/jars/hadoop/kappa-hadoop.jar), before the archive
+COPY --from=hadoop /hadoop/kappa-hadoop.jar .cache/jars/hadoop/kappa-hadoop.jar
 # The class-data archive maps the classes of the JVM and the jars above (a JVM checks them), not the project's code:
 # it is dumped by the few modules kappa.runtime.cds imports, copied alone, so a code change elsewhere keeps it.
 COPY kappa/__init__.py kappa/errors.py kappa/config.py kappa/process.py /tmp/cds/kappa/
@@ -135,6 +151,7 @@ COPY --chmod=0755 infra/images/spark-entrypoint.sh /opt/kappa/bin/entrypoint.sh
 RUN PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "import kappa.catalog as c, pathlib; assert c.PLATFORM_FILE == pathlib.Path('/opt/kappa/kappa/platform.yaml'), c.PLATFORM_FILE" \
  && PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/kappa --help >/dev/null \
  && test -s /opt/kappa/.cache/jars/cds/spark-driver.jsa \
+ && KAPPA_REPO_ROOT=/opt/kappa PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "from kappa.config import Settings; from kappa.runtime.spark import forkless_fs; assert forkless_fs(Settings.from_env(), 'local[2]')" \
  && KAPPA_REPO_ROOT=/opt/kappa PYTHONDONTWRITEBYTECODE=1 /opt/venv/bin/python -c "from kappa.config import Settings; from kappa.front.sql.server import jar_path; p = jar_path(Settings.from_env()); assert p.is_file(), p"
 # SPARK_HOME is the pip-installed pyspark, through the /opt/spark link (not a path spelled with PYTHON_VERSION:
 # the official python image sets ENV PYTHON_VERSION=3.11.x, which buildah lets win over this stage's ARG)

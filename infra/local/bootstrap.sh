@@ -2,10 +2,10 @@
 # Bootstrap the local kappa toolchain: Python venv + JVM jars, everything under <repo>/.cache/.
 #
 # Usage: infra/local/bootstrap.sh [all|python|jars|lock|check]
-#   all     (default) preflight, Python venv, broker + Spark connector jars, the driver class-data archive;
-#           one summary line.
+#   all     (default) preflight, Python venv, broker + Spark connector jars, the project's Java jars (the forkless
+#           local file system, the SQL guards), the driver class-data archive; one summary line.
 #   python  preflight + .cache/venv only.
-#   jars    preflight + .cache/jars/{broker,spark,cds} (needs the venv: Spark jars are diffed against pyspark/jars).
+#   jars    preflight + .cache/jars/{broker,spark,s3a,hadoop,cds,sql} (needs the venv: Spark jars are diffed against pyspark/jars).
 #   lock    regenerate requirements.lock from a clean throw-away venv (pins from infra/versions.env).
 #   check   preflight only.
 #
@@ -23,6 +23,7 @@
 #   .cache/jars/spark/*.jar     jars missing from pyspark/jars: spark-sql-kafka-0-10, Kafka clients, Delta
 #   .cache/jars/s3a/*.jar       hadoop-aws + AWS SDK v2 modules: Spark's s3a:// filesystem (a lake on an object store)
 #   .cache/jars/cds/spark-driver.jsa  class-data sharing archive every Spark driver JVM maps (kappa/runtime/cds.py)
+#   .cache/jars/hadoop/kappa-hadoop.jar  Hadoop's local file system without a process per file (kappa/runtime/java)
 #   .cache/jars/sql/kappa-sql.jar     the SQL service's guards (kappa/front/sql/java), compiled against pyspark/jars
 set -euo pipefail
 
@@ -215,7 +216,8 @@ $(ls "$pyspark_dir")" "$POM" "$MVN_SETTINGS")"
 # and starts seconds faster. Rebuilt when the JDK, the jars or the workload change.
 cds_step() {
     local h
-    h="$(hash_of "$(java -version 2>&1) $(ls "$(pyspark_jars_dir)" "$JARS/spark")" "$ROOT/kappa/runtime/cds.py")"
+    h="$(hash_of "$(java -version 2>&1) $(ls "$(pyspark_jars_dir)" "$JARS/spark")" "$ROOT/kappa/runtime/cds.py" \
+        "$JARS/hadoop/kappa-hadoop.jar")"
     if stamp_ok cds "$h" && [[ -f "$JARS/cds/spark-driver.jsa" ]]; then
         CDS_STATUS="cached"
     else
@@ -227,25 +229,40 @@ cds_step() {
     fi
 }
 
-# ---------------------------------------------------------------------------------------------- sql
-# The analysts' SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark
-# Connect command filter), compiled with the JDK against the jars pyspark ships. Seconds; no download.
-sql_step() {
-    local h src pyspark_dir
-    src="$ROOT/kappa/front/sql/java"
+# ---------------------------------------------------------------------------------------------- java
+# java_jar <step> <source folder> <jar>: the project's Java sources under <source folder>, compiled with the JDK
+# against the jars pyspark ships (seconds; no download) into <jar>; skipped while the stamp of <step> matches.
+# Sets JAVA_STATUS to cached or built.
+java_jar() {
+    local step="$1" src="$ROOT/$2" jar="$3" h pyspark_dir
     pyspark_dir="$(pyspark_jars_dir)"
     h="$(hash_of "$(java -version 2>&1) $(ls "$pyspark_dir")" $(find "$src" -name '*.java' | sort))"
-    if stamp_ok sql "$h" && [[ -f "$JARS/sql/kappa-sql.jar" ]]; then
-        SQL_STATUS="cached"; return 0
+    if stamp_ok "$step" "$h" && [[ -f "$jar" ]]; then
+        JAVA_STATUS="cached"; return 0
     fi
-    local out="$CACHE/sql-classes"
-    rm -rf "$out" && mkdir -p "$out" "$JARS/sql"
+    local out="$CACHE/$step-classes"
+    rm -rf "$out" && mkdir -p "$out" "$(dirname "$jar")"
     javac -nowarn --release 17 -d "$out" -cp "$pyspark_dir/*" $(find "$src" -name '*.java' | sort) \
-        || die "compiling kappa/front/sql/java failed (above)"
-    jar cf "$JARS/sql/kappa-sql.jar.tmp" -C "$out" kappa && mv "$JARS/sql/kappa-sql.jar.tmp" "$JARS/sql/kappa-sql.jar"
+        || die "compiling $2 failed (above)"
+    jar cf "$jar.tmp" -C "$out" kappa && mv "$jar.tmp" "$jar"
     rm -rf "$out"
-    stamp_set sql "$h"
-    SQL_STATUS="built"
+    stamp_set "$step" "$h"
+    JAVA_STATUS="built"
+}
+
+# Hadoop's local file system without a process per file operation (kappa/runtime/java: chmod and readlink through
+# java.nio), on every local driver's class path (kappa.runtime.spark.forkless_fs). Before the class-data archive:
+# the archive is dumped with the class path the drivers run with.
+hadoop_step() {
+    java_jar hadoop kappa/runtime/java "$JARS/hadoop/kappa-hadoop.jar"
+    HADOOP_STATUS="$JAVA_STATUS"
+}
+
+# The analysts' SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark
+# Connect command filter).
+sql_step() {
+    java_jar sql kappa/front/sql/java "$JARS/sql/kappa-sql.jar"
+    SQL_STATUS="$JAVA_STATUS"
 }
 
 # --------------------------------------------------------------------------------------------- lock
@@ -284,7 +301,7 @@ summary() {
          "| spark jars: $ns, $ss ($SPARK_STATUS, spark $SPARK_VERSION, delta $DELTA_VERSION)" \
          "| s3a jars: $n3, $s3 ($S3A_STATUS, AWS SDK $AWS_SDK_V2_VERSION)" \
          "| driver class-data archive: $(du -sh "$JARS/cds/spark-driver.jsa" | cut -f1) ($CDS_STATUS)" \
-         "| sql guards: $SQL_STATUS"
+         "| forkless local fs: $HADOOP_STATUS | sql guards: $SQL_STATUS"
 }
 
 main() {
@@ -292,9 +309,9 @@ main() {
     load_versions
     mkdir -p "$CACHE"
     case "$cmd" in
-        all)    preflight; python_step; jars_step; cds_step; sql_step; summary ;;
+        all)    preflight; python_step; jars_step; hadoop_step; cds_step; sql_step; summary ;;
         python) preflight; python_step; echo "bootstrap: python ok ($PY_STATUS) in ${SECONDS}s" ;;
-        jars)   preflight; PY_STATUS="n/a"; jars_step; cds_step; sql_step; summary ;;
+        jars)   preflight; PY_STATUS="n/a"; jars_step; hadoop_step; cds_step; sql_step; summary ;;
         lock)   preflight; lock_step ;;
         check)  preflight; echo "bootstrap: preflight ok (java, mvn, $PYTHON)" ;;
         -h|--help|help) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//' ;;

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from kappa.config import Settings
 
-__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "jvm_class",
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "forkless_fs", "jvm_class",
            "jvm_output_to_logging", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
 
 
@@ -54,6 +54,29 @@ def spark_jars(jars_dir: Path, *, s3a: bool = False) -> list[str]:
         raise MissingJarsError(f"an s3a:// lake needs hadoop-aws, not in {Path(jars_dir) / 's3a'}: run `make setup` "
                                "first")
     return jars
+
+
+#: Hadoop's local file system without a process per file operation (kappa/runtime/java), built by ``make setup``
+FORKLESS_JAR = Path("hadoop") / "kappa-hadoop.jar"
+
+
+def forkless_fs(settings: "Settings", master: str) -> dict[str, str]:
+    """Spark settings that give a local driver's Hadoop a local file system that starts no process per file.
+
+    Without Hadoop's native library (pyspark ships none) its local file system runs ``chmod`` for the permission of
+    every file it creates and ``readlink`` to learn whether a path is a link, several times for each checkpoint,
+    state-store and Delta log file: about 26 processes for one micro-batch of a query that runs no job, each one
+    started by the driver JVM (``kappa.hadoop.ForklessLocalFileSystem`` and ``ForklessLocalFs`` make both a
+    ``java.nio`` call; docs/performance.md). Empty - Hadoop's own - when ``KAPPA_SPARK_FORKLESS_FS`` is off, for a
+    master that is not local (executors elsewhere would lack the classes) or before ``make setup`` built the jar.
+    The jar goes on the JVM's own class path: Hadoop loads ``fs.file.impl`` before ``spark.jars`` are there.
+    """
+    jar = Path(settings.jars_dir) / FORKLESS_JAR
+    if not settings.spark_forkless_fs or not master.startswith("local") or not jar.is_file():
+        return {}
+    return {"spark.driver.extraClassPath": str(jar),
+            "spark.hadoop.fs.file.impl": "kappa.hadoop.ForklessLocalFileSystem",
+            "spark.hadoop.fs.AbstractFileSystem.file.impl": "kappa.hadoop.ForklessLocalFs"}
 
 
 def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -321,9 +344,12 @@ def build_spark(
         java_options += [f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2-file.properties')}",
                          f"-Dkappa.spark.log={settings.spark_log_file}"]
     builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
-    for key, value in (s3a_conf() if on_s3a else {}).items():
-        builder = builder.config(key, value)
+    conf = {**(s3a_conf() if on_s3a else {}), **forkless_fs(settings, master)}
     for key, value in (extra_conf or {}).items():
+        if key == "spark.driver.extraClassPath" and conf.get(key):  # both on the class path
+            value = os.pathsep.join(part for part in (value, conf[key]) if part)
+        conf[key] = value
+    for key, value in conf.items():
         builder = builder.config(key, value)
     if _TO_LOGGING.is_set() and not settings.spark_log_file:
         _launch_into_logging(builder)
@@ -339,6 +365,10 @@ def build_spark(
     # "Current batch is falling behind" at every slow micro-batch: the job says it once when it starts and once
     # when it ends, with the gauge kappa_falling_behind (kappa.runtime.job._Pace)
     configurator.setLevel("org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor", error)
+    # at the JVM's exit Spark removes its scratch folders with `rm -rf`, and a stop that signals the process group
+    # can end that `rm` first: a WARN with a stack trace, then the same folders removed through Java (a failure of
+    # that is still logged, at ERROR, by the caller)
+    configurator.setLevel("org.apache.spark.network.util.JavaUtils", error)
     # py4j logs each gateway connection it closes at INFO, also while the interpreter shuts down (when a
     # configured handler's stream may be closed already): keep it to warnings
     logging.getLogger("py4j").setLevel(logging.WARNING)
