@@ -326,22 +326,47 @@ def _stages(path: Path) -> dict[str, list[tuple[str, str]]]:
     return stages
 
 
-def test_view_job_image_builds_the_sql_service_guards(default_objs: list[dict]) -> None:
-    """`kappa sql serve` (the chart's <fullname>-sql Deployment) refuses to start without the guards' jar: the image
-    compiles kappa/front/sql/java with a JDK against its own pyspark's jars, as `make setup` does, and puts the jar
-    where kappa.front.sql.server.jar_path() looks in the image's repository (/opt/kappa)."""
-    from kappa.config import Settings
+def _sql_jar(settings) -> Path:
     from kappa.front.sql.server import jar_path
 
+    return jar_path(settings)
+
+
+def _forkless_jar(settings) -> Path:
+    from kappa.runtime.spark import FORKLESS_JAR
+
+    return Path(settings.jars_dir) / FORKLESS_JAR
+
+
+# the project's Java, compiled in the image as `make setup` compiles it: (stage, sources, one of them, where the
+# runtime looks in the image's repository, the image's own check that it is there)
+_JAVA_JARS = {
+    # `kappa sql serve` (the chart's <fullname>-sql Deployment) refuses to start without the guards' jar
+    "sql guards": ("sql", "kappa/front/sql/java", "kappa/sql/ReadOnly.java", _sql_jar,
+                   "jar_path(Settings.from_env())", "/opt/kappa/.cache/jars/sql/kappa-sql.jar"),
+    # every local driver (the grouped driver, replays, the SQL service) puts it on its class path when it is there
+    "forkless local fs": ("hadoop", "kappa/runtime/java", "kappa/hadoop/ForklessRawLocalFileSystem.java",
+                          _forkless_jar, "forkless_fs(Settings.from_env(), 'local[2]')",
+                          "/opt/kappa/.cache/jars/hadoop/kappa-hadoop.jar"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_JAVA_JARS))
+def test_view_job_image_builds_the_projects_java(what: str) -> None:
+    """The image compiles the project's Java with a JDK against its own pyspark's jars, as `make setup` does, and
+    puts each jar where the code that loads it looks in the image's repository (/opt/kappa)."""
+    from kappa.config import Settings
+
+    stage_name, source_dir, marker, where, check, path = _JAVA_JARS[what]
     stages = _stages(IMAGES / "view-job.Dockerfile")
-    sql = stages["sql"]
-    assert sql[0][1].startswith("${MAVEN_IMAGE} "), "the JDK of the Maven image (the runtime has a JRE only)"
-    copies = [rest for ins, rest in sql if ins == "COPY"]
+    stage = stages[stage_name]
+    assert stage[0][1].startswith("${MAVEN_IMAGE} "), "the JDK of the Maven image (the runtime has a JRE only)"
+    copies = [rest for ins, rest in stage if ins == "COPY"]
     assert "--from=python /opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark/jars /pyspark-jars" in copies
     source = next(c for c in copies if not c.startswith("--from="))
     src, dst = source.split()
-    assert src == "kappa/front/sql/java" and (h.ROOT / src / "kappa" / "sql" / "ReadOnly.java").is_file()
-    run = " ".join(rest for ins, rest in sql if ins == "RUN")
+    assert src == source_dir and (h.ROOT / src / marker).is_file()
+    run = " ".join(rest for ins, rest in stage if ins == "RUN")
     javac = re.search(r"\bjavac ([^;]*)", run).group(1)
     assert "--release 17" in javac and '-cp "/pyspark-jars/*"' in javac and dst in javac
     classes = re.search(r"-d (\S+)", javac).group(1)
@@ -349,13 +374,19 @@ def test_view_job_image_builds_the_sql_service_guards(default_objs: list[dict]) 
     assert built, run
     runtime = stages[""]
     assert ("WORKDIR", "/opt/kappa") in runtime
-    want = jar_path(Settings.from_env({"KAPPA_REPO_ROOT": "/opt/kappa"}))
-    assert want == Path("/opt/kappa/.cache/jars/sql/kappa-sql.jar")
-    copied = [rest for ins, rest in runtime if ins == "COPY" and rest.startswith("--from=sql ")]
-    assert copied == [f"--from=sql {built.group(1)} {want.relative_to('/opt/kappa')}"], copied
-    # the image's own check: the path the service reads holds the jar
-    assert any("jar_path(Settings.from_env())" in rest and "is_file()" in rest for ins, rest in runtime if ins == "RUN")
-    # ... and the chart runs the service from this image
+    want = where(Settings.from_env({"KAPPA_REPO_ROOT": "/opt/kappa"}))
+    assert want == Path(path)
+    copied = [i for i, (ins, rest) in enumerate(runtime)
+              if ins == "COPY" and rest == f"--from={stage_name} {built.group(1)} {want.relative_to('/opt/kappa')}"]
+    assert len(copied) == 1, [rest for ins, rest in runtime if ins == "COPY" and rest.startswith(f"--from={stage_name} ")]
+    # the image's own check: the path the code reads holds the jar
+    assert any(check in rest for ins, rest in runtime if ins == "RUN"), check
+    if stage_name == "hadoop":  # on the drivers' class path: their class-data archive is dumped with it in place
+        dump = next(i for i, (ins, rest) in enumerate(runtime) if ins == "RUN" and "-m kappa.runtime.cds" in rest)
+        assert copied[0] < dump, (copied, dump)
+
+
+def test_the_sql_service_runs_from_the_view_job_image(default_objs: list[dict]) -> None:
     sql_deploy = h.named(default_objs, "Deployment", "kappa-sql")
     assert h.pod_spec(sql_deploy)["containers"][0]["image"] == f"kappa/view-job:{h.versions()['KAPPA_VERSION']}"
 

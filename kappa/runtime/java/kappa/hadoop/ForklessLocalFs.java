@@ -33,6 +33,7 @@ public class ForklessLocalFs extends ChecksumFs {
         }
 
         @Override
+        @SuppressWarnings("deprecation")  // overridden as Hadoop's RawLocalFs overrides it
         public FsServerDefaults getServerDefaults() throws IOException {
             return LocalConfigKeys.getServerDefaults();
         }
