@@ -1,7 +1,7 @@
 """A local driver's Hadoop starts no process per file (``kappa.runtime.spark.forkless_fs``, kappa/runtime/java).
 
 Without Hadoop's native library its local file system runs ``chmod`` for each file it creates and ``readlink``
-for each link check: about 26 processes a micro-batch. The sessions the platform builds use the classes of
+for each link check: 20 processes for each micro-batch of a query that does nothing. The sessions the platform builds use the classes of
 ``make setup``'s ``kappa-hadoop.jar`` instead. The test runs a stateful streaming query (RocksDB state store,
 checkpoint logs) writing a Delta table through delta-spark in a session of its own, with ``chmod`` and
 ``readlink`` on the JVM's ``PATH`` replaced by scripts that note each call and run the real command (a spy: the

@@ -65,9 +65,10 @@ def forkless_fs(settings: "Settings", master: str) -> dict[str, str]:
 
     Without Hadoop's native library (pyspark ships none) its local file system runs ``chmod`` for the permission of
     every file it creates and ``readlink`` to learn whether a path is a link, several times for each checkpoint,
-    state-store and Delta log file: about 26 processes for one micro-batch of a query that runs no job, each one
-    started by the driver JVM (``kappa.hadoop.ForklessLocalFileSystem`` and ``ForklessLocalFs`` make both a
-    ``java.nio`` call; docs/performance.md). Empty - Hadoop's own - when ``KAPPA_SPARK_FORKLESS_FS`` is off, for a
+    state-store and Delta log file: 20 processes for each micro-batch of a query that does nothing (16 ``readlink``,
+    4 ``chmod``; more with state and Delta commits), each one started by the driver JVM.
+    ``kappa.hadoop.ForklessLocalFileSystem`` and ``ForklessLocalFs`` make both a ``java.nio`` call
+    (docs/performance.md). Empty - Hadoop's own - when ``KAPPA_SPARK_FORKLESS_FS`` is off, for a
     master that is not local (executors elsewhere would lack the classes) or before ``make setup`` built the jar.
     The jar goes on the JVM's own class path: Hadoop loads ``fs.file.impl`` before ``spark.jars`` are there.
     """

@@ -16,8 +16,8 @@ import org.apache.hadoop.fs.permission.FsPermission;
  *
  * <p>Without Hadoop's native library (pyspark ships none) {@link RawLocalFileSystem} sets a file's permission by
  * running {@code chmod} and asks whether a path is a symbolic link by running {@code readlink}: a process started
- * by the JVM for every checkpoint, state-store and Delta log file a micro-batch writes (about 26 for one micro-batch
- * of a query that runs no job). Both are one system call through {@code java.nio} here; what the files hold, where
+ * by the JVM for every checkpoint, state-store and Delta log file a micro-batch writes (20 for each micro-batch of a
+ * query that does nothing). Both are one system call through {@code java.nio} here; what the files hold, where
  * they go and the atomic renames Spark's checkpoints rely on are {@link RawLocalFileSystem}'s, unchanged.
  */
 public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
