@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from kappa.config import Settings
 
-__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "forkless_fs", "jvm_class",
-           "jvm_output_to_logging", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
+__all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "forkless_fs", "forkless_jar",
+           "jvm_class", "jvm_output_to_logging", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -56,8 +56,10 @@ def spark_jars(jars_dir: Path, *, s3a: bool = False) -> list[str]:
     return jars
 
 
-#: Hadoop's local file system without a process per file operation (kappa/runtime/java), built by ``make setup``
-FORKLESS_JAR = Path("hadoop") / "kappa-hadoop.jar"
+def forkless_jar(settings: "Settings") -> Path:
+    """Where ``make setup`` (and the view-job image) puts Hadoop's local file system without a process per file
+    operation (kappa/runtime/java): ``<jars>/hadoop/kappa-hadoop.jar``."""
+    return Path(settings.jars_dir) / "hadoop" / "kappa-hadoop.jar"
 
 
 def forkless_fs(settings: "Settings", master: str) -> dict[str, str]:
@@ -72,7 +74,7 @@ def forkless_fs(settings: "Settings", master: str) -> dict[str, str]:
     master that is not local (executors elsewhere would lack the classes) or before ``make setup`` built the jar.
     The jar goes on the JVM's own class path: Hadoop loads ``fs.file.impl`` before ``spark.jars`` are there.
     """
-    jar = Path(settings.jars_dir) / FORKLESS_JAR
+    jar = forkless_jar(settings)
     if not settings.spark_forkless_fs or not master.startswith("local") or not jar.is_file():
         return {}
     return {"spark.driver.extraClassPath": str(jar),

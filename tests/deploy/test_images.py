@@ -333,9 +333,9 @@ def _sql_jar(settings) -> Path:
 
 
 def _forkless_jar(settings) -> Path:
-    from kappa.runtime.spark import FORKLESS_JAR
+    from kappa.runtime.spark import forkless_jar
 
-    return Path(settings.jars_dir) / FORKLESS_JAR
+    return forkless_jar(settings)
 
 
 # the project's Java, compiled in the image as `make setup` compiles it: (stage, sources, one of them, where the
@@ -343,7 +343,7 @@ def _forkless_jar(settings) -> Path:
 _JAVA_JARS = {
     # `kappa sql serve` (the chart's <fullname>-sql Deployment) refuses to start without the guards' jar
     "sql guards": ("sql", "kappa/front/sql/java", "kappa/sql/ReadOnly.java", _sql_jar,
-                   "jar_path(Settings.from_env())", "/opt/kappa/.cache/jars/sql/kappa-sql.jar"),
+                   "p = jar_path(Settings.from_env()); assert p.is_file()", "/opt/kappa/.cache/jars/sql/kappa-sql.jar"),
     # every local driver (the grouped driver, replays, the SQL service) puts it on its class path when it is there
     "forkless local fs": ("hadoop", "kappa/runtime/java", "kappa/hadoop/ForklessRawLocalFileSystem.java",
                           _forkless_jar, "forkless_fs(Settings.from_env(), 'local[2]')",
