@@ -208,9 +208,10 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         # and takes its result (kappa.control.replay.verification._one_at_a_time)
         waits: list[str] = []
         second: list[Any] = []
+        holding = threading.Event()  # set by the first request's on_start: it holds the lock, its recompute begins
 
         def ask_again() -> None:
-            time.sleep(3)  # the first request holds the lock by then
+            assert holding.wait(300), "the first verification never started"
             second.append(replay.verify(VIEW, 2, settings, "strict", by="test:second", on_wait=waits.append))
 
         other = threading.Thread(target=ask_again)
@@ -219,7 +220,7 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
 
         monkeypatch.setattr(rerun, "PROGRESS_EVERY_SECONDS", 0.0)  # every poll of the re-run says where it is
         with caplog.at_level(logging.INFO, logger="kappa.runtime.rerun"):
-            check = replay.verify(VIEW, 2, settings, "strict", by="test")
+            check = replay.verify(VIEW, 2, settings, "strict", by="test", on_start=lambda line: holding.set())
         other.join(300)
         progress = [r.getMessage() for r in caplog.records if r.name == "kappa.runtime.rerun"]
         assert progress and all(re.fullmatch(rf"recompute of {VIEW}@v2: re-run batch \d+ of \d+ \(\d+%\), about "
