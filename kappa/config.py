@@ -39,7 +39,9 @@ Running view versions:
   (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map the class-data archive ``make setup`` built,
   :mod:`kappa.runtime.cds`), ``KAPPA_SPARK_FORKLESS_FS`` (``true``: a local driver's Hadoop sets permissions and
   reads links through ``java.nio`` instead of starting ``chmod`` and ``readlink`` for every file it writes,
-  :func:`kappa.runtime.spark.forkless_fs`) -- the Spark sessions the platform builds.
+  :func:`kappa.runtime.spark.forkless_fs`), ``KAPPA_SPARK_HEAP_FOOTPRINT`` (``true``: a driver's heap is kept 20-50 %
+  above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`) -- the
+  Spark sessions the platform builds.
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
@@ -174,8 +176,8 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
-        spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, airflow_port, airflow_password, sql_jdbc_port,
-        sql_connect_port, sql_token, replay_poke_seconds,
+        spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint, airflow_port,
+        airflow_password, sql_jdbc_port, sql_connect_port, sql_token, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
         upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
         verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
@@ -213,6 +215,7 @@ class Settings:
     spark_log_file: str | None = None
     spark_cds: bool = True
     spark_forkless_fs: bool = True
+    spark_heap_footprint: bool = True
     airflow_port: int = 8080
     airflow_password: str | None = field(default=None, repr=False)
     sql_jdbc_port: int = 10000
@@ -312,6 +315,7 @@ class Settings:
             spark_log_file=get("KAPPA_SPARK_LOG_FILE"),
             spark_cds=flag("KAPPA_SPARK_CDS", True),
             spark_forkless_fs=flag("KAPPA_SPARK_FORKLESS_FS", True),
+            spark_heap_footprint=flag("KAPPA_SPARK_HEAP_FOOTPRINT", True),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
             sql_jdbc_port=number("KAPPA_SQL_JDBC_PORT", int, 10000),

@@ -59,27 +59,58 @@ BASELINE = "fc054fe"
 
 # ------------------------------------------------------------------------------------------------ one leg
 def _tree_usage(pid: int | None) -> dict[str, float]:
-    """RSS (MiB) and CPU seconds so far of a process and its descendants, and the CPU seconds of its JVMs
+    """RSS (MiB) and CPU seconds so far of a process and its descendants, and the RSS and CPU seconds of its JVMs
     (the view host's Spark driver) among them."""
     import psutil
 
-    rss = cpu = jvm = 0.0
+    rss = cpu = jvm = jvm_rss = 0.0
     if pid is None:
-        return {"rss_mb": 0.0, "cpu_s": 0.0, "jvm_cpu_s": 0.0}
+        return {"rss_mb": 0.0, "cpu_s": 0.0, "jvm_cpu_s": 0.0, "jvm_rss_mb": 0.0}
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         procs = []
     for proc in procs:
         try:
-            rss += proc.memory_info().rss / 2**20
+            resident = proc.memory_info().rss / 2**20
             times = proc.cpu_times()
             used = times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
-            cpu += used
-            jvm += used if proc.name() == "java" else 0.0
+            rss, cpu = rss + resident, cpu + used
+            if proc.name() == "java":
+                jvm, jvm_rss = jvm + used, jvm_rss + resident
         except psutil.Error:
             continue
-    return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm}
+    return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm, "jvm_rss_mb": jvm_rss}
+
+
+def _heap(pid: int | None) -> dict[str, float] | None:
+    """The JVM under ``pid``'s collector so far (``jstat -gc``): its seconds collecting, and its heap committed and
+    used now (MiB)."""
+    import psutil
+
+    try:
+        java = next(p.pid for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                    if p.name() == "java") if pid else None
+    except (psutil.Error, StopIteration):
+        return None
+    if java is None:
+        return None
+    try:
+        out = subprocess.run(["jstat", "-gc", str(java)], capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    half = len(out) // 2
+    if half == 0 or len(out) != 2 * half:
+        return None
+    gc = dict(zip(out[:half], out[half:]))
+    try:
+        spaces = ("S0C", "S1C", "EC", "OC")
+        return {"gc_s": float(gc["GCT"]), "young_gcs": int(gc["YGC"]), "full_gcs": int(gc["FGC"]),
+                "full_gc_s": float(gc["FGCT"]),
+                "heap_committed_mb": sum(float(gc[k]) for k in spaces) / 1024,
+                "heap_used_mb": sum(float(gc[k]) for k in ("S0U", "S1U", "EU", "OU")) / 1024}
+    except (KeyError, ValueError):
+        return None
 
 
 def _scrape(port: int) -> dict[str, Any] | None:
@@ -138,16 +169,21 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
 
     topics = {label: st.topic(stream_topic(view, version)) for label, (view, version) in versions.items()}
     before = {name: _tree_usage(pid) for name, pid in parts.items()}
+    heap_before = _heap(parts.get("view host"))
     first = {label: _scrape(port) for label, port in ports.items()}
     start = {label: _committed(st, *versions[label], topics[label]) for label in ports}
     lags: dict[str, list[float]] = {label: [start[label][1]] for label in ports}
+    peak = {name: before[name]["rss_mb"] for name in parts}  # RSS sampled every 2 s: its maximum in the window
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(2)
         for label in ports:
             lags[label].append(_committed(st, *versions[label], topics[label])[1])
+        for name, pid in parts.items():
+            peak[name] = max(peak[name], _tree_usage(pid)["rss_mb"])
     elapsed = time.monotonic() - t0
     after = {name: _tree_usage(pid) for name, pid in parts.items()}
+    heap_after = _heap(parts.get("view host"))
     end = {label: _committed(st, *versions[label], topics[label]) for label in ports}
     last = {label: _scrape(port) for label, port in ports.items()}
     views: dict[str, Any] = {}
@@ -174,6 +210,16 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
             "cores_total": sum(cpu.values()) / elapsed,
             "rss_mb": {name: after[name]["rss_mb"] for name in parts},
             "rss_mb_total": sum(after[name]["rss_mb"] for name in parts),
+            "rss_mb_peak": {name: max(peak[name], after[name]["rss_mb"]) for name in parts},
+            # the view host's JVM (its heap, the class-data archive, code, threads) apart from its Python process
+            "host_jvm_rss_mb": after.get("view host", {}).get("jvm_rss_mb"),
+            # its collector: the share of the window's wall time spent collecting, the heap at the window's end
+            "host_gc_share": ((heap_after["gc_s"] - heap_before["gc_s"]) / elapsed
+                              if heap_before and heap_after else None),
+            "host_gcs": ({k: heap_after[k] - heap_before[k] for k in ("young_gcs", "full_gcs", "full_gc_s")}
+                         if heap_before and heap_after else None),
+            "host_heap_committed_mb": heap_after["heap_committed_mb"] if heap_after else None,
+            "host_heap_used_mb": heap_after["heap_used_mb"] if heap_after else None,
             "host_cpu_s": cpu.get("view host", 0.0),
             "host_cpu_s_per_batch": cpu.get("view host", 0.0) / batches if batches else None,
             # the view host's CPU in its JVM (Spark) against its Python process (the jobs' batch code, metrics)
@@ -515,6 +561,10 @@ def _print(results: list[dict[str, Any]]) -> None:
     row("load: share of it in the JVM", lambda r: r["load"].get("host_jvm_share"), "{:.0%}")
     row("load: cores of all it started", lambda r: r["load"]["cores_total"], "{:.2f}")
     row("load: RSS of all it started (MiB)", lambda r: r["load"]["rss_mb_total"], "{:,.0f}")
+    row("load: view host RSS, peak (MiB)", lambda r: r["load"]["rss_mb_peak"]["view host"], "{:,.0f}")
+    row("load: view host JVM RSS at the end (MiB)", lambda r: r["load"]["host_jvm_rss_mb"], "{:,.0f}")
+    row("load: its heap committed at the end (MiB)", lambda r: r["load"]["host_heap_committed_mb"], "{:,.0f}")
+    row("load: its time collecting (share of wall time)", lambda r: r["load"]["host_gc_share"], "{:.1%}")
     for view in results[-1]["load"]["views"]:
         row(f"load: {view} lag max (records)", lambda r, v=view: r["load"]["views"][v]["lag_records_max"], "{:,.0f}")
         row(f"load: {view} lag max (s)", lambda r, v=view: r["load"]["views"][v]["lag_seconds_max"], "{:.1f}")
@@ -524,6 +574,8 @@ def _print(results: list[dict[str, Any]]) -> None:
     row("idle: view host cores", lambda r: r["idle"]["cores"]["view host"], "{:.3f}")
     row("idle: micro-batches in the window", lambda r: r["idle"]["batches"], "{:.0f}")
     row("idle: CPU-s per micro-batch", lambda r: r["idle"]["host_cpu_s_per_batch"])
+    row("idle: view host JVM RSS at the end (MiB)", lambda r: r["idle"]["host_jvm_rss_mb"], "{:,.0f}")
+    row("idle: its heap committed at the end (MiB)", lambda r: r["idle"]["host_heap_committed_mb"], "{:,.0f}")
     Console().print(table)
 
 

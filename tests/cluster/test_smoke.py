@@ -73,6 +73,7 @@ class Operator:
         assert "KUBECONFIG=" in self.exports, install.where
         self.groups: list[int] = []
         self.timings: dict[str, float] = {}
+        self.step = ""  # the block running now (the memory samples say in which block they were taken)
         LOGS.mkdir(parents=True, exist_ok=True)
 
     def run(self, block: Block, name: str, timeout: float, *, first: bool = False) -> str:
@@ -80,6 +81,7 @@ class Operator:
         script = block.text if first else self.exports + block.text
         log = LOGS / f"{name}.log"
         started = time.monotonic()
+        self.step = name
         with log.open("w") as out:
             # a session of its own: what the block leaves running in the background is stopped with its group
             # a wide terminal: the CLI's lines of task states are not wrapped
@@ -157,16 +159,18 @@ class Cluster:
             time.sleep(5)
         assert not bad, f"pods not Ready after {timeout:.0f} s: {bad}"
 
-    def memory(self) -> dict[str, int]:
-        """Working set per pod of the release (kubelet's /stats/summary), in bytes."""
+    def memory(self) -> dict[str, tuple[int, int]]:
+        """Per pod of the release (kubelet's /stats/summary), in bytes: its working set (what the limit and the
+        eviction are measured against: anonymous memory and the active page cache) and its anonymous part
+        (``rssBytes``; the rest of the working set is files it read or wrote)."""
         res = self.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/stats/summary", check=False, timeout=30)
         if res.returncode != 0:
             return {}
         out = {}
         for pod in json.loads(res.stdout).get("pods", []):
-            ref = pod["podRef"]
-            if ref["namespace"] in (NS, "kube-system") and pod.get("memory", {}).get("workingSetBytes") is not None:
-                out[_workload(ref["name"])] = pod["memory"]["workingSetBytes"]
+            ref, memory = pod["podRef"], pod.get("memory", {})
+            if ref["namespace"] in (NS, "kube-system") and memory.get("workingSetBytes") is not None:
+                out[_workload(ref["name"])] = (memory["workingSetBytes"], memory.get("rssBytes") or 0)
         return out
 
     def diagnostics(self) -> str:
@@ -204,13 +208,16 @@ def _workload(pod: str) -> str:
 
 
 class MemorySampler(threading.Thread):
-    """Samples every pod's working set every 20 s: the first sample a minute after the install and the maximum."""
+    """Samples every pod's working set every 20 s: the first sample a minute after the install, the maximum (with
+    its anonymous part and the block it was taken in) and every sample of the grouped driver (``kappa-views``)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, operator: Operator) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.stopping = cluster, threading.Event()
+        self.cluster, self.operator, self.stopping = cluster, operator, threading.Event()
         self.after_install: dict[str, int] = {}
         self.peak: dict[str, int] = {}
+        self.peak_at: dict[str, dict[str, Any]] = {}  # pod -> its peak's anonymous MiB, block and second
+        self.grouped: list[list[Any]] = []  # [second, block, working set MiB, anonymous MiB] of kappa-views
         self.started = time.monotonic()
 
     def run(self) -> None:
@@ -219,10 +226,16 @@ class MemorySampler(threading.Thread):
                 sample = self.cluster.memory()
             except Exception:  # noqa: BLE001 - a sample lost while the API restarts is no finding
                 continue
-            if not self.after_install and time.monotonic() - self.started >= 60:
-                self.after_install = dict(sample)
-            for pod, used in sample.items():
-                self.peak[pod] = max(used, self.peak.get(pod, 0))
+            second, step = round(time.monotonic() - self.started), self.operator.step
+            if not self.after_install and second >= 60:
+                self.after_install = {pod: used for pod, (used, _) in sample.items()}
+            for pod, (used, anon) in sample.items():
+                if used > self.peak.get(pod, 0):
+                    self.peak[pod] = used
+                    self.peak_at[pod] = {"anonymous_mib": round(anon / 2**20), "block": step, "second": second}
+            if "kappa-views" in sample:
+                used, anon = sample["kappa-views"]
+                self.grouped.append([second, step, round(used / 2**20), round(anon / 2**20)])
 
 
 def _mib(values: dict[str, int]) -> dict[str, int]:
@@ -277,6 +290,8 @@ def _report(operator: Operator, sampler: MemorySampler | None, total: float, res
         "total_s": round(total, 1), "steps_s": operator.timings, **extra,
         "memory_mib_a_minute_after_install": _mib(sampler.after_install) if sampler else {},
         "memory_mib_peak": _mib(sampler.peak) if sampler else {},
+        "memory_peak_when": dict(sorted(sampler.peak_at.items())) if sampler else {},
+        "memory_grouped_driver_series": sampler.grouped if sampler else [],
     }, indent=2) + "\n")
 
 
@@ -331,7 +346,7 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         # 1. install
         operator.run(blocks["install"], "install", timeout=3600, first=True)
         cluster = Cluster()
-        sampler = MemorySampler(cluster)
+        sampler = MemorySampler(cluster, operator)
         sampler.start()
         cluster.wait_all_ready(120)
         names = {p["metadata"]["labels"].get("app.kubernetes.io/name") for p in cluster.pods()}
@@ -413,6 +428,7 @@ def test_deploy_md_section_5_verbatim_on_a_fresh_node() -> None:
         print(f"[smoke] passed in {time.monotonic() - started:.0f} s: {operator.timings}")
         print(f"[smoke] memory a minute after the install (MiB): {_mib(sampler.after_install)}")
         print(f"[smoke] memory peak (MiB): {_mib(sampler.peak)}")
+        print(f"[smoke] the grouped driver's peak: {sampler.peak_at.get('kappa-views')}")
     except BaseException:
         if sampler:
             sampler.stopping.set()

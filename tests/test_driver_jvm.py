@@ -1,0 +1,65 @@
+"""The options a driver JVM of the platform runs with (``kappa.runtime.spark.build_spark``), read back from the
+running JVM itself (``HotSpotDiagnosticMXBean``), not from the configuration that asked for them.
+
+What the heap's footprint settings are worth is measured by ``make bench-live`` (docs/performance.md); here: every
+session the platform builds runs with them, and ``KAPPA_SPARK_HEAP_FOOTPRINT=false`` leaves the collector's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kappa.runtime.spark import PARALLEL_GC_FOOTPRINT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.integration
+
+FLAGS = ("UseParallelGC", "GCTimeRatio", "MinHeapFreeRatio", "MaxHeapFreeRatio", "AdaptiveSizePolicyWeight",
+         "ThreadStackSize", "MaxHeapSize")
+
+_READ = """
+import json, sys
+from kappa.config import Settings
+from kappa.runtime.spark import build_spark
+spark = build_spark("jvm-options-test", Settings.from_env())
+print(json.dumps(__import__("tests.test_driver_jvm", fromlist=["vm_flags"]).vm_flags(spark)))
+"""
+
+
+def vm_flags(spark) -> dict[str, str]:
+    """The running driver JVM's value of each of :data:`FLAGS`."""
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    return {name: str(bean.getVMOption(name).getValue()) for name in FLAGS}
+
+
+def _expected(options) -> dict[str, str]:
+    return dict(option.removeprefix("-XX:").split("=") for option in options)
+
+
+def test_a_platform_driver_keeps_its_heap_near_what_it_holds(spark):
+    flags = vm_flags(spark)
+    assert flags["UseParallelGC"] == "true", flags
+    assert {k: flags[k] for k in _expected(PARALLEL_GC_FOOTPRINT)} == _expected(PARALLEL_GC_FOOTPRINT), flags
+    assert flags["ThreadStackSize"] == "8192", flags  # -Xss8m (a failed foreachBatch's traceback, see build_spark)
+    assert int(flags["MaxHeapSize"]) == 2**30, flags  # the heap's maximum is still the session's driver memory
+
+
+@pytest.mark.timeout(300)
+def test_the_footprint_settings_can_be_turned_off():
+    env = {**os.environ, "KAPPA_SPARK_HEAP_FOOTPRINT": "false", "KAPPA_HOME": str(ROOT / ".cache" / "tmp" / "jvm-test")}
+    proc = subprocess.run([sys.executable, "-c", _READ], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    flags = json.loads(proc.stdout.strip().splitlines()[-1])
+    # the parallel collector's own defaults: 1 % of the time collecting, free ratios 0-100 (no bound)
+    assert (flags["UseParallelGC"], flags["GCTimeRatio"]) == ("true", "99"), flags
+    assert flags["MaxHeapFreeRatio"] == "100", flags
