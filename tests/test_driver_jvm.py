@@ -25,7 +25,7 @@ FLAGS = ("UseParallelGC", "GCTimeRatio", "MinHeapFreeRatio", "MaxHeapFreeRatio",
          "ThreadStackSize", "MaxHeapSize")
 
 _READ = """
-import json, sys
+import json
 from kappa.config import Settings
 from kappa.runtime.spark import build_spark
 spark = build_spark("jvm-options-test", Settings.from_env())
@@ -54,8 +54,8 @@ def test_a_platform_driver_keeps_its_heap_near_what_it_holds(spark):
 
 
 @pytest.mark.timeout(300)
-def test_the_footprint_settings_can_be_turned_off():
-    env = {**os.environ, "KAPPA_SPARK_HEAP_FOOTPRINT": "false", "KAPPA_HOME": str(ROOT / ".cache" / "tmp" / "jvm-test")}
+def test_the_footprint_settings_can_be_turned_off(tmp_path):
+    env = {**os.environ, "KAPPA_SPARK_HEAP_FOOTPRINT": "false", "KAPPA_HOME": str(tmp_path / "home")}
     proc = subprocess.run([sys.executable, "-c", _READ], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
