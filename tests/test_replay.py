@@ -219,6 +219,13 @@ def test_replay_v2_while_v1_serves_then_promote_and_roll_back(kafka, lake, airfl
         from kappa.runtime import rerun
 
         monkeypatch.setattr(rerun, "PROGRESS_EVERY_SECONDS", 0.0)  # every poll of the re-run says where it is
+        fed = rerun._Feeder.on_batch
+
+        def on_batch_slowly(self: Any, frame: Any, batch_id: int) -> None:
+            time.sleep(1.0)  # a re-run of staged batches can end within the first poll (0.5 s): make it last two
+            fed(self, frame, batch_id)
+
+        monkeypatch.setattr(rerun._Feeder, "on_batch", on_batch_slowly)
         with caplog.at_level(logging.INFO, logger="kappa.runtime.rerun"):
             check = replay.verify(VIEW, 2, settings, "strict", by="test", on_start=lambda line: holding.set())
         other.join(300)
