@@ -64,8 +64,9 @@ def _tree_usage(pid: int | None) -> dict[str, float]:
     import psutil
 
     rss = cpu = jvm = jvm_rss = 0.0
+    java: int | None = None
     if pid is None:
-        return {"rss_mb": 0.0, "cpu_s": 0.0, "jvm_cpu_s": 0.0, "jvm_rss_mb": 0.0}
+        return {"rss_mb": 0.0, "cpu_s": 0.0, "jvm_cpu_s": 0.0, "jvm_rss_mb": 0.0, "jvm_pid": None}
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
@@ -77,22 +78,15 @@ def _tree_usage(pid: int | None) -> dict[str, float]:
             used = times.user + times.system + getattr(times, "children_user", 0) + getattr(times, "children_system", 0)
             rss, cpu = rss + resident, cpu + used
             if proc.name() == "java":
-                jvm, jvm_rss = jvm + used, jvm_rss + resident
+                jvm, jvm_rss, java = jvm + used, jvm_rss + resident, java or proc.pid
         except psutil.Error:
             continue
-    return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm, "jvm_rss_mb": jvm_rss}
+    return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm, "jvm_rss_mb": jvm_rss, "jvm_pid": java}
 
 
-def _heap(pid: int | None) -> dict[str, float] | None:
-    """The JVM under ``pid``'s collector so far (``jstat -gc``): its seconds collecting, and its heap committed and
+def _heap(java: int | None) -> dict[str, float] | None:
+    """The collector of the JVM ``java`` so far (``jstat -gc``): its seconds collecting, and its heap committed and
     used now (MiB)."""
-    import psutil
-
-    try:
-        java = next(p.pid for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-                    if p.name() == "java") if pid else None
-    except (psutil.Error, StopIteration):
-        return None
     if java is None:
         return None
     try:
@@ -169,7 +163,7 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
 
     topics = {label: st.topic(stream_topic(view, version)) for label, (view, version) in versions.items()}
     before = {name: _tree_usage(pid) for name, pid in parts.items()}
-    heap_before = _heap(parts.get("view host"))
+    heap_before = _heap(before.get("view host", {}).get("jvm_pid"))
     first = {label: _scrape(port) for label, port in ports.items()}
     start = {label: _committed(st, *versions[label], topics[label]) for label in ports}
     lags: dict[str, list[float]] = {label: [start[label][1]] for label in ports}
@@ -183,7 +177,7 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
             peak[name] = max(peak[name], _tree_usage(pid)["rss_mb"])
     elapsed = time.monotonic() - t0
     after = {name: _tree_usage(pid) for name, pid in parts.items()}
-    heap_after = _heap(parts.get("view host"))
+    heap_after = _heap(after.get("view host", {}).get("jvm_pid"))
     end = {label: _committed(st, *versions[label], topics[label]) for label in ports}
     last = {label: _scrape(port) for label, port in ports.items()}
     views: dict[str, Any] = {}
