@@ -408,7 +408,7 @@ def floor_leg(args: argparse.Namespace) -> None:
 
         def usage() -> dict[str, float]:
             mine, theirs = _tree_usage(pid), _tree_usage(producer.pid())
-            return {key: mine[key] - theirs[key] for key in mine}
+            return {key: mine[key] - theirs[key] for key in mine if key != "jvm_pid"}  # the producer has no JVM
 
         before, first, started = usage(), dict(counts), time.monotonic()
         lags: dict[str, list[int]] = {}
