@@ -9,7 +9,7 @@ KAPPA := bin/kappa
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-sql clean lock k8s-build k8s-up k8s-down \
-	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down
+	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ down: ## stop everything `make run` started (data is kept in .kappa/)
 status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
-test: setup k8s-build objectstore-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks)
+test: setup k8s-build objectstore-build prometheus-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks; the alerts under promtool)
 	@$(PYTEST) -m "not slow and not bench and not cluster and not smoke" --durations=60 tests
 
 test-smoke: setup k8s-build smoke-prep ## the cluster smoke: docs/deploy.md section 5 verbatim on a real node it brings up and tears down (root; 28-51 min warm, 35 with the SQL service's checks, 56 min cold)
@@ -71,6 +71,9 @@ bench-lake: setup objectstore-build ## benchmark: the lake on the object store b
 
 images: ## build the images (view-job, airflow, kafka, postgres) with podman from Debian, no registry needed; cached
 	@bash infra/images/build.sh
+
+prometheus-build: ## build the pinned promtool once (Go module proxy; cached in ~/.cache/kappa): the chart's alerts are unit-tested with it
+	@bash infra/prometheus/build.sh >/dev/null
 
 k8s-build: ## build the pinned Kubernetes control plane once (Go module proxy; cached in ~/.cache/kappa, ~15 min cold)
 	@bash infra/k8s/build.sh >/dev/null

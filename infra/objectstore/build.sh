@@ -19,6 +19,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 set -a; . "$ROOT/infra/versions.env"; set +a
+. "$ROOT/infra/lib/go-build.sh"
 MODULE=github.com/seaweedfs/seaweedfs
 TOOLS="${KAPPA_TOOLS_CACHE:-$HOME/.cache/kappa}/objectstore"
 BIN="$TOOLS/seaweedfs-${SEAWEEDFS_VERSION}/bin"
@@ -42,23 +43,9 @@ chmod -R u+w "$work/seaweedfs"
 commit="${SEAWEEDFS_VERSION##*-}"  # the pseudo-version's commit
 log "building weed ${SEAWEEDFS_VERSION}: its Go modules are downloaded first, then compiled (about 3 min on an idle" \
     "2-core machine, 13 min with its cores busy; a line every 30 s)"
-# go prints one "go: downloading" line per module (hundreds): counted into the progress lines instead; the whole
-# output is shown when the build fails
-( cd "$work/seaweedfs" && exec go build -p 2 -trimpath \
-    -ldflags "-s -w -X $MODULE/weed/util/version.COMMIT=${commit:0:8}" -o "$BIN/weed.tmp" ./weed ) \
-    >"$work/build.log" 2>&1 &
-builder=$!
-while kill -0 "$builder" 2>/dev/null; do
-    for _ in $(seq "${KAPPA_BUILD_HEARTBEAT:-30}"); do kill -0 "$builder" 2>/dev/null || break; sleep 1; done
-    kill -0 "$builder" 2>/dev/null || break
-    modules=$(grep -c '^go: downloading ' "$work/build.log" || true)
-    log "still building weed: $((SECONDS - started)) s, ${modules} Go modules downloaded, compiling"
-done
-if ! wait "$builder"; then
-    grep -v '^go: downloading ' "$work/build.log" >&2 || true
-    echo "objectstore-build: error: go build of weed failed (above)" >&2
-    exit 1
-fi
+# go prints one "go: downloading" line per module (hundreds): counted into the progress lines instead
+go_build_reporting objectstore-build weed "$work/seaweedfs" -p 2 -trimpath \
+    -ldflags "-s -w -X $MODULE/weed/util/version.COMMIT=${commit:0:8}" -o "$BIN/weed.tmp" ./weed || exit 1
 mv "$BIN/weed.tmp" "$BIN/weed"
 log "built weed in $((SECONDS - started)) s into $BIN"
 echo "$BIN"

@@ -44,14 +44,20 @@ def test_alert_rules(helm: Path) -> None:
     rule = h.by_kind(objs, "PrometheusRule")[0]
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"KappaConsumerLagGrowing", "KappaBatchesFailing", "KappaQuarantineRateHigh", "KappaReplayStalled",
-            "KappaWatermarkStuck"} <= set(rules)
+            "KappaWatermarkStuck", "KappaViewDown"} <= set(rules)
     exported = set(exported_metrics())
     for name, r in rules.items():
         used = {base(m) for m in metrics_in(r["expr"])}
-        assert used and used <= exported, f"{name}: unknown metrics {sorted(used - exported)}"
+        # every alert reads what the drivers export, but the one that sees a driver not answering its scrapes
+        assert used or r["expr"].startswith("max by (namespace, pod, endpoint) (up{"), f"{name}: reads no kappa metric"
+        assert used <= exported, f"{name}: unknown metrics {sorted(used - exported)}"
         assert 'namespace="kappa"' in r["expr"], f"{name}: not scoped to the release namespace"
         assert r["labels"]["severity"] in ("warning", "critical")
-        assert "{{ $labels.view }}" in r["annotations"]["summary"], f"{name}: Go-template escaping broken"
+        if "by (namespace, view, version)" in r["expr"]:  # a view's alert names it: Go templates survive helm's
+            assert "{{ $labels.view }}" in r["annotations"]["summary"], f"{name}: Go-template escaping broken"
+    # a driver down: the scrape targets of the chart's own PodMonitor (job <namespace>/<PodMonitor name>)
+    monitor = h.by_kind(objs, "PodMonitor")[0]["metadata"]
+    assert f'job="{monitor["namespace"]}/{monitor["name"]}"' in rules["KappaViewDown"]["expr"]
     # thresholds are values, not constants
     tuned = h.render(sets=["monitoring.prometheusRule.thresholds.lagRecords=777"], api_versions=[h.MONITORING_API])
     lag = next(r for g in h.by_kind(tuned, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]
