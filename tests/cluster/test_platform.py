@@ -280,3 +280,121 @@ def test_pods_outside_the_release_reach_neither_the_broker_nor_airflow_nor_a_dri
     print(f"outsider: {outsider}; platform peer: {peer}")
     assert "open" not in outsider.values(), f"a pod outside the release got in: {outsider}"
     assert peer == {targets[0]: "open"}, peer
+
+
+#: the SQL service's JDBC address inside the cluster, as docs/deploy.md ("Analysts' SQL endpoint") gives it
+SQL_JDBC = f"jdbc:hive2://{RELEASE}-sql.{NS}.svc.cluster.local:10000/analytics"
+#: an analyst's query: what serves each view, and a count from one of them
+SQL_ASKED = ("SELECT view, serving_version FROM kappa.freshness ORDER BY view; "
+             "SELECT count(*) AS n FROM analytics.events_raw;")
+
+
+def _sql_token(release: Release) -> str:
+    secret = release.node.get("secret", f"{RELEASE}-sql", "-n", NS)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def _beeline_pod(release: Release, namespace: str, name: str, labels: dict[str, str], token: str | None,
+                 ) -> tuple[str, str]:
+    """An analyst's pod (the view-job image's beeline, nothing of the platform's own pods, no exec, no port-forward)
+    running SQL_ASKED against SQL_JDBC: its phase (``Succeeded``/``Failed``) and its output. ``token`` None: the
+    release's Secret through ``secretKeyRef``, as an analyst's pod in the release's namespace would mount it."""
+    from tests.cluster.test_node import pod
+
+    script = ('exec beeline -u "$JDBC" -n analyst -p "$KAPPA_SQL_TOKEN" --silent=true --outputformat=csv2 '
+              '-e "$SQL"')
+    spec = pod(name, ["sh", "-c", script], restart="Never", labels=labels,
+               env={"HOME": "/tmp", "JDBC": SQL_JDBC, "SQL": SQL_ASKED, "SPARK_BEELINE_MEMORY": "256m"})
+    container = spec["spec"]["containers"][0]
+    container["env"].append({"name": "KAPPA_SQL_TOKEN", "value": token} if token is not None else
+                            {"name": "KAPPA_SQL_TOKEN",
+                             "valueFrom": {"secretKeyRef": {"name": f"{RELEASE}-sql", "key": "token"}}})
+    container["resources"] = {"requests": {"cpu": "250m", "memory": "640Mi"},
+                              "limits": {"cpu": "1", "memory": "640Mi"}}
+    release.node.apply(json.dumps(spec), "-n", namespace)
+    deadline = time.monotonic() + 300
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = release.node.get("pod", name, "-n", namespace).get("status", {}).get("phase", "")
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    logs = release.node.kubectl("logs", "-n", namespace, name, check=False)
+    release.node.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+    assert phase in ("Succeeded", "Failed"), f"{namespace}/{name} still {phase!r} after 300 s: {logs.stdout[-2000:]}"
+    return phase, logs.stdout + logs.stderr
+
+
+def _answered(output: str) -> dict[str, int]:
+    """SQL_ASKED's answer in beeline's csv2 output: {view: serving version} and ``"<count>"``: the count."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    rows = lines[lines.index("view,serving_version") + 1:lines.index("n")]
+    answer = {view: int(version) for view, version in (row.split(",") for row in rows)}
+    answer["<count>"] = int(lines[lines.index("n") + 1])
+    return answer
+
+
+def test_analysts_pods_query_the_sql_service_and_only_they_reach_it(release: Release, namespace: str) -> None:
+    """The SQL service in the cluster, as docs/deploy.md ("Analysts' SQL endpoint") tells an analyst: a pod labelled
+    ``kappa.io/sql-client: "true"`` in the release's namespace (the token from the Secret) and a pod of a namespace
+    labelled ``kappa.io/sql-clients: "true"`` (the token handed in) query every serving view over JDBC at the
+    Service's cluster address; a pod without the label, and a pod of an unlabelled namespace, do not reach either
+    port (the chart's NetworkPolicy, enforced on the node); a labelled pod with a wrong token is refused by the
+    service."""
+    from tests.cluster.test_node import probe_pod
+
+    token = _sql_token(release)
+    ports = [f"{RELEASE}-sql.{NS}.svc.cluster.local:10000", f"{RELEASE}-sql.{NS}.svc.cluster.local:15002"]
+    views = sorted(load_catalog().views)
+
+    phase, out = _beeline_pod(release, NS, "sql-analyst", {"kappa.io/sql-client": "true"}, None)
+    assert phase == "Succeeded", out[-3000:]
+    mine = _answered(out)
+    print(f"labelled pod in {NS}: {mine}")
+    assert sorted(v for v in mine if v != "<count>") == views and mine["<count>"] > 0, out[-3000:]
+
+    phase, out = _beeline_pod(release, NS, "sql-wrong-token", {"kappa.io/sql-client": "true"}, token + "x")
+    assert phase == "Failed" and "Error validating the login" in out, out[-3000:]
+
+    release.node.kubectl("label", "namespace", namespace, "kappa.io/sql-clients=true")
+    phase, out = _beeline_pod(release, namespace, "sql-team", {}, token)
+    assert phase == "Succeeded", out[-3000:]
+    theirs = _answered(out)
+    print(f"pod of a labelled namespace: {theirs}")
+    assert sorted(v for v in theirs if v != "<count>") == views and theirs["<count>"] >= mine["<count>"]
+
+    release.node.kubectl("label", "namespace", namespace, "kappa.io/sql-clients-")
+    try:
+        unlabelled = probe_pod(release.node, NS, "sql-outsider", {"app": "outsider"}, ports)
+        elsewhere = probe_pod(release.node, namespace, "sql-elsewhere", {"kappa.io/sql-client": "true"}, ports)
+    finally:
+        release.node.kubectl("delete", "pod", "-n", NS, "sql-outsider", "--wait=false", check=False)
+    print(f"unlabelled pod in {NS}: {unlabelled}; labelled pod of an unlabelled namespace: {elsewhere}")
+    assert "open" not in unlabelled.values(), f"a pod without the label reached the SQL service: {unlabelled}"
+    assert "open" not in elsewhere.values(), f"a pod of an unlabelled namespace reached the SQL service: {elsewhere}"
+
+
+def test_the_docs_token_rotation_logs_the_old_token_out(release: Release) -> None:
+    """docs/deploy.md's rotation block, verbatim (with the shell's KUBECONFIG and pinned kubectl): afterwards the old
+    token is refused and the new one - read from the Secret, as an analyst is handed it - answers; a ``helm
+    upgrade`` keeps the new one."""
+    from tests.docs_blocks import shell_block
+
+    block = shell_block("rollout restart deployment/kappa-sql")
+    old = _sql_token(release)
+    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
+    started = time.monotonic()
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=900)
+    assert res.returncode == 0, f"{block.where}: {res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+    release.record("sql token rotated -> the service restarted", time.monotonic() - started)
+    new = _sql_token(release)
+    assert new != old and len(new) >= 32
+
+    phase, out = _beeline_pod(release, NS, "sql-old-token", {"kappa.io/sql-client": "true"}, old)
+    assert phase == "Failed" and "Error validating the login" in out, out[-3000:]
+    phase, out = _beeline_pod(release, NS, "sql-new-token", {"kappa.io/sql-client": "true"}, new)
+    assert phase == "Succeeded" and _answered(out)["<count>"] > 0, out[-3000:]
+
+    _upgrade(release)
+    assert _sql_token(release) == new, "helm upgrade replaced the rotated token"
