@@ -558,10 +558,22 @@ pod_netns() {  # the pods' network namespaces (containerd's cni-*) holding an ad
     done
 }
 
+stale_netns() {  # cni-* names of /run/netns that cannot be entered: left by a containerd killed between unmounting
+    # a pod's namespace and removing its file (the node's fault tests kill it), or hidden under a later bind mount of
+    # /run/netns - nobody can use them
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
+        ip netns exec "$ns" true >/dev/null 2>&1 || echo "$ns"
+    done
+}
+
 network_cleanup() {  # the pods' network namespaces (their veths go with them), the bridge, the CNI address reservations
     local ns n=0
     for ns in $(pod_netns); do ip netns delete "$ns" 2>/dev/null && n=$((n + 1)); done
     (( n == 0 )) || log "removed $n pod network namespace(s)"
+    n=0
+    for ns in $(stale_netns); do { ip netns delete "$ns" 2>/dev/null || rm -f "/run/netns/$ns"; } && n=$((n + 1)); done
+    (( n == 0 )) || log "removed $n stale network namespace name(s) (nothing can enter them)"
     if ip link show kappa0 >/dev/null 2>&1; then ip link delete kappa0 && log "removed the bridge kappa0"; fi
     # every pod is gone: none of the plugin's reservations stands
     rm -rf "$HOME_DIR/cni-ipam"
