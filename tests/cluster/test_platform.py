@@ -67,15 +67,22 @@ def test_every_view_gets_rows_written_by_the_pods(release: Release) -> None:
     release.record("helm install -> rows in every view", time.monotonic() - release.installed_at)
 
 
+def _run_block(release: Release, block, timeout: float) -> subprocess.CompletedProcess:
+    """A docs block, verbatim, in the shell the install block left (its KUBECONFIG and pinned kubectl); it must
+    succeed."""
+    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=timeout)
+    assert res.returncode == 0, f"{block.where}: {res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
 def test_an_analyst_outside_the_cluster_queries_the_views(release: Release) -> None:
     """`bin/kappa query` on the host, pointed at the lake volume (DuckDB over delta-rs, the serving versions): the
     docs' block, verbatim, in the shell the install block left (its KUBECONFIG and pinned kubectl)."""
     query = cluster_block("bin/kappa query")
     assert "bin/kappa query" in query.text, query.where
-    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", query.text], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=300)
-    assert res.returncode == 0, f"{query.where}: {res.stderr}"
+    res = _run_block(release, query, timeout=300)
     print(res.stdout)
     assert "campaign_window_counts: serving v1" in res.stdout, res.stdout
     assert res.stdout.count("│") > 10, "rows printed"
@@ -185,11 +192,8 @@ def _upgrade(release: Release) -> str:
     """docs/deploy.md's upgrade block, verbatim: helm upgrade with the install's values, then the runner's record."""
     block = cluster_block("helm upgrade")
     assert "helm upgrade" in block.text and "kappa-view-state" in block.text, block.where
-    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
     started = time.monotonic()
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=1800)
-    assert res.returncode == 0, f"{block.where}: {res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    res = _run_block(release, block, timeout=1800)
     print(f"helm upgrade: {time.monotonic() - started:.0f} s; record: {res.stdout.strip().splitlines()[-1]}")
     return res.stdout
 
@@ -394,11 +398,8 @@ def test_the_docs_token_rotation_logs_the_old_token_out(release: Release) -> Non
 
     block = shell_block("rollout restart deployment/kappa-sql")
     old = _sql_token(release)
-    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
     started = time.monotonic()
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=900)
-    assert res.returncode == 0, f"{block.where}: {res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+    _run_block(release, block, timeout=900)
     release.record("sql token rotated -> the service restarted", time.monotonic() - started)
     new = _sql_token(release)
     assert new != old and len(new) >= 32
