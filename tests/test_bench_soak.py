@@ -39,16 +39,24 @@ def _sample(t: float, files: int, version: int, query_s: float, rss: float) -> d
             "query_s": {"v": query_s}, "rss_mb_total": rss}
 
 
-def test_summary_measures_from_two_upkeep_periods_in_and_projects_the_growth():
-    # files grow by 1 a minute, RSS by 10 MiB a minute (600 MiB/h), from the 10th minute (2 x 300 s) on
+def test_summary_compares_the_peaks_of_two_windows_and_projects_their_growth():
+    # files grow by 1 a minute, RSS by 10 MiB a minute (600 MiB/h); windows of 10 min: [10, 20) and (20, 30]
     samples = [_sample(60.0 * m, 100 + m, 50 * m, 0.1 + 0.01 * m, 1000 + 10 * m) for m in range(31)]
-    s = summarize(samples, 300.0)
+    s = summarize(samples, 600.0)
     t = s["tables"]["v"]
     assert s["from_t"] == 600.0 and s["to_t"] == 1800.0
-    assert (t["files_from"], t["files_to"], t["commits_from"], t["commits_to"]) == (110, 130, 500, 1500)
-    assert abs(t["files_ratio"] - 130 / 110) < 1e-9 and abs(t["query_ratio"] - 0.4 / 0.2) < 1e-9
+    assert (t["files_from"], t["files_to"], t["commits_from"], t["commits_to"]) == (119, 130, 500, 1500)
+    assert abs(t["query_s_from"] - 0.25) < 1e-9 and abs(t["query_s_to"] - 0.36) < 1e-9  # the windows' medians
+    assert abs(t["files_ratio"] - 130 / 119) < 1e-9 and abs(t["query_ratio"] - 0.36 / 0.25) < 1e-9
+    # the peaks grew 11 files between the windows' centres (14.5 and 25.5 min): 1 a minute
     assert t["files_30_days"] == round(130 + (30 * 86_400 - 1800) / 60)
     assert abs(s["rss_mb_per_hour"] - 600.0) < 1e-6
-    flat = summarize([_sample(60.0 * m, 100, m, 0.1, 1000) for m in range(31)], 300.0)
-    assert flat["tables"]["v"]["files_30_days"] == 100 and flat["rss_mb_per_hour"] == 0.0
+    # a sawtooth (compacted to 10 every 5 min, +20 a minute between) is flat: its peaks do not grow
+    saw = summarize([_sample(60.0 * m, 10 + 20 * (m % 5), m, 0.1, 1000) for m in range(31)], 600.0)
+    assert (saw["tables"]["v"]["files_from"], saw["tables"]["v"]["files_to"]) == (90, 90)
+    assert saw["tables"]["v"]["files_ratio"] == 1.0 and saw["tables"]["v"]["files_30_days"] == 90
+    assert saw["rss_mb_per_hour"] == 0.0
+    # a leg shorter than two windows compares its last sample with itself, saying no growth it did not see
+    short = summarize([_sample(60.0 * m, 100 + m, m, 0.1, 1000) for m in range(5)], 600.0)
+    assert short["tables"]["v"]["files_ratio"] == 1.0
     assert slope_per_hour([(0.0, 1.0)]) is None

@@ -19,9 +19,11 @@ state store on disk; the RSS of every process the stack started; the seconds of 
 (:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over each serving view, and for the change feed of
 the last ``--changes-minutes`` (``table_changes`` from the version the leg sampled that long ago).
 
-Printed per leg and table: files and query seconds at the first sample after two upkeep periods and at the end
-(their ratio: the target is at most 1.25), the RSS slope after the first quarter of the leg (MiB/hour; target
-under 10), and the files projected to 30 days at the leg's rate of growth. ``python -m kappa.front.bench_soak``
+Printed per leg and table, over two windows of two upkeep periods each - the first starting one window in, and
+the last of the leg (the same windows in both legs): the most data files a reader listed in each (with upkeep the
+count rises between compactions and drops at each: the peaks are what a reader meets at worst) and the median
+query seconds in each (their ratios: the target is at most 1.25), the RSS slope after the first quarter of the
+leg (MiB/hour; target under 10), and the files projected to 30 days at the rate the peaks grew. ``python -m kappa.front.bench_soak``
 (``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and ``reports/bench-soak.png``.
 """
 
@@ -94,36 +96,43 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return sum((t - mt) * (v - mv) for t, v in points) / var * 3600
 
 
-def summarize(samples: list[dict[str, Any]], upkeep_seconds: float) -> dict[str, Any]:
-    """Per table: files (data + change feed + log) and query seconds at the first sample at least two upkeep
-    periods in (``first``) and at the last, their ratio, and files projected to 30 days at the rate they grew
-    between those samples; the stack's RSS slope after the first quarter (MiB/hour)."""
+def summarize(samples: list[dict[str, Any]], window_seconds: float) -> dict[str, Any]:
+    """Per table, over two windows of ``window_seconds`` (two upkeep periods: with upkeep the files a reader
+    lists rise between compactions and drop at each, so a single sample says little) - the first one starting
+    one window in (``from``) and the last one of the leg (``to``): the most data files a reader listed in each
+    (the sawtooth's peaks), the median seconds of the timed query in each, their ratios, the commits at each
+    window's start, and the files projected to 30 days at the rate the peaks grew between the two windows; the
+    stack's RSS slope after the first quarter (MiB/hour). Both legs are summarized with the same windows."""
     if not samples:
         return {}
-    start = next((s for s in samples if s["t"] >= 2 * upkeep_seconds), samples[-1])
-    last = samples[-1]
+    last_t = samples[-1]["t"]
+    first = [s for s in samples if window_seconds <= s["t"] < 2 * window_seconds] or samples[-1:]
+    final = [s for s in samples if s["t"] > last_t - window_seconds and s["t"] >= first[0]["t"]] or samples[-1:]
+    span = max((final[0]["t"] + final[-1]["t"]) / 2 - (first[0]["t"] + first[-1]["t"]) / 2, 1.0)
     tables: dict[str, Any] = {}
-    for name, stats in last["tables"].items():
-        def files(sample: dict[str, Any]) -> int:  # what a reader lists: the current version's data files
-            return (sample["tables"].get(name) or {}).get("active", 0)
+    for name, stats in samples[-1]["tables"].items():
+        def peak(window: list[dict[str, Any]]) -> int:  # what a reader lists: the current version's data files
+            return max((s["tables"].get(name) or {}).get("active", 0) for s in window)
 
-        def on_disk(sample: dict[str, Any]) -> int:  # what the disk holds (VACUUM keeps 7 days of removed files)
-            return disk_files(sample["tables"].get(name) or {})
+        def median_query(window: list[dict[str, Any]]) -> float | None:
+            values = sorted(s["query_s"][name] for s in window if s["query_s"].get(name) is not None)
+            return values[len(values) // 2] if values else None
 
-        f0, f1 = files(start), files(last)
-        grow = (f1 - f0) / max(last["t"] - start["t"], 1.0)  # files per second between the two
-        q0, q1 = start["query_s"].get(name), last["query_s"].get(name)
-        tables[name] = {"commits_from": (start["tables"].get(name) or {}).get("version"),
+        f0, f1 = peak(first), peak(final)
+        q0, q1 = median_query(first), median_query(final)
+        grow = (f1 - f0) / span  # files per second between the two windows' peaks
+        tables[name] = {"commits_from": (first[0]["tables"].get(name) or {}).get("version"),
                         "commits_to": stats["version"], "files_from": f0, "files_to": f1,
                         "files_ratio": f1 / f0 if f0 else None,
-                        "files_30_days": round(f1 + max(grow, 0.0) * (30 * 86_400 - last["t"])),
+                        "files_30_days": round(f1 + max(grow, 0.0) * (30 * 86_400 - last_t)),
                         "query_s_from": q0, "query_s_to": q1,
                         "query_ratio": q1 / q0 if q0 and q1 is not None else None,
-                        "disk_files_from": on_disk(start), "disk_files_to": on_disk(last), "bytes_to": stats["bytes"]}
-    quarter = samples[-1]["t"] / 4
+                        "disk_files_from": disk_files(first[0]["tables"].get(name) or {}),
+                        "disk_files_to": disk_files(stats), "bytes_to": stats["bytes"]}
+    quarter = last_t / 4
     rss = [(s["t"], s["rss_mb_total"]) for s in samples if s["t"] >= quarter]
-    return {"from_t": start["t"], "to_t": last["t"], "tables": tables, "rss_mb_per_hour": slope_per_hour(rss),
-            "rss_mb_to": last["rss_mb_total"]}
+    return {"from_t": first[0]["t"], "to_t": last_t, "window_s": window_seconds, "tables": tables,
+            "rss_mb_per_hour": slope_per_hour(rss), "rss_mb_to": samples[-1]["rss_mb_total"]}
 
 
 # ------------------------------------------------------------------------------------------------ one leg
@@ -190,7 +199,7 @@ def leg(label: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, 
     finally:
         stack.down(st, echo=say)
     return {"label": label, "upkeep_seconds": float(env["KAPPA_UPKEEP_SECONDS"]), "samples": samples,
-            "summary": summarize(samples, float(env["KAPPA_UPKEEP_SECONDS"]))}
+            "summary": summarize(samples, 2 * args.upkeep_seconds)}  # the same windows in both legs
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -200,7 +209,9 @@ def _print(results: list[dict[str, Any]]) -> None:
 
     for r in results:
         s = r["summary"]
-        table = Table(title=f"{r['label']}: {s.get('from_t', 0) / 60:.0f} -> {s.get('to_t', 0) / 60:.0f} min "
+        table = Table(title=f"{r['label']}: peaks of the {s.get('window_s', 0) / 60:g} min from "
+                            f"{s.get('from_t', 0) / 60:.0f} min -> the last {s.get('window_s', 0) / 60:g} min to "
+                            f"{s.get('to_t', 0) / 60:.0f} min "
                             f"(upkeep every {r['upkeep_seconds']:g} s); RSS {s.get('rss_mb_to', 0):,.0f} MiB, "
                             f"slope {s.get('rss_mb_per_hour') or 0:+.0f} MiB/h after the first quarter")
         for col in ("table", "commits", "files read", "files ratio", "files in 30 days", "files on disk", "query s",
