@@ -27,7 +27,7 @@ status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
 test: setup k8s-build objectstore-build prometheus-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks; the alerts under promtool)
-	@$(PYTEST) -m "not slow and not bench and not cluster and not smoke" --durations=60 tests
+	@$(PYTEST) -m "not slow and not bench and not cluster and not smoke" --durations=60 --junitxml=reports/test.xml tests
 
 test-smoke: setup k8s-build smoke-prep ## the cluster smoke: docs/deploy.md section 5 verbatim on a real node it brings up and tears down (root; 28-51 min warm, 35 with the SQL service's checks, 56 min cold)
 	@$(PYTEST) -m smoke -rP tests

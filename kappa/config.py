@@ -42,6 +42,10 @@ Running view versions:
   :func:`kappa.runtime.spark.forkless_fs`), ``KAPPA_SPARK_HEAP_FOOTPRINT`` (``true``: a driver's heap is kept 20-50 %
   above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`) -- the
   Spark sessions the platform builds.
+- ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``1g``; a JVM size: ``1536m``,
+  ``2g``). Its live set is a few hundred MiB for the six declared views; a host running many more versions (20: its
+  JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides it (the
+  chart's grouped driver: ``viewJobs.groupedDriverMemory``).
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
@@ -94,6 +98,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +180,7 @@ class Settings:
         cli: The command line as users invoke it, for the commands that messages suggest.
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
-        host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, spark_master, shuffle_partitions,
+        host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master, shuffle_partitions,
         spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint, airflow_port,
         airflow_password, sql_jdbc_port, sql_connect_port, sql_token, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
@@ -208,6 +213,10 @@ class Settings:
     host_poll_seconds: float = 1.0
     host_restart_backoff_seconds: float = 5.0
     host_max_restarts: int = 5
+    #: 1g: six views' live set is ~300 MiB after a full collection; the parallel collector grows the heap toward its
+    #: maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570 MiB less at
+    #: the same CPU per micro-batch (docs/performance.md, "a view host's memory is its heap's maximum")
+    host_driver_memory: str = "1g"
     spark_master: str = "local[2]"
     shuffle_partitions: int | None = None
     spark_ui: bool = False
@@ -308,6 +317,7 @@ class Settings:
             host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
             host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
+            host_driver_memory=get("KAPPA_HOST_DRIVER_MEMORY") or "1g",
             spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
             spark_ui=flag("KAPPA_SPARK_UI", False),
@@ -449,6 +459,9 @@ class Settings:
         if not self.driver_lease_seconds >= 3:
             raise ConfigError(f"KAPPA_DRIVER_LEASE_SECONDS={self.driver_lease_seconds:g}: at least 3 (it is renewed "
                               "every quarter of it)")
+        if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", self.host_driver_memory):
+            raise ConfigError(f"KAPPA_HOST_DRIVER_MEMORY={self.host_driver_memory!r}: a JVM heap size such as 1536m "
+                              "or 2g")
         if self.verify_cache_mb < 0:
             raise ConfigError(f"KAPPA_VERIFY_CACHE_MB={self.verify_cache_mb}: 0 (keep nothing) or more")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:

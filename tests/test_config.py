@@ -25,6 +25,15 @@ def test_defaults() -> None:
     assert s.spark_kafka_options() == {"kafka.bootstrap.servers": "127.0.0.1:9092"}
 
 
+def test_the_view_hosts_heap_ceiling_comes_from_the_environment_unless_its_command_names_one(tmp_path) -> None:
+    from kappa.runtime.host import ViewHost
+
+    assert Settings.from_env({}).host_driver_memory == "1g"
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path), "KAPPA_HOST_DRIVER_MEMORY": "1536m"})
+    assert ViewHost(settings).driver_memory == "1536m"  # what its Spark session is built with
+    assert ViewHost(settings, driver_memory="2g").driver_memory == "2g"  # kappa host run --driver-memory 2g
+
+
 def test_external_cluster_and_lake(tmp_path: Path) -> None:
     s = Settings.from_env({"KAPPA_HOME": str(tmp_path), "KAPPA_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
                            "KAPPA_LAKE_URI": "s3a://bucket/lake"})
@@ -65,6 +74,7 @@ def test_sasl_ssl() -> None:
         ({"KAPPA_SPARK_CDS": "maybe"}, "KAPPA_SPARK_CDS='maybe': not a yes/no setting"),
         ({"KAPPA_VERIFY_CACHE_MB": "-1"}, r"KAPPA_VERIFY_CACHE_MB=-1: 0 \(keep nothing\) or more"),
         ({"KAPPA_VERIFY_CACHE_MB": "lots"}, "KAPPA_VERIFY_CACHE_MB='lots': not an integer"),
+        ({"KAPPA_HOST_DRIVER_MEMORY": "2 GB"}, "KAPPA_HOST_DRIVER_MEMORY='2 GB': a JVM heap size such as 1536m or 2g"),
     ],
 )
 def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:

@@ -19,7 +19,6 @@ from rich.table import Table
 
 from kappa.config import DEFAULT_KEEP_HOURS
 from kappa.errors import KappaError, one_line
-from kappa.runtime.driver import HOST_DRIVER_MEMORY
 
 __all__ = ["app", "main", "UserError"]
 
@@ -147,7 +146,8 @@ def host_run(
     view: list[str] = typer.Option([], "--view", help="Always run this view: name or name@vN (repeatable)."),
     starting: list[str] = typer.Option(["earliest"], "--starting", help="Start position of new checkpoints of "
                                        "the --view versions: once for all, or once per --view in the same order."),
-    driver_memory: str = typer.Option(HOST_DRIVER_MEMORY, help="Heap of the host's Spark driver JVM."),
+    driver_memory: str = typer.Option("", help="Heap ceiling of the host's Spark driver JVM (default: "
+                                      "KAPPA_HOST_DRIVER_MEMORY, 1g)."),
     metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535, help="Prometheus port of the first "
                                      "--view; the i-th --view (from 0) gets this + i. 0: any free port for each."),
     handed_over: str = typer.Option("", "--handed-over", metavar="FILE", help="The Kubernetes runner's view-state "
@@ -158,7 +158,7 @@ def host_run(
     $KAPPA_HOME/run/host/desired (by the local runner), each its own query in one Spark application."""
     from kappa.runtime.driver import host_specs, run_host
 
-    run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory,
+    run_host(_settings(), host_specs(view, starting, metrics_port), driver_memory=driver_memory or None,
              handed_over=handed_over or None)
 
 

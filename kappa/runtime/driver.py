@@ -90,12 +90,6 @@ class JobSpec:
         return out
 
 
-#: Heap of a view host's driver JVM (``make run``'s host, the chart's grouped driver). Its live set is a few hundred
-#: MiB (six views at 200 events/s: ~300 MiB after a full collection); the parallel collector grows the heap toward
-#: its maximum to keep its own time under 1 %, so the maximum is what the process holds: 2g made the JVM 1.85 GiB
-#: resident (1.4 GiB of heap committed); 1g used 400-570 MiB less at the same CPU per micro-batch
-#: (docs/performance.md, "a view host's memory is its heap's maximum").
-HOST_DRIVER_MEMORY = "1g"
 
 
 def host_command() -> list[str]:
@@ -149,10 +143,10 @@ def host_specs(views: Sequence[str], starting: Sequence[str], metrics_port: int 
 
 
 def run_host(settings: "Settings", specs: Sequence[JobSpec] = (), *,
-             driver_memory: str = HOST_DRIVER_MEMORY,
+             driver_memory: str | None = None,
              handed_over: str | None = None) -> None:
     """Run the view host: ``specs`` (but those ``handed_over`` names), plus the versions the local runner asks for,
-    until SIGTERM."""
+    until SIGTERM. ``driver_memory``: its JVM's heap ceiling (default: ``KAPPA_HOST_DRIVER_MEMORY``)."""
     from kappa.runtime.host import ViewHost
 
     _logging()
@@ -175,7 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("host", help="the view host: many view versions in one JVM")
     h.add_argument("--view", action="append", default=[])
     h.add_argument("--starting", action="append", default=[])
-    h.add_argument("--driver-memory", default=HOST_DRIVER_MEMORY)
+    h.add_argument("--driver-memory", default=None, help="heap ceiling (default: KAPPA_HOST_DRIVER_MEMORY, 1g)")
     h.add_argument("--metrics-port", type=int, default=0)
     return parser
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from kappa.errors import one_line
 from kappa.process import pid_alive, spawn, terminate_group
-from kappa.runtime.driver import HOST_DRIVER_MEMORY, JobSpec, host_command
+from kappa.runtime.driver import JobSpec, host_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
@@ -80,14 +80,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 class ViewHost:
     """Runs the view versions listed in ``<home>/run/host/desired`` in one SparkSession until SIGTERM."""
 
-    def __init__(self, settings: "Settings", *, driver_memory: str = HOST_DRIVER_MEMORY,
+    def __init__(self, settings: "Settings", *, driver_memory: str | None = None,
                  static: list[JobSpec] | None = None,
                  handed_over: str | Path | None = None) -> None:
         self.settings = settings
         self.static = {spec.ref: spec for spec in static or []}  # always desired (e.g. a grouped deployment)
         self.handed_over = Path(handed_over) if handed_over else None
         self.dir = host_dir(settings)
-        self.driver_memory = driver_memory
+        self.driver_memory = driver_memory or settings.host_driver_memory  # the JVM's heap ceiling
         self.jobs: dict[str, "ViewJob"] = {}
         self.waiting: dict[str, "ViewJob"] = {}  # versions whose topics do not exist yet (their metrics are up)
         self.specs: dict[str, JobSpec] = {}
