@@ -2,7 +2,8 @@
 
 For each code version - the baseline commit (``--baseline``, fc054fe by default: the commit the live path's
 fixed cost was measured at) and the working tree - one *leg* runs ``make run``'s stack as ``bin/kappa up`` starts
-it (every declared view in the view host, the live producer; Airflow with ``--airflow``) in a home and topics of
+it (every declared view in the view host, the live producer, the supervisor; Airflow and the analysts' SQL
+service with ``--airflow``: the whole ``make run``) in a home and topics of
 its own on the bench's broker, one leg after the other (never both at once: they would share the two cores):
 
 .. code-block:: text
@@ -277,15 +278,18 @@ def leg(args: argparse.Namespace) -> None:
         if behind:  # measured all the same: how far behind a host of that many falls is the figure
             result["backlog_unread"] = [view_ref(*ref) for ref in behind]
             say(f"still reading their backlog after 15 minutes: {', '.join(result['backlog_unread'])}")
-        if args.airflow:
+        if args.airflow:  # the rest of make run: Airflow and the analysts' SQL service
             stack.start_airflow(st)
+            stack.start_sql(st)
         result["up_seconds"] = time.monotonic() - t0
         say(f"ready after {result['up_seconds']:.0f} s; warming up {args.warm:g} s at {args.rate:g} events/s")
 
         def parts() -> dict[str, int | None]:
-            out = {"view host": host_pid(st), "producer": Daemon("producer", st).pid()}
+            out = {"view host": host_pid(st), "producer": Daemon("producer", st).pid(),
+                   "supervisor": Daemon("supervisor", st).pid()}
             if args.airflow:
                 out["airflow"] = Daemon("airflow", st).pid()
+                out["sql"] = Daemon("sql", st).pid()
             return out
 
         time.sleep(args.warm)
@@ -686,7 +690,8 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=120.0, help="seconds at load before measuring")
     parser.add_argument("--load", type=float, default=120.0, help="seconds measured at load")
     parser.add_argument("--idle", type=float, default=60.0, help="seconds measured idle")
-    parser.add_argument("--airflow", action="store_true", help="start Airflow too (the whole make run)")
+    parser.add_argument("--airflow", action="store_true",
+                        help="start Airflow and the analysts' SQL service too (the whole make run)")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="skip the engine's floor (plain Structured Streaming over the same topics)")
@@ -726,7 +731,8 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
     settings, broker = bench_settings("bench-live")
     busy: list[subprocess.Popen] = []
     try:
-        for port in [metrics_port(v, n) for v, n in stack.stack_views(settings)] + [settings.airflow_port]:
+        for port in [metrics_port(v, n) for v, n in stack.stack_views(settings)] + [
+                settings.airflow_port, settings.sql_jdbc_port, settings.sql_connect_port]:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     raise SystemExit(f"bench-live: port {port} is in use; stop `make run` first (`make down`)")
