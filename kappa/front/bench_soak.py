@@ -155,7 +155,9 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
         sample["tables"][view] = table_stats(table)
         checkpoint = Path(local_path(ViewPaths(st.lake_uri, view, target.version).checkpoint))
         sample["checkpoint_bytes"][view] = folder_bytes(checkpoint)
-        sample["state_bytes"][view] = folder_bytes(checkpoint / "state")
+        # each query of the view keeps its own checkpoint under it (``main``, ...), its state store in ``state``
+        own = [q for q in checkpoint.iterdir() if q.is_dir()] if checkpoint.is_dir() else []
+        sample["state_bytes"][view] = sum(folder_bytes(q / "state") for q in own)
         # the change feed from the version sampled --changes-minutes ago (or at the first sample)
         then = [h for h in history if h["t"] <= t - changes_seconds] or history[:1]
         start = (then[-1]["tables"].get(view) or {}).get("version", -1) if then else -1
