@@ -235,17 +235,19 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
     for r, style in zip(results, ("-", "--")):
         samples = r["samples"]
         minutes = [s["t"] / 60 for s in samples]
         for name in (samples[-1]["tables"] if samples else {}):
             files = [(s["tables"].get(name) or {}).get("active", 0) for s in samples]
             axes[0].plot(minutes, files, style, label=f"{name} ({r['label']})")
+            axes[3].plot(minutes, [(s["tables"].get(name) or {}).get("bytes", 0) / 2**20 for s in samples], style,
+                         label=f"{name} ({r['label']})")
         axes[1].plot(minutes, [max(s["query_s"].values(), default=0) for s in samples], style, label=r["label"])
         axes[2].plot(minutes, [s["rss_mb_total"] for s in samples], style, label=r["label"])
     for ax, title in zip(axes, ("data files a reader lists, per table", "slowest count(*) over a view (s)",
-                                "RSS of the stack (MiB)")):
+                                "RSS of the stack (MiB)", "MiB on disk per table (replaced files stay 7 days)")):
         ax.set_title(title)
         ax.set_xlabel("minutes")
     axes[0].legend(fontsize=6)
