@@ -181,8 +181,8 @@ class Settings:
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master,
-        shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint, airflow_port,
-        airflow_password, sql_jdbc_port, sql_connect_port, sql_token, replay_poke_seconds,
+        shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
+        airflow_port, airflow_password, sql_jdbc_port, sql_connect_port, sql_token, replay_poke_seconds,
         replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
         upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
         verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
