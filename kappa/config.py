@@ -160,6 +160,18 @@ def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def jvm_size_bytes(size: str) -> int:
+    """Bytes of a JVM memory size as ``-Xmx`` takes it (``768m``, ``1g``, ``1536m``, a count of bytes).
+
+    Raises:
+        ValueError: If ``size`` is not one.
+    """
+    m = re.fullmatch(r"([1-9][0-9]*)([kKmMgG]?)", size.strip())
+    if m is None:
+        raise ValueError(f"a JVM memory size looks like '768m' or '1g', got {size!r}")
+    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Immutable platform settings; build with :meth:`from_env`, derive variants with :meth:`replace`.
@@ -459,9 +471,11 @@ class Settings:
         if not self.driver_lease_seconds >= 3:
             raise ConfigError(f"KAPPA_DRIVER_LEASE_SECONDS={self.driver_lease_seconds:g}: at least 3 (it is renewed "
                               "every quarter of it)")
-        if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?", self.host_driver_memory):
+        try:
+            jvm_size_bytes(self.host_driver_memory)
+        except ValueError:
             raise ConfigError(f"KAPPA_HOST_DRIVER_MEMORY={self.host_driver_memory!r}: a JVM heap size such as 1536m "
-                              "or 2g")
+                              "or 2g") from None
         if self.verify_cache_mb < 0:
             raise ConfigError(f"KAPPA_VERIFY_CACHE_MB={self.verify_cache_mb}: 0 (keep nothing) or more")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:

@@ -32,7 +32,6 @@ import base64
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -45,7 +44,7 @@ from typing import Any
 
 import psutil
 
-from kappa.config import Settings
+from kappa.config import Settings, jvm_size_bytes
 from kappa.process import log_tails, owned_process, port_open, wait_exit
 from kappa.errors import KappaError
 
@@ -66,14 +65,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def _heap_bytes(heap: str) -> int:
-    m = re.fullmatch(r"(\d+)([kKmMgG]?)", heap.strip())
-    if m is None:
-        raise ValueError(f"heap must look like '768m' or '1g', got {heap!r}")
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
-    return int(m.group(1)) * mult
 
 
 def _new_cluster_id() -> str:
@@ -115,7 +106,7 @@ class LocalBroker:
     ) -> None:
         if port == controller_port:
             raise ValueError("port and controller_port must differ")
-        heap_bytes = _heap_bytes(heap)
+        heap_bytes = jvm_size_bytes(heap)
         if heap_bytes > _MAX_HEAP:
             raise ValueError(f"heap {heap!r} exceeds the 1 GiB limit of the local broker")
         if heap_bytes < 128 << 20:
