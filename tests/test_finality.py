@@ -18,7 +18,7 @@ import pytest
 
 from jobs.campaign_window_counts.v1 import VIEW, WATERMARK_SECONDS
 from kappa.runtime.batch import batch_stats
-from kappa.runtime.sink import DeltaSink, ensure_table, table_columns
+from kappa.runtime.sink import DeltaSink, collect_rows, ensure_table, table_columns
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +32,17 @@ def _window(campaign: str, start_s: int, count: int, last_s: float) -> tuple:
             T0 + timedelta(seconds=last_s))
 
 
-def _write(spark, sink: DeltaSink, batch_id: int, rows: list[tuple], *, catching_up: bool = False) -> str:
+def _write(spark, sink: DeltaSink, batch_id: int, rows: list[tuple], *, catching_up: bool = False,
+           live: bool = False) -> str:
+    """One micro-batch's output through the sink as the job hands it over; ``live``: collected to the driver
+    (committed through delta-rs), else through delta-spark."""
     out = spark.createDataFrame(rows, SCHEMA)
     side = spark.createDataFrame([], "x INT")
     stats = batch_stats(out, side, latency_column=None, event_max_column="last_event_time",
                         window_end_column="window_end")
     return sink.write(out, batch_id, rows=stats.rows, batch_event_max=stats.event_max,
-                      window_ends=stats.window_ends, catching_up=catching_up)
+                      window_ends=stats.window_ends, catching_up=catching_up,
+                      collected=collect_rows(out) if live else None)
 
 
 def _table(spark, path: str) -> list[tuple]:
@@ -70,10 +74,16 @@ BATCHES = [
 ]
 
 
-@pytest.mark.parametrize("path", ["merge", "compact"])
+def _create(spark, table: str) -> None:
+    ensure_table(spark, table, table_columns(VIEW, spark.createDataFrame([], SCHEMA).schema),
+                 partition_by=VIEW.table_partitions)
+
+
+@pytest.mark.parametrize("path", ["merge", "live", "compact"])
 def test_a_window_updated_after_the_watermark_jumped_is_stored_once(spark, tmp_path, path):
     table = str(tmp_path / "table")
-    ensure_table(spark, table, table_columns(VIEW, spark.createDataFrame([], SCHEMA).schema))
+    _create(spark, table)
+    live = path == "live"
     app = "kappa-test-finality"
     sink = DeltaSink(VIEW, table, app, staging=str(tmp_path / "staging") if path == "compact" else None)
     done = []
@@ -86,19 +96,65 @@ def test_a_window_updated_after_the_watermark_jumped_is_stored_once(spark, tmp_p
             assert sink.pending(spark) == 0
             sink.compact(spark, 0, None)
             done.append(_write(spark, sink, 0, rows))
-        elif path == "merge" and batch_id == 0:
+        elif batch_id == 0:
             # batch 0 merged; the driver is killed before its checkpoint commit; the restarted one runs it again
-            done.append(_write(spark, sink, 0, rows))
+            done.append(_write(spark, sink, 0, rows, live=live))
             sink = DeltaSink(VIEW, table, app)
-            done.append(_write(spark, sink, 0, rows))
+            done.append(_write(spark, sink, 0, rows, live=live))
         else:
             if batch_id == 1 and path == "compact":  # a restart: a fresh sink that reads the table once
                 sink = DeltaSink(VIEW, table, app)
-            done.append(_write(spark, sink, batch_id, rows))
+            done.append(_write(spark, sink, batch_id, rows, live=live))
             if batch_id == 1:  # a failure after the commit, in the same driver: Spark runs the batch again
-                done.append(_write(spark, sink, batch_id, rows))
+                done.append(_write(spark, sink, batch_id, rows, live=live))
         got = _table(spark, table)
         assert len({(c, s) for c, s, _n, _f in got}) == len(got), f"a key stored twice after batch {batch_id}: {got}"
         assert got == _expected(BATCHES[:batch_id + 1]), (batch_id, got)
     first = ["stage", "skip"] if path == "compact" else ["merge", "skip"]
     assert done == [*first, "merge", "skip", "close", "empty"]
+
+
+def _log(table: str) -> list[dict]:
+    """Every action of the table's Delta log, in commit order, each with the version of its commit."""
+    import json
+    from pathlib import Path
+
+    return [{**json.loads(line), "_version": int(commit.stem)}
+            for commit in sorted(Path(table, "_delta_log").glob("*.json")) for line in commit.read_text().splitlines()]
+
+
+def _log_actions(table: str) -> list[tuple[int, str, str]]:
+    """(commit version, ``add``/``remove``, file path) of every data file action in the table's Delta log."""
+    return [(a["_version"], kind, a[kind]["path"]) for a in _log(table) for kind in ("add", "remove") if kind in a]
+
+
+def test_live_commits_write_a_final_window_once_and_never_rewrite_it(spark, tmp_path):
+    """A windowed MERGE view's table keeps its open windows apart from its final ones (partitioned by the flag):
+    each live micro-batch rewrites the files of the windows it updates or closes, and a window's row lands in the
+    final partition once, in the commit that closes it - so the bytes a batch writes do not grow with the table.
+    Counted from the Delta log and checked against the rows in plain Python."""
+    table = str(tmp_path / "table")
+    _create(spark, table)
+    sink = DeltaSink(VIEW, table, "kappa-test-final-once")
+    batches = []
+    for batch_id in range(14):  # a 2 s trigger over 10 s windows: each batch counts one more view per campaign
+        now = 2 * batch_id
+        start = now - now % 10
+        batches.append([_window(c, start, now % 10 // 2 + 1, now) for c in ("c1", "c2")])
+    batches += [[], [_window("c1", 100, 1, 100)], []]  # the watermark jumps: every earlier window closes
+    results = []
+    for batch_id, rows in enumerate(batches):
+        results.append(_write(spark, sink, batch_id, rows, live=True))
+        assert _table(spark, table) == _expected(batches[:batch_id + 1]), batch_id
+    assert set(results) <= {"merge", "close", "empty"} and "close" in results, results
+    final_now = [row for row in _table(spark, table) if row[3]]
+    assert len(final_now) == 6, final_now  # windows 0, 10, 20 of c1 and c2 closed; the one at 100 s is open
+    actions = _log_actions(table)
+    assert not [a for a in actions if a[1] == "remove" and a[2].startswith("is_final=true/")], actions
+    final_files = [a for a in actions if a[1] == "add" and a[2].startswith("is_final=true/")]
+    closing_commits = {version for version, _kind, _path in final_files}
+    assert 1 <= len(closing_commits) <= len(final_files) <= 3, final_files  # windows close in at most 3 commits
+    assert all(a[2].startswith(("is_final=false/", "is_final=true/")) for a in actions), actions
+    # the last batch's one window is new: its MERGE read no stored file (the files' window_end statistics)
+    last = [a["commitInfo"] for a in _log(table) if "commitInfo" in a][-2]
+    assert last["operation"] == "MERGE" and last["operationMetrics"]["num_target_files_scanned"] == 0, last

@@ -22,7 +22,7 @@ delta-rs commit on a local table the sidecar is removed (:func:`drop_stale_check
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,7 +30,7 @@ import arro3.core as ac
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 __all__ = ["BIN", "CHECKPOINT_INTERVAL", "Collected", "SPARK_TYPES", "I32", "I64", "SQL_TYPES", "STR", "TS", "after_commit", "append_once",
-           "commit_properties", "committed", "arrow_rows", "arrow_schema", "arrow_to_rows",
+           "collected_value", "commit_properties", "committed", "arrow_rows", "arrow_schema", "arrow_to_rows",
            "create_table", "drop_stale_checksum", "is_local_uri", "local_path", "read_rows", "rs_uri", "to_micros"]
 
 TS = ac.DataType.timestamp("us", tz="UTC")
@@ -133,6 +133,17 @@ class Collected:
             arrays.append(array)
             fields.append(ac.Field(name, dtype, True))
         return ac.Table.from_arrays(arrays, schema=ac.Schema(fields))
+
+
+def collected_value(value: Any, kind: str) -> Any:
+    """A value read from a table (:func:`arrow_to_rows`) as :class:`Collected` holds one of Spark type ``kind``."""
+    if value is None:
+        return None
+    if kind == "timestamp":
+        return to_micros(value)
+    if kind == "date":
+        return (value - date(1970, 1, 1)).days
+    return value
 
 
 def _utc(value: Any) -> Any:

@@ -549,7 +549,7 @@ class ViewJob:
         """The view table (with the run's properties, change data feed on) and the shared quarantine, if missing."""
         view = self.view
         ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
-                     partition_by=view.partition_by,
+                     partition_by=view.table_partitions,
                      properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
                                  "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
                                  # an archive's retention deletes its oldest records

@@ -2,8 +2,9 @@
 
 * appends use the DataFrameWriter options ``txnAppId``/``txnVersion``; the quarantine's small appends use the same
   Delta application transaction through delta-rs (:class:`QuarantineSink`);
-* MERGE (upserts, KTable deletes, window finality - ``WHEN NOT MATCHED BY SOURCE`` flags stored windows the
-  watermark passed, in the same commit) uses the documented SQL confs
+* MERGE (upserts, KTable deletes, window finality - stored windows the watermark passed are flagged final in the
+  same commit: ``WHEN NOT MATCHED BY SOURCE`` through delta-spark, rows carried in the MERGE's source through
+  delta-rs, see **Finality**) uses the documented SQL confs
   ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (idempotent DML, Delta >= 2.3), set on the
   micro-batch's own session (one per streaming query, so concurrent queries never see each other's values).
 
@@ -44,7 +45,12 @@ when it ends at or before the event-time maximum of the table *before* that comm
 lags the watermark by one batch; the no-data batch Spark runs when its watermark moves closes the rest, so a
 table at rest is final up to ``max(event time) - delay``. A batch's MERGE joins only stored rows whose window
 ends at or after the batch's earliest window end (exact: a window's end is a function of its key), so a MERGE
-reads the windows the batch touches, not the whole table.
+reads the windows the batch touches, not the whole table. The table is partitioned by the flag
+(:attr:`kappa.runtime.view.ViewDefinition.table_partitions`): a MERGE rewrites the files of the open windows it
+updates or closes, and a window's row is written to the final partition once, when it closes - the bytes a batch
+writes do not grow with the table (in one partition every MERGE rewrote every row the table held). A live batch
+that closes windows reads their open rows from the open partition and carries them, flagged, in its source (delta-rs
+reads and conflict-checks every file of the table for a ``WHEN NOT MATCHED BY SOURCE`` clause).
 """
 
 from __future__ import annotations
@@ -632,7 +638,7 @@ class DeltaSink:
             self._last_batch = batch_id
             return "merge"
         if fin is None:
-            self._rs_merge(table, rows.arrow(names=names), self._rs_keys(), None, batch_id, user_metadata)
+            self._rs_merge(table, rows.arrow(names=names), self._rs_keys(), batch_id, user_metadata)
             self._last_batch = batch_id
             return "merge"
         previous_max = self._known_event_max(session, fin)
@@ -655,27 +661,49 @@ class DeltaSink:
             batch_event_max = _timestamp(max(emax)) if emax else None
             window_ends = frozenset(_timestamp(v) for v in rows.values(fin.window_end_column) if v is not None)
         low = min(_micros(end) for end in window_ends) if rows.rows and window_ends else None
-        end = f't."{fin.window_end_column}"'
-        cond = self._rs_keys() + (f" AND {end} >= {_sql_ts(low)}" if low is not None else " AND false")
-        closing = None
         if passed:
-            closing = (f'(NOT t."{fin.flag_column}") AND {end} >= {_sql_ts(min(_micros(e) for e in passed))} '
-                       f"AND {end} <= {_sql_ts(bound)}")
-        self._rs_merge(table, source.arrow(names=names), cond, closing, batch_id, user_metadata)
+            first = min(_micros(e) for e in passed)
+            source = self._rs_closing(table, source, fin, first, bound)
+            low = first if low is None else min(low, first)
+        if not source.rows:  # the windows it would close hold no stored row: nothing to write
+            self._rs_empty(table, batch_id, user_metadata)
+            self._merged(batch_id, fin, previous_max, batch_event_max, window_ends)
+            return "empty"
+        cond = self._rs_keys() + f' AND t."{fin.window_end_column}" >= {_sql_ts(low)}'
+        self._rs_merge(table, source.arrow(names=names), cond, batch_id, user_metadata)
         self._merged(batch_id, fin, previous_max, batch_event_max, window_ends)
         return "close" if not rows.rows else "merge"
 
-    def _rs_merge(self, table: Any, source: Any, cond: str, closing: str | None, batch_id: int,
-                  user_metadata: str | None) -> None:
+    def _rs_closing(self, table: Any, source: "Collected", fin: Finality, first: int, bound: int) -> "Collected":
+        """``source`` and the stored rows this commit makes final that the batch does not carry, flagged final.
+
+        They are read from the table's open windows (a windowed MERGE view's table is partitioned by the flag:
+        :attr:`kappa.runtime.view.ViewDefinition.table_partitions`, so this reads the few files of the open
+        partition) and travel in the MERGE's source: its matched update moves them to the final partition. A
+        ``WHEN NOT MATCHED BY SOURCE`` clause would do the same in the MERGE itself, but delta-rs then reads and
+        conflict-checks every file of the table at every commit.
+        """
+        from kappa.runtime.deltars import Collected, arrow_to_rows, collected_value
+
+        end = f'"{fin.window_end_column}"'
+        stored = arrow_to_rows(table.scan(predicate=f'NOT "{fin.flag_column}" AND {end} >= {_sql_ts(first)} '
+                                                    f"AND {end} <= {_sql_ts(bound)}").read_all())
+        keys = [source.index(k) for k in self.view.keys]
+        carried = {tuple(row[i] for i in keys) for row in source.rows}
+        closing = []
+        for stored_row in stored:
+            row = tuple(True if name == fin.flag_column else collected_value(stored_row.get(name), kind)
+                        for name, kind in source.columns)
+            if tuple(row[i] for i in keys) not in carried:
+                closing.append(row)
+        return Collected(source.columns, source.rows + closing) if closing else source
+
+    def _rs_merge(self, table: Any, source: Any, cond: str, batch_id: int, user_metadata: str | None) -> None:
         from kappa.runtime.deltars import after_commit, commit_properties
 
-        merge = (table.merge(source, predicate=cond, source_alias="s", target_alias="t",
-                             commit_properties=commit_properties(self.app_id, batch_id, user_metadata))
-                 .when_matched_update_all().when_not_matched_insert_all())
-        if closing is not None:
-            merge = merge.when_not_matched_by_source_update(updates={self.view.finality.flag_column: "true"},
-                                                            predicate=closing)
-        merge.execute()
+        (table.merge(source, predicate=cond, source_alias="s", target_alias="t",
+                     commit_properties=commit_properties(self.app_id, batch_id, user_metadata))
+         .when_matched_update_all().when_not_matched_insert_all().execute())
         after_commit(table)
 
     def _rs_upsert_delete(self, table: Any, rows: "Collected", names: list[str], batch_id: int,

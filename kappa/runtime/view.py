@@ -141,7 +141,7 @@ class ViewDefinition:
         order_column: for ``upsert_delete``, the column deciding which record of a key is the latest.
         finality: windowed views mark rows final once the watermark passes them.
         latency_column: event-time column of the output used for the end-to-end latency histogram.
-        partition_by: Delta partition columns.
+        partition_by: Delta partition columns (default: :attr:`table_partitions`).
         stateful: the transform keeps state in the checkpoint (watermarked windows, sessions), so it runs inside
             the streaming plan; the bad records of the same micro-batch travel beside its output
             (:mod:`kappa.runtime.plan`), still one query and one read of the topic.
@@ -208,6 +208,19 @@ class ViewDefinition:
     def ref(self) -> str:
         """``name@vN``, the view version's identity in logs, metrics and Delta appIds."""
         return view_ref(self.name, self.version)
+
+    @property
+    def table_partitions(self) -> tuple[str, ...]:
+        """The Delta partition columns of the version's table: ``partition_by``; else, for a windowed view that
+        merges, its finality flag. Every micro-batch rewrites the files holding the windows it updates or closes;
+        apart from the final rows those are the few files of the open windows, and a window's row is written to
+        the final partition once, when it closes (a table of one partition would rewrite every row it ever held
+        at every micro-batch: its size on disk grew with the square of time)."""
+        if self.partition_by:
+            return self.partition_by
+        if self.finality is not None and self.write == "merge":
+            return (self.finality.flag_column,)
+        return ()
 
     @property
     def watermark(self) -> tuple[str, int] | None:
