@@ -202,7 +202,7 @@ def test_beeline_reads_with_the_token(service):
     ok = subprocess.run([str(beeline), "-u", url, "-n", "analyst", "-p", service["token"], "--outputformat=csv2",
                          "-e", f"SELECT count(*) AS n FROM analytics.{VIEW}"], capture_output=True, text=True,
                         timeout=300, env=env)
-    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.returncode == 0, ok.stderr[-2000:] + "\nthe service's log:\n" + service["log"].read_text()[-4000:]
     serving = DeltaTable(ServingAlias(service["settings"].lake_uri).target(VIEW).table_path)
     rows = sum(serving.get_add_actions(flatten=True).column("num_records").to_pylist())
     assert ok.stdout.split()[-2:] == ["n", str(rows)], ok.stdout
