@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 def _status(settings) -> str:
     """`kappa status`, as typed, in this home; its table's rows joined (rich wraps the 'where' column)."""
     done = subprocess.run([sys.executable, "-m", "kappa.front.cli", "status"], capture_output=True, text=True,
-                          env={**os.environ, **child_env(settings), "COLUMNS": "400"}, timeout=120)
+                          env={**os.environ, **child_env(settings), "COLUMNS": "2000"}, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
