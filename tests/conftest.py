@@ -36,21 +36,6 @@ from kappa.log.broker import LocalBroker, free_port
 from kappa.config import Settings
 from kappa.log.topics import create_topic, delete_topics
 
-#: Test files whose tests share one pytest-xdist worker (``make test`` runs the suite on two): the files under
-#: tests/k8s share one Kubernetes control plane per worker. Every other file is its own group, so its module
-#: fixtures start once.
-XDIST_GROUPS = {"tests/k8s/": "k8s"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's ``xdist_group`` (``--dist loadgroup``): its file, or the group :data:`XDIST_GROUPS` names."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = next((name for prefix, name in XDIST_GROUPS.items() if path.startswith(prefix)), path)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 # =====================================================================================================
 # Section 1 -- Kafka fixtures (platform engineer)
 # =====================================================================================================
