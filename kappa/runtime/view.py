@@ -141,7 +141,7 @@ class ViewDefinition:
         order_column: for ``upsert_delete``, the column deciding which record of a key is the latest.
         finality: windowed views mark rows final once the watermark passes them.
         latency_column: event-time column of the output used for the end-to-end latency histogram.
-        partition_by: Delta partition columns (default: :attr:`table_partitions`).
+        partition_by: Delta partition columns (none given: :attr:`table_partitions` decides).
         stateful: the transform keeps state in the checkpoint (watermarked windows, sessions), so it runs inside
             the streaming plan; the bad records of the same micro-batch travel beside its output
             (:mod:`kappa.runtime.plan`), still one query and one read of the topic.
