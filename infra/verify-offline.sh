@@ -56,6 +56,10 @@ for v in HELM_VERSION HCL_VERSION PROMETHEUS_OPERATOR_VERSION K8S_SCHEMA_VERSION
     [[ -n "${!v:-}" ]] || die "infra/versions.env does not define $v"
 done
 mkdir -p "$TOOLS"
+# one run at a time per tools folder (two test processes may ask for the tools together): the second waits, then
+# finds them installed; the checks' output folder is shared too
+exec 9>"$TOOLS/.verify.lock"
+flock 9
 
 # ------------------------------------------------------------------------------------------- tools
 HELM="$TOOLS/helm"
