@@ -183,9 +183,9 @@ def _equals_window_oracle(spark, settings, view: str, version: int) -> tuple[Any
 
 def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kafka, declared_topics, lake):
     """The live write path (MERGE per batch, pruned to the open windows; rows moved to the final partition only
-    when a stored window closes) over runs whose events arrive past the watermark: Spark drops them, the table equals the
-    oracle that replays the recorded batch boundaries and watermarks, the drops are counted, and every dropped
-    record is kept once in the quarantine (reason `late`)."""
+    when a stored window closes) over runs whose events arrive past the watermark: Spark drops them, the table
+    equals the oracle that replays the recorded batch boundaries and watermarks, the drops are counted, and every
+    dropped record is kept once in the quarantine (reason `late`)."""
     u = generator.universe(seed=14, campaigns=6, users=100)
     generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
     events = list(generator.events(2400, seed=14, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
