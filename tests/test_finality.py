@@ -19,6 +19,7 @@ import pytest
 from jobs.campaign_window_counts.v1 import VIEW, WATERMARK_SECONDS
 from kappa.runtime.batch import batch_stats
 from kappa.runtime.sink import DeltaSink, collect_rows, ensure_table, table_columns
+from tests.helpers import delta_log
 
 pytestmark = pytest.mark.integration
 
@@ -114,18 +115,10 @@ def test_a_window_updated_after_the_watermark_jumped_is_stored_once(spark, tmp_p
     assert done == [*first, "merge", "skip", "close", "empty"]
 
 
-def _log(table: str) -> list[dict]:
-    """Every action of the table's Delta log, in commit order, each with the version of its commit."""
-    import json
-    from pathlib import Path
-
-    return [{**json.loads(line), "_version": int(commit.stem)}
-            for commit in sorted(Path(table, "_delta_log").glob("*.json")) for line in commit.read_text().splitlines()]
-
-
 def _log_actions(table: str) -> list[tuple[int, str, str]]:
     """(commit version, ``add``/``remove``, file path) of every data file action in the table's Delta log."""
-    return [(a["_version"], kind, a[kind]["path"]) for a in _log(table) for kind in ("add", "remove") if kind in a]
+    return [(version, kind, a[kind]["path"]) for version, actions in delta_log(table).items() for a in actions
+            for kind in ("add", "remove") if kind in a]
 
 
 def test_live_commits_write_a_final_window_once_and_never_rewrite_it(spark, tmp_path):
@@ -156,5 +149,5 @@ def test_live_commits_write_a_final_window_once_and_never_rewrite_it(spark, tmp_
     assert 1 <= len(closing_commits) <= len(final_files) <= 3, final_files  # windows close in at most 3 commits
     assert all(a[2].startswith(("is_final=false/", "is_final=true/")) for a in actions), actions
     # the last batch's one window is new: its MERGE read no stored file (the files' window_end statistics)
-    last = [a["commitInfo"] for a in _log(table) if "commitInfo" in a][-2]
+    last = [a["commitInfo"] for actions in delta_log(table).values() for a in actions if "commitInfo" in a][-2]
     assert last["operation"] == "MERGE" and last["operationMetrics"]["num_target_files_scanned"] == 0, last

@@ -10,7 +10,6 @@ import json
 import os
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
 from kappa.runtime.view import load_view
-from tests.helpers import committed_batches, delta_txns, finish, recorded_batches, run_to_end
+from tests.helpers import committed_batches, delta_log, delta_txns, finish, recorded_batches, run_to_end
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -72,19 +71,7 @@ def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_t
 
 def _commit_infos(table: str) -> list[dict]:
     """``commitInfo`` of a Delta table's commits, oldest first (plain reading of _delta_log)."""
-    infos = []
-    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "commitInfo" in action:
-                infos.append(action["commitInfo"])
-    return infos
-
-
-def _commits(table: str) -> list[list[dict]]:
-    """The actions of each of a Delta table's commits, oldest first (plain reading of _delta_log)."""
-    return [[json.loads(line) for line in commit.read_text().splitlines()]
-            for commit in sorted(Path(table, "_delta_log").glob("*.json"))]
+    return [a["commitInfo"] for actions in delta_log(table).values() for a in actions if "commitInfo" in a]
 
 
 def _batch_commits(table: str) -> list[tuple[str, int | None]]:
@@ -226,7 +213,7 @@ def test_window_view_merging_run_by_run_equals_the_batch_aware_oracle(spark, kaf
     assert ops.count("MERGE") >= 4, ops
     # the table keeps final windows apart (partitioned by is_final): a MERGE that closes windows writes them there
     closing = [any(a["add"]["partitionValues"].get("is_final") == "true" for a in actions if "add" in a)
-               for actions in _commits(paths.table)
+               for actions in delta_log(paths.table).values()
                if any(a.get("commitInfo", {}).get("operation") == "MERGE" for a in actions)]
     assert True in closing and False in closing, f"windows closed per MERGE: {closing}"
     spec, given, expected = _equals_window_oracle(spark, lake, view.name, 1)
