@@ -24,7 +24,8 @@ the last of the leg (the same windows in both legs): the most data files a reade
 count rises between compactions and drops at each: the peaks are what a reader meets at worst) and the median
 query seconds in each (their ratios: the target is at most 1.25), the RSS slope after the first quarter of the
 leg (MiB/hour; target under 10), and the files projected to 30 days at the rate the peaks grew.
-``python -m kappa.front.bench_soak`` (``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and ``reports/bench-soak.png``.
+``python -m kappa.front.bench_soak`` (``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and
+``reports/bench-soak.png``.
 """
 
 from __future__ import annotations
