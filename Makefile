@@ -26,8 +26,14 @@ down: ## stop everything `make run` started (data is kept in .kappa/)
 status: ## what runs, where its metrics are
 	@$(KAPPA) status
 
+# make test: the suite on two pytest-xdist workers (each file's tests on one of them, so its module fixtures start
+# once), then alone the files whose bounds are seconds of wall time: the first-hour walk (make run's longest silence)
+# and the driver lease (a TTL of seconds); each part keeps every test's seconds in its JUnit XML
+TEST_MARKS := not slow and not bench and not cluster and not smoke
+SERIAL_TESTS := tests/test_first_hour.py tests/test_driver_lease.py
 test: setup k8s-build objectstore-build prometheus-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks; the alerts under promtool)
-	@$(PYTEST) -m "not slow and not bench and not cluster and not smoke" --durations=60 --junitxml=reports/test.xml tests
+	@$(PYTEST) -n 2 --dist loadfile -m "$(TEST_MARKS)" $(SERIAL_TESTS:%=--ignore=%) --durations=60 --junitxml=reports/test.xml tests
+	@$(PYTEST) -m "$(TEST_MARKS)" --durations=10 --junitxml=reports/test-serial.xml $(SERIAL_TESTS)
 
 test-smoke: setup k8s-build smoke-prep ## the cluster smoke: docs/deploy.md section 5 verbatim on a real node it brings up and tears down (root; 28-51 min warm, 35 with the SQL service's checks, 56 min cold)
 	@$(PYTEST) -m smoke -rP tests
