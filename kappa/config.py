@@ -40,8 +40,10 @@ Running view versions:
   :mod:`kappa.runtime.cds`), ``KAPPA_SPARK_FORKLESS_FS`` (``true``: a local driver's Hadoop sets permissions and
   reads links through ``java.nio`` instead of starting ``chmod`` and ``readlink`` for every file it writes,
   :func:`kappa.runtime.spark.forkless_fs`), ``KAPPA_SPARK_HEAP_FOOTPRINT`` (``true``: a driver's heap is kept 20-50 %
-  above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`) -- the
-  Spark sessions the platform builds.
+  above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`),
+  ``KAPPA_STATE_MEMORY_MB`` (``128``: the native memory all of a JVM's RocksDB state stores share - block cache and
+  memtables, a soft bound; ``0``: RocksDB's defaults, 64 MiB memtables per store and version) -- the Spark sessions
+  the platform builds.
 - ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``1g``; a JVM size: ``1536m``,
   ``2g``). Its live set is a few hundred MiB for the six declared views; a host running many more versions (20: its
   JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides it (the
@@ -194,10 +196,11 @@ class Settings:
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master,
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
-        airflow_port, airflow_password, sql_jdbc_port, sql_connect_port, sql_token, replay_poke_seconds,
-        replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds, kafka_outage_seconds,
-        upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb, airflow_db_conn,
-        verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper case), see the module docs.
+        state_memory_mb, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port, sql_token,
+        replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds,
+        kafka_outage_seconds, upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb,
+        airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper
+        case), see the module docs.
     """
 
     repo_root: Path
@@ -237,6 +240,7 @@ class Settings:
     spark_cds: bool = True
     spark_forkless_fs: bool = True
     spark_heap_footprint: bool = True
+    state_memory_mb: int = 128
     airflow_port: int = 8080
     airflow_password: str | None = field(default=None, repr=False)
     sql_jdbc_port: int = 10000
@@ -338,6 +342,7 @@ class Settings:
             spark_cds=flag("KAPPA_SPARK_CDS", True),
             spark_forkless_fs=flag("KAPPA_SPARK_FORKLESS_FS", True),
             spark_heap_footprint=flag("KAPPA_SPARK_HEAP_FOOTPRINT", True),
+            state_memory_mb=number("KAPPA_STATE_MEMORY_MB", int, 128),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
             sql_jdbc_port=number("KAPPA_SQL_JDBC_PORT", int, 10000),

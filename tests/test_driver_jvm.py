@@ -63,3 +63,29 @@ def test_the_footprint_settings_can_be_turned_off(tmp_path):
     # the parallel collector's own defaults: 1 % of the time collecting, free ratios 0-100 (no bound)
     assert (flags["UseParallelGC"], flags["GCTimeRatio"]) == ("true", "99"), flags
     assert flags["MaxHeapFreeRatio"] == "100", flags
+
+
+def _rocksdb_instances(spark, bounded: bool) -> int:
+    """State stores of this JVM registered with RocksDB's memory manager under the shared bound (or not)."""
+    package = spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state
+    manager = getattr(getattr(package, "RocksDBMemoryManager$"), "MODULE$")
+    return int(manager.getNumRocksDBInstances(bounded))
+
+
+@pytest.mark.timeout(300)
+def test_state_stores_share_one_memory_budget(spark, tmp_path):
+    """A stateful query of a platform session opens its RocksDB stores under the one bound of
+    ``KAPPA_STATE_MEMORY_MB`` (a store outside it has memtables of its own: 64 MiB each, see build_spark)."""
+    from pyspark.sql import functions as F
+
+    assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB") == "128"
+    source = tmp_path / "in"
+    spark.range(200).withColumn("k", F.col("id") % 7).write.parquet(str(source))
+    counts = (spark.readStream.schema("id long, k long").parquet(str(source)).groupBy("k").count())
+    seen: list[int] = []
+    query = (counts.writeStream.outputMode("update").option("checkpointLocation", str(tmp_path / "cp"))
+             .foreachBatch(lambda frame, _: seen.append(frame.count())).trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert seen == [7], seen  # the query ran its one batch through the store
+    assert _rocksdb_instances(spark, True) >= 1
+    assert _rocksdb_instances(spark, False) == 0

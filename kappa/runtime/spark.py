@@ -320,6 +320,13 @@ def build_spark(
         # them holds 100 by default, so every batch evicted and recompiled them all (~1 s of each batch)
         .config("spark.sql.codegen.cache.maxEntries", "2000")
     )
+    if settings.state_memory_mb > 0:
+        # every RocksDB state store of the JVM (one per stateful operator and partition, and per version while a
+        # replay runs beside it) in one budget: a shared block cache whose memtables are charged to it, instead of
+        # 64 MiB memtables per store that, with changelog checkpointing, fill with every update's old values until
+        # the next snapshot; a soft bound (Spark's LRU cache has no strict limit: a store never fails on it)
+        builder = (builder.config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
+                   .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", str(settings.state_memory_mb)))
     if not settings.spark_ui:
         # Spark's status store keeps the last 1,000 jobs, stages and SQL executions (with their plans' graphs) for
         # the UI and the status tracker; a view host runs several per micro-batch of each view. Without the UI only
