@@ -73,9 +73,10 @@ def _rocksdb_instances(spark, bounded: bool) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_state_stores_share_one_memory_budget(spark, tmp_path):
+def test_state_stores_share_one_memory_budget_and_write_zstd_changelogs(spark, tmp_path):
     """A stateful query of a platform session opens its RocksDB stores under the one bound of
-    ``KAPPA_STATE_MEMORY_MB`` (a store outside it has memtables of its own: 64 MiB each, see build_spark)."""
+    ``KAPPA_STATE_MEMORY_MB`` (a store outside it has memtables of its own: 64 MiB each, see build_spark), and
+    writes its changelogs in zstd."""
     from pyspark.sql import functions as F
 
     assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB") == "128"
@@ -89,3 +90,7 @@ def test_state_stores_share_one_memory_budget(spark, tmp_path):
     assert seen == [7], seen  # the query ran its one batch through the store
     assert _rocksdb_instances(spark, True) >= 1
     assert _rocksdb_instances(spark, False) == 0
+    # its changelog is zstd (frame magic 28 b5 2f fd), not lz4-java's blocks ("LZ4Block")
+    changelogs = sorted((tmp_path / "cp" / "state").rglob("*.changelog"))
+    assert changelogs, sorted((tmp_path / "cp").rglob("*"))
+    assert {path.read_bytes()[:4] for path in changelogs} == {bytes.fromhex("28b52ffd")}
