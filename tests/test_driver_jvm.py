@@ -94,3 +94,34 @@ def test_state_stores_share_one_memory_budget_and_write_zstd_changelogs(spark, t
     changelogs = sorted((tmp_path / "cp" / "state").rglob("*.changelog"))
     assert changelogs, sorted((tmp_path / "cp").rglob("*"))
     assert {path.read_bytes()[:4] for path in changelogs} == {bytes.fromhex("28b52ffd")}
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_started_in_lz4_keeps_its_codec(spark, tmp_path):
+    """A stateful view's checkpoint written before the platform turned to zstd (Spark's default codec, lz4) goes on
+    after the upgrade: its state is read back (the counts carry on) and its new changelogs stay lz4, the codec its
+    offsets recorded."""
+    from pyspark.sql import functions as F
+
+    key = "spark.sql.streaming.stateStore.compression.codec"
+    source, checkpoint = tmp_path / "in", tmp_path / "cp"
+
+    def run() -> list[tuple[int, int]]:
+        rows: list[tuple[int, int]] = []
+        counts = spark.readStream.schema("id long, k long").parquet(str(source)).groupBy("k").count()
+        query = (counts.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
+                 .foreachBatch(lambda frame, _: rows.extend(tuple(r) for r in frame.collect()))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(240)
+        return sorted(rows)
+
+    assert spark.conf.get(key) == "zstd"
+    spark.range(30).withColumn("k", F.col("id") % 3).write.parquet(str(source))
+    spark.conf.set(key, "lz4")
+    try:
+        assert run() == [(0, 10), (1, 10), (2, 10)]
+    finally:
+        spark.conf.set(key, "zstd")
+    spark.range(30, 36).withColumn("k", F.col("id") % 3).write.mode("append").parquet(str(source))
+    assert run() == [(0, 12), (1, 12), (2, 12)]  # the state written in lz4, read back and carried on
+    assert {p.read_bytes()[:8] for p in (checkpoint / "state").rglob("*.changelog")} == {b"LZ4Block"}
