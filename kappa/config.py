@@ -42,7 +42,7 @@ Running view versions:
   :func:`kappa.runtime.spark.forkless_fs`), ``KAPPA_SPARK_HEAP_FOOTPRINT`` (``true``: a driver's heap is kept 20-50 %
   above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`),
   ``KAPPA_STATE_MEMORY_MB`` (``128``: the native memory all of a JVM's RocksDB state stores share - block cache and
-  memtables, a soft bound; ``0``: RocksDB's defaults, 64 MiB memtables per store and version) -- the Spark sessions
+  memtables, a soft bound; ``0``: RocksDB's defaults, 64 MiB memtables per store) -- the Spark sessions
   the platform builds.
 - ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``1g``; a JVM size: ``1536m``,
   ``2g``). Its live set is a few hundred MiB for the six declared views; a host running many more versions (20: its

@@ -327,8 +327,9 @@ def build_spark(
     if settings.state_memory_mb > 0:
         # every RocksDB state store of the JVM (one per stateful operator and partition, and per version while a
         # replay runs beside it) in one budget: a shared block cache whose memtables are charged to it, instead of
-        # 64 MiB memtables per store that, with changelog checkpointing, fill with every update's old values until
-        # the next snapshot; a soft bound (Spark's LRU cache has no strict limit: a store never fails on it)
+        # RocksDB's 64 MiB memtables and 8 MiB cache per store; a soft bound (Spark's LRU cache has no strict limit:
+        # a store never fails on it). A bound for a JVM of many stores: make run's six views' stores hold little, and
+        # it did not lower their host's RSS (docs/performance.md)
         builder = (builder.config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
                    .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", str(settings.state_memory_mb)))
     if not settings.spark_ui:
