@@ -57,6 +57,11 @@ def delta_log(table: str) -> dict[int, list[dict]]:
             for name in names if re.fullmatch(r"\d{20}\.json", name)}
 
 
+def commit_infos(table: str) -> list[dict]:
+    """``commitInfo`` of each of the table's JSON commits, oldest first (plain reading, :func:`delta_log`)."""
+    return [a["commitInfo"] for actions in delta_log(table).values() for a in actions if "commitInfo" in a]
+
+
 def delta_txns(table: str) -> dict[str, int]:
     """appId -> highest txnVersion recorded in the table's _delta_log JSON commits (plain file reading)."""
     out: dict[str, int] = {}

@@ -65,6 +65,18 @@ def test_the_footprint_settings_can_be_turned_off(tmp_path):
     assert flags["MaxHeapFreeRatio"] == "100", flags
 
 
+def _count_by_key(spark, source: Path, checkpoint: Path) -> list[list[tuple[int, int]]]:
+    """Run a stateful query (``count(*)`` by ``k`` over the parquet files in ``source``) to the end of its input
+    from ``checkpoint``: the rows of each of its micro-batches."""
+    batches: list[list[tuple[int, int]]] = []
+    counts = spark.readStream.schema("id long, k long").parquet(str(source)).groupBy("k").count()
+    query = (counts.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
+             .foreachBatch(lambda frame, _: batches.append(sorted(tuple(r) for r in frame.collect())))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    return batches
+
+
 def _rocksdb_instances(spark, bounded: bool) -> int:
     """State stores of this JVM registered with RocksDB's memory manager under the shared bound (or not)."""
     package = spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state
@@ -82,11 +94,7 @@ def test_state_stores_share_one_memory_budget_and_write_zstd_changelogs(spark, t
     assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB") == "128"
     source = tmp_path / "in"
     spark.range(200).withColumn("k", F.col("id") % 7).write.parquet(str(source))
-    counts = (spark.readStream.schema("id long, k long").parquet(str(source)).groupBy("k").count())
-    seen: list[int] = []
-    query = (counts.writeStream.outputMode("update").option("checkpointLocation", str(tmp_path / "cp"))
-             .foreachBatch(lambda frame, _: seen.append(frame.count())).trigger(availableNow=True).start())
-    query.awaitTermination(240)
+    seen = [len(rows) for rows in _count_by_key(spark, source, tmp_path / "cp")]
     assert seen == [7], seen  # the query ran its one batch through the store
     assert _rocksdb_instances(spark, True) >= 1
     assert _rocksdb_instances(spark, False) == 0
@@ -107,13 +115,7 @@ def test_a_checkpoint_started_in_lz4_keeps_its_codec(spark, tmp_path):
     source, checkpoint = tmp_path / "in", tmp_path / "cp"
 
     def run() -> list[tuple[int, int]]:
-        rows: list[tuple[int, int]] = []
-        counts = spark.readStream.schema("id long, k long").parquet(str(source)).groupBy("k").count()
-        query = (counts.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
-                 .foreachBatch(lambda frame, _: rows.extend(tuple(r) for r in frame.collect()))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(240)
-        return sorted(rows)
+        return sorted(row for rows in _count_by_key(spark, source, checkpoint) for row in rows)
 
     assert spark.conf.get(key) == "zstd"
     spark.range(30).withColumn("k", F.col("id") % 3).write.parquet(str(source))

@@ -19,7 +19,7 @@ import pytest
 from jobs.campaign_window_counts.v1 import VIEW, WATERMARK_SECONDS
 from kappa.runtime.batch import batch_stats
 from kappa.runtime.sink import DeltaSink, collect_rows, ensure_table, table_columns
-from tests.helpers import delta_log
+from tests.helpers import commit_infos, delta_log
 
 pytestmark = pytest.mark.integration
 
@@ -149,5 +149,5 @@ def test_live_commits_write_a_final_window_once_and_never_rewrite_it(spark, tmp_
     assert 1 <= len(closing_commits) <= len(final_files) <= 3, final_files  # windows close in at most 3 commits
     assert all(a[2].startswith(("is_final=false/", "is_final=true/")) for a in actions), actions
     # the last batch's one window is new: its MERGE read no stored file (the files' window_end statistics)
-    last = [a["commitInfo"] for actions in delta_log(table).values() for a in actions if "commitInfo" in a][-2]
+    last = commit_infos(table)[-2]
     assert last["operation"] == "MERGE" and last["operationMetrics"]["num_target_files_scanned"] == 0, last

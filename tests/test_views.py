@@ -23,7 +23,7 @@ from kappa.identity import ViewPaths
 from kappa.runtime.job import ViewJob
 from kappa.runtime.late import LATE_REASON
 from kappa.runtime.view import load_view
-from tests.helpers import committed_batches, delta_log, delta_txns, finish, recorded_batches, run_to_end
+from tests.helpers import commit_infos, committed_batches, delta_log, delta_txns, finish, recorded_batches, run_to_end
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -69,20 +69,15 @@ def test_views_match_oracle_with_30_percent_bad_records(spark, kafka, declared_t
     assert assert_views_match(spark, lake) == stats
 
 
-def _commit_infos(table: str) -> list[dict]:
-    """``commitInfo`` of a Delta table's commits, oldest first (plain reading of _delta_log)."""
-    return [a["commitInfo"] for actions in delta_log(table).values() for a in actions if "commitInfo" in a]
-
-
 def _batch_commits(table: str) -> list[tuple[str, int | None]]:
     """(operation, micro-batch of its lineage) of a Delta table's commits, oldest first."""
     return [(info["operation"], json.loads(info.get("userMetadata") or "{}").get("kappa", {}).get("batch"))
-            for info in _commit_infos(table)]
+            for info in commit_infos(table)]
 
 
 def _operations(table: str) -> list[str]:
     """Operations of a Delta table's commits, oldest first."""
-    return [info["operation"] for info in _commit_infos(table)]
+    return [info["operation"] for info in commit_infos(table)]
 
 
 def test_bounded_catch_up_stages_batches_and_writes_the_table_once(spark, kafka, declared_topics, lake):
