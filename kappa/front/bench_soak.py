@@ -15,7 +15,8 @@ version (the commits so far), the data files its current version references (wha
 bounds it) and its files on disk - data, change feed, ``_delta_log`` commits and checkpoints - and bytes (what the
 disk holds: VACUUM removes a replaced file only once 7 days old, so this count flattens after a week, not within a
 compressed run); the view's Spark checkpoint and
-state store on disk; the RSS of every process the stack started; the seconds of ``bin/kappa query``'s engine
+state store on disk; the RSS of every process the stack started, and of the view host's JVM its anonymous and
+file-backed parts and, with ``--nmt``, what its native memory tracking says each part of the JVM holds; the seconds of ``bin/kappa query``'s engine
 (:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over each serving view, and for the change feed of
 the last ``--changes-minutes`` (``table_changes`` from the version the leg sampled that long ago).
 
@@ -23,7 +24,7 @@ Printed per leg and table, over two windows of two upkeep periods each - the fir
 the last of the leg (the same windows in both legs): the most data files a reader listed in each (with upkeep the
 count rises between compactions and drops at each: the peaks are what a reader meets at worst) and the median
 query seconds in each (their ratios: the target is at most 1.25), the RSS slope after the first quarter of the
-leg (MiB/hour; target under 10), and the files projected to 30 days at the rate the peaks grew.
+leg (MiB/hour; target under 10) and the JVM's parts' slopes, and the files projected to 30 days at the rate the peaks grew.
 ``python -m kappa.front.bench_soak`` (``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and
 ``reports/bench-soak.png``.
 """
@@ -33,12 +34,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 #: What the no-upkeep leg's period is, in leg lengths: its first upkeep would come after the leg ends.
 NO_UPKEEP_FACTOR = 10
+
+#: One category of ``jcmd <pid> VM.native_memory summary scale=MB`` (JDK 17): ``-  Java Heap (reserved=..MB, ...``
+_NMT_LINE = re.compile(r"^-\s+(?P<name>.+?) \(reserved=\d+MB, committed=(?P<committed>\d+)MB\)", re.MULTILINE)
+_NMT_TOTAL = re.compile(r"^Total: reserved=\d+MB, committed=(?P<committed>\d+)MB", re.MULTILINE)
+
+
+def native_memory(java: int | None) -> dict[str, Any] | None:
+    """What the JVM ``java`` holds, read while it runs: its resident memory split as the kernel sees it
+    (``/proc/<pid>/smaps_rollup``: anonymous, file-backed; MiB) and, when it was started with native memory
+    tracking (``--nmt``), the MiB each of its categories has committed (``Java Heap``, ``Class``, ``Thread``,
+    ``Code``, ...) and their total. None when there is no such process."""
+    if java is None:
+        return None
+    out: dict[str, Any] = {}
+    try:
+        if Path(f"/proc/{java}/comm").read_text().strip() != "java":  # jcmd signals its target: a JVM's, only
+            return None
+        rollup = Path(f"/proc/{java}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    fields = {k: int(v) for k, v in re.findall(r"^(\w+):\s+(\d+) kB", rollup, re.MULTILINE)}
+    out["rss_mb"] = round(fields.get("Rss", 0) / 1024, 1)
+    out["anon_mb"] = round(fields.get("Anonymous", 0) / 1024, 1)
+    out["file_mb"] = round((fields.get("Rss", 0) - fields.get("Anonymous", 0)) / 1024, 1)
+    try:
+        text = subprocess.run(["jcmd", str(java), "VM.native_memory", "summary", "scale=MB"], capture_output=True,
+                              text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    total = _NMT_TOTAL.search(text)
+    if total:  # "Native memory tracking is not enabled" otherwise
+        out["nmt_committed_mb"] = int(total["committed"])
+        out["nmt_mb"] = {m["name"]: int(m["committed"]) for m in _NMT_LINE.finditer(text)}
+    return out
 
 
 def table_stats(path: Path) -> dict[str, int]:
@@ -133,7 +170,22 @@ def summarize(samples: list[dict[str, Any]], window_seconds: float) -> dict[str,
     quarter = last_t / 4
     rss = [(s["t"], s["rss_mb_total"]) for s in samples if s["t"] >= quarter]
     return {"from_t": first[0]["t"], "to_t": last_t, "window_s": window_seconds, "tables": tables,
-            "rss_mb_per_hour": slope_per_hour(rss), "rss_mb_to": samples[-1]["rss_mb_total"]}
+            "rss_mb_per_hour": slope_per_hour(rss), "rss_mb_to": samples[-1]["rss_mb_total"],
+            "host_jvm_per_hour": jvm_slopes([s for s in samples if s["t"] >= quarter])}
+
+
+def jvm_slopes(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """The view host JVM's growth (MiB/hour, least squares over ``samples``): resident, anonymous, file-backed,
+    the native memory tracking's total and each of its categories - where a growing RSS grows."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for s in samples:
+        jvm = s.get("host_jvm") or {}
+        parts = {k: jvm[k] for k in ("rss_mb", "anon_mb", "file_mb", "nmt_committed_mb") if k in jvm}
+        parts.update({f"nmt {name}": mb for name, mb in (jvm.get("nmt_mb") or {}).items()})
+        for key, mb in parts.items():
+            series.setdefault(key, []).append((s["t"], mb))
+    slopes = {key: slope_per_hour(points) for key, points in series.items()}
+    return {key: round(v, 1) for key, v in slopes.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------------------------ one leg
@@ -175,7 +227,10 @@ def _sample(st: Any, t: float, history: list[dict[str, Any]], changes_seconds: f
     sample["tables"]["quarantine"] = table_stats(Path(local_path(st.lake_uri)) / "quarantine")
     for part, pid in (("view host", host_pid(st)), ("producer", Daemon("producer", st).pid()),
                       ("supervisor", Daemon("supervisor", st).pid())):
-        sample["rss_mb"][part] = round(_tree_usage(pid)["rss_mb"], 1)
+        usage = _tree_usage(pid)
+        sample["rss_mb"][part] = round(usage["rss_mb"], 1)
+        if part == "view host":  # its JVM apart from its Python, and what the JVM holds beside its heap
+            sample["host_jvm"] = native_memory(usage["jvm_pid"])
     sample["rss_mb_total"] = round(sum(sample["rss_mb"].values()), 1)
     sample["home_bytes"] = folder_bytes(Path(st.home))
     return sample
@@ -228,6 +283,10 @@ def _print(results: list[dict[str, Any]]) -> None:
                           f"{fmt(t['query_s_from'], '{:.2f}')} -> {fmt(t['query_s_to'], '{:.2f}')}",
                           fmt(t["query_ratio"], "{:.2f}"), f"{t['bytes_to'] / 2**20:,.1f}")
         Console(width=160).print(table)
+        slopes = s.get("host_jvm_per_hour") or {}
+        if slopes:  # where the view host's JVM grows, largest first
+            grow = ", ".join(f"{k} {v:+.0f}" for k, v in sorted(slopes.items(), key=lambda kv: -abs(kv[1])))
+            print(f"{r['label']}: the view host's JVM after the first quarter, MiB/hour: {grow}")
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -266,6 +325,8 @@ def main() -> None:
     parser.add_argument("--sample-seconds", dest="sample_seconds", type=float, default=60.0)
     parser.add_argument("--changes-minutes", dest="changes_minutes", type=float, default=60.0)
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip the leg without upkeep")
+    parser.add_argument("--nmt", action="store_true",
+                        help="start the view host's JVM with native memory tracking and sample its categories")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     args = parser.parse_args()
     from kappa.front.bench import bench_settings, run_interruptible
@@ -284,10 +345,13 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             home = Path(settings.home) / "bench-soak" / f"{stamp}"
             print(f"bench-soak: {label}: {args.minutes:g} min at {args.rate:g} events/s, upkeep every {period:g} s",
                   flush=True)
-            results.append(leg(label, {"KAPPA_HOME": str(home), "KAPPA_LAKE_URI": str(home / "lake"),
-                                       "KAPPA_TOPIC_PREFIX": f"soak{stamp}-",
-                                       "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-                                       "KAPPA_UPKEEP_SECONDS": f"{period:g}"}, args))
+            env = {"KAPPA_HOME": str(home), "KAPPA_LAKE_URI": str(home / "lake"),
+                   "KAPPA_TOPIC_PREFIX": f"soak{stamp}-", "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+                   "KAPPA_UPKEEP_SECONDS": f"{period:g}"}
+            if args.nmt:  # every JVM the leg starts (the view host's); the broker runs already
+                env["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, (os.environ.get("JAVA_TOOL_OPTIONS"),
+                                                                  "-XX:NativeMemoryTracking=summary")))
+            results.append(leg(label, env, args))
             args.out.mkdir(parents=True, exist_ok=True)  # every leg's samples kept as soon as it ends
             (args.out / "bench-soak.json").write_text(json.dumps(results, indent=2))
         _plot(results, args.out / "bench-soak.png")
