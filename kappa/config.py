@@ -42,11 +42,13 @@ Running view versions:
   :func:`kappa.runtime.spark.forkless_fs`), ``KAPPA_SPARK_HEAP_FOOTPRINT`` (``true``: a driver's heap is kept 20-50 %
   above what it holds instead of growing to its maximum, :data:`kappa.runtime.spark.PARALLEL_GC_FOOTPRINT`),
   ``KAPPA_STATE_MEMORY_MB`` (``128``: the native memory all of a JVM's RocksDB state stores share - block cache and
-  memtables, a soft bound; ``0``: RocksDB's defaults, 64 MiB memtables per store) -- the Spark sessions
-  the platform builds.
-- ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``1g``; a JVM size: ``1536m``,
-  ``2g``). Its live set is a few hundred MiB for the six declared views; a host running many more versions (20: its
-  JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides it (the
+  memtables, a soft bound; ``0``: RocksDB's defaults, 64 MiB memtables per store), ``KAPPA_SPARK_TRIM_SECONDS``
+  (``10``: how often a driver JVM hands the native memory its C heap holds free back to the system,
+  :func:`kappa.runtime.spark.trim_options`; ``0``: never) -- the Spark sessions the platform builds.
+- ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``768m``; a JVM size:
+  ``1536m``, ``2g``). Its live set is a few hundred MiB for the six declared views (about 250 MiB after a full
+  collection), and a steady stream of micro-batches fills the heap to its ceiling; a host running many more versions
+  (20: its JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides it (the
   chart's grouped driver: ``viewJobs.groupedDriverMemory``).
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
@@ -196,8 +198,8 @@ class Settings:
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master,
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
-        state_memory_mb, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port, sql_token,
-        replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds,
+        state_memory_mb, spark_trim_seconds, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port,
+        sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds,
         kafka_outage_seconds, upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb,
         airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper
         case), see the module docs.
@@ -231,7 +233,7 @@ class Settings:
     #: 1g: six views' live set is ~300 MiB after a full collection; the parallel collector grows the heap toward its
     #: maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570 MiB less at
     #: the same CPU per micro-batch (docs/performance.md, "a view host's memory is its heap's maximum")
-    host_driver_memory: str = "1g"
+    host_driver_memory: str = "768m"
     spark_master: str = "local[2]"
     shuffle_partitions: int | None = None
     spark_ui: bool = False
@@ -241,6 +243,7 @@ class Settings:
     spark_forkless_fs: bool = True
     spark_heap_footprint: bool = True
     state_memory_mb: int = 128
+    spark_trim_seconds: float = 10.0
     airflow_port: int = 8080
     airflow_password: str | None = field(default=None, repr=False)
     sql_jdbc_port: int = 10000
@@ -333,7 +336,7 @@ class Settings:
             host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
             host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
-            host_driver_memory=get("KAPPA_HOST_DRIVER_MEMORY") or "1g",
+            host_driver_memory=get("KAPPA_HOST_DRIVER_MEMORY") or "768m",
             spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),
             spark_ui=flag("KAPPA_SPARK_UI", False),
@@ -343,6 +346,7 @@ class Settings:
             spark_forkless_fs=flag("KAPPA_SPARK_FORKLESS_FS", True),
             spark_heap_footprint=flag("KAPPA_SPARK_HEAP_FOOTPRINT", True),
             state_memory_mb=number("KAPPA_STATE_MEMORY_MB", int, 128),
+            spark_trim_seconds=number("KAPPA_SPARK_TRIM_SECONDS", float, 10.0),
             airflow_port=number("KAPPA_AIRFLOW_PORT", int, 8080),
             airflow_password=get("KAPPA_AIRFLOW_PASSWORD"),
             sql_jdbc_port=number("KAPPA_SQL_JDBC_PORT", int, 10000),
@@ -483,6 +487,8 @@ class Settings:
                               "or 2g") from None
         if self.verify_cache_mb < 0:
             raise ConfigError(f"KAPPA_VERIFY_CACHE_MB={self.verify_cache_mb}: 0 (keep nothing) or more")
+        if self.spark_trim_seconds < 0:
+            raise ConfigError(f"KAPPA_SPARK_TRIM_SECONDS={self.spark_trim_seconds:g}: 0 (never) or more seconds")
         if self.ssl_ca_location and proto not in {"SSL", "SASL_SSL"}:
             raise ConfigError(
                 f"KAPPA_KAFKA_SSL_CA_LOCATION: set but KAPPA_KAFKA_SECURITY_PROTOCOL is {proto or 'unset'} "

@@ -28,7 +28,7 @@ def test_defaults() -> None:
 def test_the_view_hosts_heap_ceiling_comes_from_the_environment_unless_its_command_names_one(tmp_path) -> None:
     from kappa.runtime.host import ViewHost
 
-    assert Settings.from_env({}).host_driver_memory == "1g"
+    assert Settings.from_env({}).host_driver_memory == "768m"
     settings = Settings.from_env({"KAPPA_HOME": str(tmp_path), "KAPPA_HOST_DRIVER_MEMORY": "1536m"})
     assert ViewHost(settings).driver_memory == "1536m"  # what its Spark session is built with
     assert ViewHost(settings, driver_memory="2g").driver_memory == "2g"  # kappa host run --driver-memory 2g
@@ -75,6 +75,8 @@ def test_sasl_ssl() -> None:
         ({"KAPPA_VERIFY_CACHE_MB": "-1"}, r"KAPPA_VERIFY_CACHE_MB=-1: 0 \(keep nothing\) or more"),
         ({"KAPPA_VERIFY_CACHE_MB": "lots"}, "KAPPA_VERIFY_CACHE_MB='lots': not an integer"),
         ({"KAPPA_HOST_DRIVER_MEMORY": "2 GB"}, "KAPPA_HOST_DRIVER_MEMORY='2 GB': a JVM heap size such as 1536m or 2g"),
+        ({"KAPPA_SPARK_TRIM_SECONDS": "-5"}, r"KAPPA_SPARK_TRIM_SECONDS=-5: 0 \(never\) or more seconds"),
+        ({"KAPPA_SPARK_TRIM_SECONDS": "often"}, "KAPPA_SPARK_TRIM_SECONDS='often': not a number"),
     ],
 )
 def test_inconsistent_security_settings(env: dict[str, str], message: str) -> None:

@@ -1,8 +1,9 @@
 """The options a driver JVM of the platform runs with (``kappa.runtime.spark.build_spark``), read back from the
 running JVM itself (``HotSpotDiagnosticMXBean``), not from the configuration that asked for them.
 
-What the heap's footprint settings are worth is measured by ``make bench-live`` (docs/performance.md); here: every
-session the platform builds runs with them, and ``KAPPA_SPARK_HEAP_FOOTPRINT=false`` leaves the collector's defaults.
+What the heap's footprint settings and the native heap's trim are worth is measured by ``make bench-live``
+(docs/performance.md); here: every session the platform builds runs with them, and ``KAPPA_SPARK_HEAP_FOOTPRINT=false``
+and ``KAPPA_SPARK_TRIM_SECONDS=0`` leave the JVM's defaults.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 FLAGS = ("UseParallelGC", "GCTimeRatio", "MinHeapFreeRatio", "MaxHeapFreeRatio", "AdaptiveSizePolicyWeight",
-         "ThreadStackSize", "MaxHeapSize")
+         "ThreadStackSize", "MaxHeapSize", "TrimNativeHeapInterval")
 
 _READ = """
 import json
@@ -51,11 +52,13 @@ def test_a_platform_driver_keeps_its_heap_near_what_it_holds(spark):
     assert {k: flags[k] for k in _expected(PARALLEL_GC_FOOTPRINT)} == _expected(PARALLEL_GC_FOOTPRINT), flags
     assert flags["ThreadStackSize"] == "8192", flags  # -Xss8m (a failed foreachBatch's traceback, see build_spark)
     assert int(flags["MaxHeapSize"]) == 2**30, flags  # the heap's maximum is still the session's driver memory
+    assert flags["TrimNativeHeapInterval"] == "10000", flags  # KAPPA_SPARK_TRIM_SECONDS' default, in milliseconds
 
 
 @pytest.mark.timeout(300)
 def test_the_footprint_settings_can_be_turned_off(tmp_path):
-    env = {**os.environ, "KAPPA_SPARK_HEAP_FOOTPRINT": "false", "KAPPA_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "KAPPA_SPARK_HEAP_FOOTPRINT": "false", "KAPPA_SPARK_TRIM_SECONDS": "0",
+           "KAPPA_HOME": str(tmp_path / "home")}
     proc = subprocess.run([sys.executable, "-c", _READ], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,6 +66,7 @@ def test_the_footprint_settings_can_be_turned_off(tmp_path):
     # the parallel collector's own defaults: 1 % of the time collecting, free ratios 0-100 (no bound)
     assert (flags["UseParallelGC"], flags["GCTimeRatio"]) == ("true", "99"), flags
     assert flags["MaxHeapFreeRatio"] == "100", flags
+    assert flags["TrimNativeHeapInterval"] == "0", flags  # the JVM's default: its C heap never trimmed
 
 
 def _count_by_key(spark, source: Path, checkpoint: Path) -> list[list[tuple[int, int]]]:

@@ -147,7 +147,7 @@ def host_run(
     starting: list[str] = typer.Option(["earliest"], "--starting", help="Start position of new checkpoints of "
                                        "the --view versions: once for all, or once per --view in the same order."),
     driver_memory: str = typer.Option("", help="Heap ceiling of the host's Spark driver JVM (default: "
-                                      "KAPPA_HOST_DRIVER_MEMORY, 1g)."),
+                                      "KAPPA_HOST_DRIVER_MEMORY, 768m)."),
     metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535, help="Prometheus port of the first "
                                      "--view; the i-th --view (from 0) gets this + i. 0: any free port for each."),
     handed_over: str = typer.Option("", "--handed-over", metavar="FILE", help="The Kubernetes runner's view-state "

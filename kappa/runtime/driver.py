@@ -169,7 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("host", help="the view host: many view versions in one JVM")
     h.add_argument("--view", action="append", default=[])
     h.add_argument("--starting", action="append", default=[])
-    h.add_argument("--driver-memory", default=None, help="heap ceiling (default: KAPPA_HOST_DRIVER_MEMORY, 1g)")
+    h.add_argument("--driver-memory", default=None, help="heap ceiling (default: KAPPA_HOST_DRIVER_MEMORY, 768m)")
     h.add_argument("--metrics-port", type=int, default=0)
     return parser
 
