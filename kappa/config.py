@@ -48,8 +48,8 @@ Running view versions:
 - ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``768m``; a JVM size:
   ``1536m``, ``2g``). Its live set is a few hundred MiB for the six declared views (about 250 MiB after a full
   collection), and a steady stream of micro-batches fills the heap to its ceiling; a host running many more versions
-  (20: its JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides it (the
-  chart's grouped driver: ``viewJobs.groupedDriverMemory``).
+  (20: its JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides
+  it (the chart's grouped driver: ``viewJobs.groupedDriverMemory``).
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
@@ -199,10 +199,10 @@ class Settings:
         host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master,
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
         state_memory_mb, spark_trim_seconds, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port,
-        sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds, driver_lease_seconds,
-        kafka_outage_seconds, upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds, log_max_mb,
-        airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name (upper
-        case), see the module docs.
+        sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds,
+        driver_lease_seconds, kafka_outage_seconds, upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds,
+        log_max_mb, airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name
+        (upper case), see the module docs.
     """
 
     repo_root: Path
@@ -230,9 +230,10 @@ class Settings:
     host_poll_seconds: float = 1.0
     host_restart_backoff_seconds: float = 5.0
     host_max_restarts: int = 5
-    #: 1g: six views' live set is ~300 MiB after a full collection; the parallel collector grows the heap toward its
-    #: maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570 MiB less at
-    #: the same CPU per micro-batch (docs/performance.md, "a view host's memory is its heap's maximum")
+    #: 768m: six views' live set is ~250-300 MiB after a full collection; a steady stream of micro-batches fills the
+    #: heap to its maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570
+    #: MiB less at the same CPU per micro-batch, 768m 236 MiB less than 1g at the same CPU and time collecting
+    #: (docs/performance.md, "a view host's memory is its heap's maximum", "the C heap trimmed")
     host_driver_memory: str = "768m"
     spark_master: str = "local[2]"
     shuffle_partitions: int | None = None

@@ -14,17 +14,18 @@ Every ``--sample-seconds`` for ``--minutes`` per leg, for each view's serving ta
 version (the commits so far), the data files its current version references (what a reader lists: compaction
 bounds it) and its files on disk - data, change feed, ``_delta_log`` commits and checkpoints - and bytes (what the
 disk holds: VACUUM removes a replaced file only once 7 days old, so this count flattens after a week, not within a
-compressed run); the view's Spark checkpoint and
-state store on disk; the RSS of every process the stack started, and of the view host's JVM its anonymous and
-file-backed parts and, with ``--nmt``, what its native memory tracking says each part of the JVM holds; the seconds of ``bin/kappa query``'s engine
-(:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over each serving view, and for the change feed of
-the last ``--changes-minutes`` (``table_changes`` from the version the leg sampled that long ago).
+compressed run); the view's Spark checkpoint and state store on disk; the RSS of every process the stack started,
+and of the view host's JVM its anonymous and file-backed parts and, with ``--nmt``, what its native memory
+tracking says each part of the JVM holds; the seconds of ``bin/kappa query``'s engine
+(:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over each serving view, and for the change feed of the
+last ``--changes-minutes`` (``table_changes`` from the version the leg sampled that long ago).
 
 Printed per leg and table, over two windows of two upkeep periods each - the first starting one window in, and
 the last of the leg (the same windows in both legs): the most data files a reader listed in each (with upkeep the
 count rises between compactions and drops at each: the peaks are what a reader meets at worst) and the median
 query seconds in each (their ratios: the target is at most 1.25), the RSS slope after the first quarter of the
-leg (MiB/hour; target under 10) and the JVM's parts' slopes, and the files projected to 30 days at the rate the peaks grew.
+leg (MiB/hour; target under 10) and the JVM's parts' slopes, and the files projected to 30 days at the rate the
+peaks grew.
 ``python -m kappa.front.bench_soak`` (``make bench-soak``) writes ``reports/bench-soak.json`` (every sample) and
 ``reports/bench-soak.png``.
 """

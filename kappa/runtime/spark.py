@@ -279,7 +279,7 @@ def trim_options(settings: "Settings") -> list[str]:
     glibc keeps memory that was freed in its arenas for the next allocation, and it gives back only what lies at an
     arena's top; a driver's native allocations (RocksDB's blocks and iterators, zstd and lz4 buffers, Netty, the
     JVM's own) come and go every micro-batch, so freed memory scattered through the arenas stays resident: ``make
-    run``'s view host gave back 185 MiB at one ``jcmd <pid> System.trim_native_heap`` after 35 minutes, and had
+    run``'s view host gave back 185 MiB at one ``jcmd <pid> System.trim_native_heap`` after 27 minutes, and had
     grown 70 MiB again four minutes later. The JVM's periodic trim (``malloc_trim``) is the same call. None when
     it is off or the JVM does not know the option."""
     if settings.spark_trim_seconds <= 0:
