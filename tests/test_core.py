@@ -311,3 +311,34 @@ def test_a_frame_computed_once_is_computed_once_and_its_blocks_are_freed(spark):
         assert kept_partitions(rdd) == 3
         assert spark._jsparkSession.sharedState().cacheManager().numCachedEntries() == cached
     assert kept_partitions(rdd) == 0
+
+
+def _compilations(spark) -> int:
+    """Generated classes Spark compiled in this JVM so far (a source found in its code cache is not compiled)."""
+    return spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
+
+
+@pytest.mark.parametrize("module", ["jobs.events_raw.v1", "jobs.campaign_window_counts.v1"])
+def test_live_micro_batches_reuse_the_code_spark_compiled_for_the_first(spark, kafka, declared_topics, lake, module):
+    """Spark compiles a plan's generated code once per distinct source text. A literal that changes from one
+    micro-batch to the next (a random seed, which a streaming query draws anew at every batch; a timestamp) makes
+    every batch compile its plan again: CPU, classes and code cache for each batch of each view. After two warm-up
+    batches, four live micro-batches - each with new records whose event times stay within the first batches'
+    (the watermark, a literal of Spark's own eviction code, does not move) - compile nothing new."""
+    u = generator.universe(seed=21, campaigns=5, users=50)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    topic = lake.topic("ad-events")
+    rounds = [list(generator.events(300, seed=21 + i, universe=u, malformed_fraction=0.05)) for i in range(6)]
+    job = ViewJob(load_view(module), lake, spark=spark, starting="earliest", trigger_seconds=0.5)
+    job.start()
+    try:
+        counts = []
+        for records in rounds:
+            generator.produce(lake, topic, records)
+            job.process_all_available()
+            counts.append(_compilations(spark))
+        assert job.failure() is None, job.failure()
+    finally:
+        job.stop()
+    compiled = counts[-1] - counts[1]
+    assert compiled == 0, f"{compiled} classes compiled over 4 micro-batches after the first two (totals {counts})"

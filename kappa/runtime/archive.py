@@ -101,7 +101,7 @@ def archived_decoded(spark: "SparkSession", table: str, fmt: "RecordFormat", ran
     """
     from pyspark.sql import functions as F
 
-    from kappa.runtime.parsing import BARRIER, decode, decoded_schema
+    from kappa.runtime.parsing import BARRIER, barrier, decode, decoded_schema
 
     reader = spark.readStream if stream else spark.read
     if stream:  # the whole range in one micro-batch, however many files hold it
@@ -111,7 +111,7 @@ def archived_decoded(spark: "SparkSession", table: str, fmt: "RecordFormat", ran
     have = {f.name: f.dataType for f in archived.schema.fields}
     wanted = [f for f in decoded_schema(spark, fmt).fields if f.name != BARRIER]
     if all(have.get(f.name) == f.dataType for f in wanted):
-        return archived.select(*(f.name for f in wanted)).withColumn(BARRIER, F.rand(0))
+        return archived.select(*(f.name for f in wanted)).withColumn(BARRIER, barrier())
     log.info("archive %s: decoded columns differ from the schema now; decoding its raw bytes again", table)
     raw = archived.select(F.col("raw_key").alias("key"), F.col("raw_value").alias("value"), "topic", "partition",
                           "offset", F.col("kafka_timestamp").alias("timestamp"))

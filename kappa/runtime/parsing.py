@@ -83,6 +83,20 @@ def _field_checks(json_schema: Mapping[str, Any]) -> list[tuple["Column", str]]:
     return checks
 
 
+
+def barrier() -> "Column":
+    """A non-deterministic column that is always >= 0: the optimizer neither pushes filters below a projection
+    that computes it nor merges that projection into the next one.
+
+    Not ``rand(seed)``: a streaming query gives every expression with a random seed a new seed at each micro-batch
+    (Spark's ``IncrementalExecution``), and the seed is a literal of the generated code - every micro-batch of
+    every view then compiled its whole plan again (~5 compilations, ~0.2 s of CPU, and their classes each time).
+    The partition id is as opaque to the optimizer and the same in every batch, so the compiled code is reused.
+    """
+    from pyspark.sql import functions as F
+
+    return F.spark_partition_id().cast("double")
+
 def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
     """Decode raw Kafka rows (key, value, topic, partition, offset, timestamp) into typed columns.
 
@@ -109,7 +123,7 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
         F.from_json(value_str, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}).alias("j"),
         # Optimizer barrier: a non-deterministic column keeps filters on `_error` from being pushed below this
         # projection, where they would inline from_json once per field reference (measured ~5x slower).
-        F.rand(0).alias(BARRIER),
+        barrier().alias(BARRIER),
     )
     reasons: list[tuple[Column, str]] = [
         (F.col("raw_key").isNull(), "null key"),
@@ -141,7 +155,7 @@ def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
         extra.append(F.col("raw_value").isNull().alias("is_tombstone"))
     return parsed.select(
         fmt.key_column, *fields, *extra, "raw_key", "raw_value", *KAFKA_META_COLUMNS, error.alias("_error"),
-        F.rand(0).alias(BARRIER),  # keeps `_error` filters above this projection: _error is computed once
+        barrier().alias(BARRIER),  # keeps `_error` filters above this projection: _error is computed once
     )
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS, KAFKA_META_COLUMNS
+from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS, KAFKA_META_COLUMNS, barrier
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -52,9 +52,9 @@ def _shared(decoded: "DataFrame", partitions: int) -> "DataFrame":
     columns = [F.col(c) for c in slim.columns if c != BARRIER]
     # hashed by record coordinates: deterministic on a re-run, no sort (a round-robin repartition sorts first)
     exchanged = slim.repartition(partitions, "partition", "offset")
-    # rand() >= 0 always; the hash only references every column, so both branches keep the same columns
-    barrier = F.rand(7) + F.lit(0.0) * F.xxhash64(*columns).cast("double")
-    return exchanged.withColumn(_SIDE_BARRIER, barrier)
+    # barrier() >= 0 always; the hash only references every column, so both branches keep the same columns
+    side_barrier = barrier() + F.lit(0.0) * F.xxhash64(*columns).cast("double")
+    return exchanged.withColumn(_SIDE_BARRIER, side_barrier)
 
 
 def stateful_plan(decoded: "DataFrame", transform_valid, *, partitions: int) -> "DataFrame":
