@@ -342,3 +342,14 @@ def test_live_micro_batches_reuse_the_code_spark_compiled_for_the_first(spark, k
         job.stop()
     compiled = counts[-1] - counts[1]
     assert compiled == 0, f"{compiled} classes compiled over 4 micro-batches after the first two (totals {counts})"
+
+
+def test_a_platform_session_builds_dataframes_without_recording_python_call_sites(spark):
+    """PySpark's call-site capture (four JVM calls and a walk of the Python stack for every Column and DataFrame
+    call) is off in the sessions the platform builds: what it saves is measured by ``make bench-live``."""
+    from pyspark.errors.utils import is_debugging_enabled
+    from pyspark.sql import functions as F
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    spark.range(1).select(F.col("id")).collect()
+    assert is_debugging_enabled() is False  # what PySpark's wrapper of every call reads (cached per process)

@@ -313,6 +313,6 @@ def analyst_spark(settings: Any = None, *, database: str = "analytics") -> Any:
     from kappa.runtime.spark import build_spark
 
     settings = settings or Settings.from_env()
-    spark = build_spark("kappa-analyst", settings)
+    spark = build_spark("kappa-analyst", settings, call_sites=True)  # an analyst's errors name their line
     spark_catalog(spark, settings, database=database)
     return spark

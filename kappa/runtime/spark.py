@@ -301,6 +301,7 @@ def build_spark(
     warehouse_dir: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
     cds_options: Sequence[str] | None = None,
+    call_sites: bool = False,
 ) -> "SparkSession":
     """Build (or return the active) SparkSession with Delta and the Kafka connector on the classpath.
 
@@ -317,6 +318,10 @@ def build_spark(
         extra_conf: additional Spark settings, applied last.
         cds_options: the driver JVM's class-data sharing options; default: map the archive ``make setup`` built
             (:func:`kappa.runtime.cds.java_options`).
+        call_sites: PySpark records the Python line of every DataFrame and Column call for its error messages
+            (``spark.python.sql.dataFrameDebugging.enabled``): four calls into the JVM and a walk of the Python stack
+            for each ``F.col``, ``select`` or ``where``, and a micro-batch makes hundreds - about 3 times the Python
+            CPU of building a DataFrame. Off for the platform's drivers; on for a session someone writes code in.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -355,6 +360,7 @@ def build_spark(
         # a micro-batch (stateful plan, stats, Delta MERGE) compiles ~100 generated classes; Spark's cache of
         # them holds 100 by default, so every batch evicted and recompiled them all (~1 s of each batch)
         .config("spark.sql.codegen.cache.maxEntries", "2000")
+        .config("spark.python.sql.dataFrameDebugging.enabled", str(call_sites).lower())
     )
     if settings.state_memory_mb > 0:
         # every RocksDB state store of the JVM (one per stateful operator and partition, and per version while a
