@@ -83,19 +83,19 @@ def _field_checks(json_schema: Mapping[str, Any]) -> list[tuple["Column", str]]:
     return checks
 
 
-
 def barrier() -> "Column":
     """A non-deterministic column that is always >= 0: the optimizer neither pushes filters below a projection
     that computes it nor merges that projection into the next one.
 
     Not ``rand(seed)``: a streaming query gives every expression with a random seed a new seed at each micro-batch
     (Spark's ``IncrementalExecution``), and the seed is a literal of the generated code - every micro-batch of
-    every view then compiled its whole plan again (~5 compilations, ~0.2 s of CPU, and their classes each time).
+    every view then compiled its plan again (two to four classes a batch, with their CPU, metaspace and code).
     The partition id is as opaque to the optimizer and the same in every batch, so the compiled code is reused.
     """
     from pyspark.sql import functions as F
 
     return F.spark_partition_id().cast("double")
+
 
 def decode(raw: "DataFrame", fmt: RecordFormat) -> "DataFrame":
     """Decode raw Kafka rows (key, value, topic, partition, offset, timestamp) into typed columns.
