@@ -353,3 +353,47 @@ def test_a_platform_session_builds_dataframes_without_recording_python_call_site
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     spark.range(1).select(F.col("id")).collect()
     assert is_debugging_enabled() is False  # what PySpark's wrapper of every call reads (cached per process)
+
+
+def test_the_rows_a_watermark_dropped_are_counted_in_one_jvm_call_as_the_plan_walk_counts_them(spark, tmp_path):
+    """A view that keeps late rows asks, in each micro-batch, how many rows its watermark dropped: the JVM helper
+    (kappa/runtime/java, one call) gives what walking the executed plan from Python gives, and what Spark reports
+    in the batch's progress - a batch past the watermark drops its late rows, the others none."""
+    import json
+    import os
+
+    from pyspark.sql import functions as F
+
+    from kappa.runtime import late
+
+    folder = tmp_path / "events"
+    folder.mkdir()
+    # the third file: three rows late, each in a window of its own (Spark counts partially aggregated rows)
+    seconds = [list(range(100, 110)), [200, 201], [50, 61, 72, 205], [206]]
+    for i, batch in enumerate(seconds):
+        path = folder / f"{i}.json"
+        path.write_text("\n".join(json.dumps({"ts": s}) for s in batch))
+        os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))  # the source reads files oldest first
+    name = "late-rows-counted"
+    counted: dict[int, tuple[int | None, int]] = {}
+
+    def each(frame, batch_id: int) -> None:
+        frame.collect()  # the batch computed: its plan's metrics are final
+        counted[batch_id] = (late._plan_sum(spark, name), late._plan_walk(spark, name))
+
+    stream = (spark.readStream.schema("ts long").option("maxFilesPerTrigger", 1).json(str(folder))
+              .select(F.timestamp_seconds("ts").alias("at")).withWatermark("at", "10 seconds")
+              .groupBy(F.window("at", "10 seconds")).count())
+    query = (stream.writeStream.queryName(name).outputMode("update").foreachBatch(each)
+             .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+        progress = {p["batchId"]: sum(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])
+                    for p in query.recentProgress}
+    finally:
+        query.stop()
+    assert counted and all(helper == walk for helper, walk in counted.values()), counted
+    assert {b: helper for b, (helper, _walk) in counted.items()} == {b: progress[b] for b in counted}
+    assert [progress[b] for b in range(4)] == [0, 0, 3, 0] and sum(progress.values()) == 3, progress
+    assert late._plan_sum(spark, name) == -1, "no such active query any more"

@@ -144,6 +144,40 @@ def test_static_versions_handed_over_to_the_kubernetes_runner_are_not_run(tmp_pa
     assert set(host._desired()) == {"campaign_window_counts@v1", "user_sessions@v1"}, "a bad file is ignored"
 
 
+def test_requests_are_read_again_only_when_their_file_changes(tmp_path, monkeypatch):
+    """The host looks at ``desired/`` every second: a request's file is parsed when it appears or changes (a new
+    request replaces it), not at every look; a removed request is no longer desired, a bad file is ignored until
+    it is fixed. No Spark."""
+    from kappa.config import Settings
+    from kappa.runtime import host as host_module
+    from kappa.runtime.host import ViewHost, desire, undesire
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")})
+    host = ViewHost(settings)
+    assert host._desired() == {}, "no desired folder yet"
+    parsed = []
+    loads = host_module.json.loads
+    monkeypatch.setattr(host_module.json, "loads", lambda text: parsed.append(text) or loads(text))
+    desire(settings, JobSpec("events_raw", 1, starting="latest"))
+    desire(settings, JobSpec("user_sessions", 1))
+    assert {ref: spec.starting for ref, spec in host._desired().items()} == {
+        "events_raw@v1": "latest", "user_sessions@v1": JobSpec("user_sessions", 1).starting}
+    assert len(parsed) == 2
+    for _ in range(5):
+        assert set(host._desired()) == {"events_raw@v1", "user_sessions@v1"}
+    assert len(parsed) == 2, "unchanged files are not parsed again"
+    desire(settings, JobSpec("events_raw", 1, starting="earliest"))
+    assert host._desired()["events_raw@v1"].starting == "earliest"
+    assert len(parsed) == 3, "only the replaced file is parsed again"
+    assert undesire(settings, "user_sessions@v1")
+    assert set(host._desired()) == {"events_raw@v1"}
+    bad = host.dir / "desired" / "campaign_window_counts@v1.json"
+    bad.write_text("{not json")
+    assert set(host._desired()) == {"events_raw@v1"}, "a bad file is ignored"
+    desire(settings, JobSpec("campaign_window_counts", 1))
+    assert set(host._desired()) == {"events_raw@v1", "campaign_window_counts@v1"}, "... until it is fixed"
+
+
 def test_a_hosted_version_waits_for_its_topics_never_gives_up_and_does_not_hold_the_others(spark, kafka, lake):
     """The grouped driver in a cluster starts before the topics Job (a post-install hook that runs once every pod is
     Ready) created the topics. A version whose topic is missing waits - its metrics endpoint up (the pod's probes

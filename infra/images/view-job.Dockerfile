@@ -79,7 +79,8 @@ RUN --mount=type=cache,target=/root/.m2 set -eu; \
 
 # --------------------------------------------------------------------------------------------- hadoop
 # Hadoop's local file system without a process per file operation (kappa/runtime/java: chmod and readlink through
-# java.nio; kappa.runtime.spark.forkless_fs), compiled as `make setup` compiles it (bootstrap.sh, hadoop_step). The
+# java.nio; kappa.runtime.spark.forkless_fs) and the plan-metrics helper (kappa.runtime.late), compiled as `make
+# setup` compiles them (bootstrap.sh, hadoop_step). The
 # drivers' class-data archive below is dumped with it on the class path, as the drivers run.
 FROM ${MAVEN_IMAGE} AS hadoop
 ARG PYTHON_VERSION=3.11
@@ -89,7 +90,8 @@ RUN set -eu; \
     mkdir -p /build/hadoop-classes /hadoop; \
     javac -nowarn --release 17 -d /build/hadoop-classes -cp "/pyspark-jars/*" $(find /build/hadoop-java -name '*.java' | sort); \
     jar cf /hadoop/kappa-hadoop.jar -C /build/hadoop-classes kappa; \
-    jar tf /hadoop/kappa-hadoop.jar | grep -qx 'kappa/hadoop/ForklessLocalFileSystem.class'
+    jar tf /hadoop/kappa-hadoop.jar | grep -qx 'kappa/hadoop/ForklessLocalFileSystem.class'; \
+    jar tf /hadoop/kappa-hadoop.jar | grep -qx 'kappa/spark/PlanMetrics.class'
 
 # --------------------------------------------------------------------------------------------- sql
 # The SQL service's guards (kappa/front/sql/java: the read-only check rule, the JDBC token check, the Spark Connect

@@ -23,7 +23,8 @@
 #   .cache/jars/spark/*.jar     jars missing from pyspark/jars: spark-sql-kafka-0-10, Kafka clients, Delta
 #   .cache/jars/s3a/*.jar       hadoop-aws + AWS SDK v2 modules: Spark's s3a:// filesystem (a lake on an object store)
 #   .cache/jars/cds/spark-driver.jsa  class-data sharing archive every Spark driver JVM maps (kappa/runtime/cds.py)
-#   .cache/jars/hadoop/kappa-hadoop.jar  Hadoop's local file system without a process per file (kappa/runtime/java)
+#   .cache/jars/hadoop/kappa-hadoop.jar  Hadoop's local file system without a process per file, the plan-metrics
+#                                        helper (kappa/runtime/java)
 #   .cache/jars/sql/kappa-sql.jar     the SQL service's guards (kappa/front/sql/java), compiled against pyspark/jars
 set -euo pipefail
 
@@ -251,8 +252,9 @@ java_jar() {
 }
 
 # Hadoop's local file system without a process per file operation (kappa/runtime/java: chmod and readlink through
-# java.nio), on every local driver's class path (kappa.runtime.spark.forkless_fs). Before the class-data archive:
-# the archive is dumped with the class path the drivers run with.
+# java.nio) and the helper that sums a running query's plan metrics in one call (kappa.runtime.late), on every local
+# driver's class path (kappa.runtime.spark.forkless_fs). Before the class-data archive: the archive is dumped with
+# the class path the drivers run with.
 hadoop_step() {
     java_jar hadoop kappa/runtime/java "$JARS/hadoop/kappa-hadoop.jar"
     HADOOP_STATUS="$JAVA_STATUS"

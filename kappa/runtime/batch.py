@@ -262,6 +262,8 @@ class BatchHandler:
     #: called under ``commit_lock`` right before the view-table commit; raises to fail the micro-batch instead (an
     #: object-store lake's driver lease lost: :meth:`kappa.runtime.lock.LakeLease.check`)
     guard: Callable[[], None] = lambda: None
+    #: the fields of a stateful micro-batch's ``out`` column (:func:`kappa.runtime.plan.stateful_plan`), once known
+    _out_fields: "tuple[Any, ...] | None" = field(default=None, init=False, repr=False)
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
         try:
@@ -299,7 +301,9 @@ class BatchHandler:
         if (not view.stateful or view.expectations or records is None or records > LIVE_ROWS
                 or not self.sink.live(batch.sparkSession)):
             return None
-        return collect_split(batch, self.output_columns)
+        if self._out_fields is None:  # the same in every micro-batch of the query: read from the JVM once
+            self._out_fields = tuple(batch.schema["out"].dataType.fields)
+        return collect_split(batch, self.output_columns, out_fields=self._out_fields)
 
     def _handle(self, batch: "DataFrame", batch_id: int) -> None:
         m, times, view = self.metrics, self.times, self.view

@@ -97,6 +97,8 @@ class ViewHost:
         self._failures: dict[str, int] = {}  # consecutive failures per view version
         self._restart_at: dict[str, float] = {}  # monotonic time a failed version may start again
         self._started_at: dict[str, float] = {}
+        # desired/<file> -> ((inode, size, mtime), its spec or None when unreadable): read again once it changed
+        self._read_requests: dict[str, tuple[tuple[int, int, int], JobSpec | None]] = {}
 
     # ---------------------------------------------------------------------------------------------------
     @property
@@ -134,12 +136,41 @@ class ViewHost:
             if ref in self.jobs or ref in self._restart_at:
                 log.info("%s: handed over to the Kubernetes runner (recorded %s in %s); stopping it here", ref,
                          taken[ref] or "?", self.handed_over)
-        for path in sorted((self.dir / "desired").glob("*.json")):
+        out.update(self._requested())
+        return out
+
+    def _requested(self) -> dict[str, JobSpec]:
+        """The specs of ``desired/*.json``, each file read again only when it changed (its inode, size or
+        modification time: a request replaces its file by a rename); the host looks every second."""
+        seen: dict[str, tuple[int, int, int]] = {}
+        try:
+            with os.scandir(self.dir / "desired") as entries:
+                for entry in entries:
+                    if entry.name.endswith(".json") and entry.is_file():
+                        st = entry.stat()
+                        seen[entry.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            pass
+        specs: dict[str, JobSpec] = {}
+        for name in sorted(seen):
+            cached = self._read_requests.get(name)
+            if cached is not None and cached[0] == seen[name]:
+                if cached[1] is not None:
+                    specs[name[:-len(".json")]] = cached[1]
+                continue
+            path = self.dir / "desired" / name
+            spec: JobSpec | None = None
             try:
-                out[path.stem] = JobSpec(**json.loads(path.read_text()))
+                spec = JobSpec(**json.loads(path.read_text()))
+                specs[name[:-len(".json")]] = spec
+            except FileNotFoundError:  # removed meanwhile: not desired
+                continue
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring %s: %s", path, exc)
-        return out
+            self._read_requests[name] = (seen[name], spec)
+        for name in self._read_requests.keys() - seen.keys():
+            del self._read_requests[name]
+        return specs
 
     def _status(self, ref: str, state: str, detail: str = "", metrics_url: str | None = None) -> None:
         _write_json(self.dir / "status" / f"{ref}.json", {
@@ -231,6 +262,10 @@ class ViewHost:
                 self._restart_at.pop(ref, None)
                 self._start(spec)
         for ref, job in list(self.jobs.items()):
+            if not job.ended_maybe():  # no query of the session ended since the last look (listener events)
+                if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
+                    self._failures.pop(ref, None)
+                continue
             failure = job.failure()
             if failure:
                 if not job.recover():

@@ -89,6 +89,10 @@ _SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)
     '"scala.Option.get()" is null'
 
 
+#: Longest time between two looks at whether a running job's queries failed or ended when no listener event said
+#: one did (:meth:`ViewJob.ended_maybe`).
+FULL_CHECK_SECONDS = 30.0
+
 #: Spark's phases of a micro-batch (progress ``durationMs`` keys) reported beside ours.
 SPARK_PHASES = {"offsets": ("latestOffset",), "plan": ("queryPlanning", "getBatch"),
                 "commit": ("walCommit", "commitOffsets")}
@@ -142,10 +146,12 @@ _PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Excepti
 
 class ProgressListener:
     """A streaming query listener that hands ``on_progress`` the progress of the queries named ``names`` only
-    (a :class:`pyspark.sql.streaming.StreamingQueryProgress`), read from the JVM as one JSON document; other
-    events and other queries' progress cost one call into the JVM or none. For ``spark.streams.addListener``."""
+    (a :class:`pyspark.sql.streaming.StreamingQueryProgress`), read from the JVM as one JSON document, and calls
+    ``on_terminated`` when any query of the session ended; other events and other queries' progress cost one call
+    into the JVM or none. For ``spark.streams.addListener``."""
 
-    def __init__(self, names: set[str], on_progress: Callable[[Any], None]) -> None:
+    def __init__(self, names: set[str], on_progress: Callable[[Any], None],
+                 on_terminated: Callable[[], None] = lambda: None) -> None:
         names = set(names)
 
         class _J:  # the py4j side of org.apache.spark.sql.streaming.PythonStreamingQueryListener
@@ -163,7 +169,7 @@ class ProgressListener:
                 pass
 
             def onQueryTerminated(self, jevent: Any) -> None:
-                pass
+                on_terminated()  # whichever query it was: terminations are rare, and asking costs a JVM call
 
             class Java:
                 implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
@@ -277,6 +283,9 @@ class ViewJob:
             f"{self.paths.checkpoint}/driver.lease", owner=view.ref, ttl_seconds=settings.driver_lease_seconds)
         self.queries: list[StreamingQuery] = []
         self._listener: Any = None
+        self._terminated = threading.Event()  # the listener saw a query end (see ended_maybe)
+        self._offset_texts: dict[str, str] = {}  # the offset log's last entries read (see _checkpoint_text)
+        self._next_full_check = 0.0
         self._stop = threading.Event()
         self._batches_ended = 0  # progress events of the main query (one per committed micro-batch)
         self._batch_ended = threading.Condition()
@@ -669,6 +678,7 @@ class ViewJob:
                 return False
             ran = True
         fault(self.settings.fault, "before_switch", 0)  # crash tests: batch 0 committed, checkpoint not switched
+        self._offset_texts.clear()  # the switch rewrites the offset log's entries
         if archive.switch_checkpoint(self._files, main, topic, start):
             log.info("%s: the archive part is committed; the view's query goes on from the log", self.view.ref)
         if self.paths.is_local:
@@ -726,10 +736,20 @@ class ViewJob:
         return HadoopFiles(self.spark)
 
     def _checkpoint_text(self, spark: "SparkSession", name: str) -> str | None:
-        """A file of the query's checkpoint (``offsets/<id>``, ``sources/0/0``) through Hadoop FS (any store)."""
+        """A file of the query's checkpoint (``offsets/<id>``, ``sources/0/0``) through Hadoop FS (any store).
+
+        The offset log's last few entries are kept: Spark writes each once, before its micro-batch, and a batch
+        reads its own and the one before for its record count, its lineage and its late rows."""
         from kappa.runtime.spark import HadoopFiles
 
-        return HadoopFiles(spark).read(f"{self.paths.checkpoint}/main/{name}")
+        if name in self._offset_texts:
+            return self._offset_texts[name]
+        text = HadoopFiles(spark).read(f"{self.paths.checkpoint}/main/{name}")
+        if text is not None and name.startswith("offsets/"):
+            self._offset_texts[name] = text
+            while len(self._offset_texts) > 4:
+                del self._offset_texts[next(iter(self._offset_texts))]
+        return text
 
     def _catching_up(self, spark: "SparkSession", batch_id: int) -> bool:
         """Did micro-batch ``batch_id`` stop at ``maxOffsetsPerTrigger`` while more of the log is already there?
@@ -855,7 +875,8 @@ class ViewJob:
             except Exception:  # metrics must never break the query
                 log.exception("progress handling failed")
 
-        self._listener = ProgressListener({self.query_name, self.archive_query_name}, progress)
+        self._listener = ProgressListener({self.query_name, self.archive_query_name}, progress,
+                                          on_terminated=self._terminated.set)
         self.spark.streams.addListener(self._listener)
 
     def _on_progress(self, progress: Any) -> None:
@@ -1027,6 +1048,22 @@ class ViewJob:
                 self._settle()  # a bounded run that ended on a staged batch: its rows belong in the table now
             return True
 
+    def ended_maybe(self) -> bool:
+        """Whether a query of this job may have failed or ended since the last call that said True: the session's
+        listener saw a query terminate (any query's), or :data:`FULL_CHECK_SECONDS` passed since then (a listener
+        event can be dropped when Spark's listener queue overflows).
+
+        Asking each query for its failure and its state (:meth:`failure`, ``isActive``) is several calls into the
+        JVM, and their objects' release as many more; a host that asked each of six versions every second spent a
+        fifth of its Python's time on it (docs/performance.md). The listener's event makes the usual case cost
+        nothing."""
+        now = time.monotonic()
+        if self._terminated.is_set() or now >= self._next_full_check:
+            self._terminated.clear()  # before the caller looks: a query ending while it looks sets it again
+            self._next_full_check = now + FULL_CHECK_SECONDS
+            return True
+        return False
+
     def failure(self) -> str | None:
         """The first query failure message, if any query died: the Python error raised in ``foreachBatch`` when
         there is one (e.g. a ``fail`` expectation), not the JVM's wrapper around it."""
@@ -1049,12 +1086,13 @@ class ViewJob:
         signal.signal(signal.SIGINT, _term)
         try:
             while not self._stop.is_set():
-                if self.failure():
-                    if self.recover():
-                        continue
-                    break
-                if all(not q.isActive for q in self.queries):
-                    break
+                if self.ended_maybe():
+                    if self.failure():
+                        if self.recover():
+                            continue
+                        break
+                    if all(not q.isActive for q in self.queries):
+                        break
                 if on_tick:
                     on_tick(self)
                 self._stop.wait(1.0)

@@ -46,23 +46,54 @@ def dropped_by_watermark(spark: "SparkSession", query_name: str) -> int | None:
     rows anyway, which is slower but never loses one.
     """
     try:
-        active = [q for q in spark._jsparkSession.streams().active() if q.name() == query_name]
-        if not active:
-            return None
-        plan = active[0].streamingQuery().lastExecution().executedPlan()
-        total, stack = 0, [plan]
-        while stack:
-            node = stack.pop()
-            metrics = node.metrics()
-            if metrics.contains(_METRIC):
-                total += int(metrics.apply(_METRIC).value())
-            children = node.children()
-            stack.extend(children.apply(i) for i in range(children.size()))
-        return total
+        summed = _plan_sum(spark, query_name)
+        if summed is None:
+            summed = _plan_walk(spark, query_name)
+        return None if summed < 0 else summed
     except Exception as exc:  # noqa: BLE001 - not knowing only costs a re-read
         log.warning("%s: cannot read the late-row count of the running batch (%s); looking for late rows anyway",
                     query_name, one_line(exc))
         return None
+
+
+def _plan_walk(spark: "SparkSession", query_name: str) -> int:
+    """:func:`_plan_sum` without the JVM helper: the plan walked from Python, several JVM calls for each node."""
+    active = [q for q in spark._jsparkSession.streams().active() if q.name() == query_name]
+    if not active:
+        return -1
+    plan = active[0].streamingQuery().lastExecution().executedPlan()
+    total, stack = 0, [plan]
+    while stack:
+        node = stack.pop()
+        metrics = node.metrics()
+        if metrics.contains(_METRIC):
+            total += int(metrics.apply(_METRIC).value())
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    return total
+
+
+#: The JVM helper that sums a metric over a running query's plan in one call (kappa/runtime/java, in the jar
+#: ``make setup`` builds and local drivers put on their class path); False once it was found missing.
+_HELPER = "kappa.spark.PlanMetrics"
+_helper_missing = False
+
+
+def _plan_sum(spark: "SparkSession", query_name: str) -> int | None:
+    """:data:`_METRIC` summed by :data:`_HELPER` (-1: no such active query, or no micro-batch yet); None without
+    the helper - the plan is then walked from Python, node by node (several calls into the JVM for each)."""
+    global _helper_missing
+    if _helper_missing:
+        return None
+    from py4j.java_gateway import JavaClass
+
+    from kappa.runtime.spark import jvm_class
+
+    helper = jvm_class(spark.sparkContext._jvm, _HELPER)
+    if not isinstance(helper, JavaClass):  # a JavaPackage: the class is not on the driver's class path
+        _helper_missing = True
+        return None
+    return int(helper.activeQuerySum(spark._jsparkSession, query_name, _METRIC))
 
 
 def late_records(decoded: "DataFrame", bound: "Column", watermark_ms: int) -> "DataFrame":

@@ -23,9 +23,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kappa.runtime.parsing import BARRIER, INTERNAL_COLUMNS, KAFKA_META_COLUMNS, barrier
+from kappa.runtime.spark import per_jvm
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame
+    from collections.abc import Sequence
+
+    from pyspark.sql import Column, DataFrame
 
 __all__ = ["KIND", "OUT", "SIDE", "side_schema", "stateful_plan", "split_batch", "SIDE_COLUMNS"]
 
@@ -84,10 +87,14 @@ def stateful_plan(decoded: "DataFrame", transform_valid, *, partitions: int) -> 
     return outs.unionByName(sides)
 
 
-def split_batch(batch: "DataFrame", output_columns: list[str]) -> "tuple[DataFrame, DataFrame]":
+def split_batch(batch: "DataFrame", output_columns: "Sequence[str]") -> "tuple[DataFrame, DataFrame]":
     """(transform output, side rows) of one micro-batch of :func:`stateful_plan` (persist ``batch`` first)."""
+    is_out, out_columns, is_side = _split_columns(tuple(output_columns))
+    return batch.where(is_out).select(*out_columns), batch.where(is_side).select("side.*")
+
+
+@per_jvm
+def _split_columns(output_columns: tuple[str, ...]) -> "tuple[Column, list[Column], Column]":
     from pyspark.sql import functions as F
 
-    out = batch.where(F.col(KIND) == OUT).select(*[F.col(f"out.`{c}`").alias(c) for c in output_columns])
-    side = batch.where(F.col(KIND) == SIDE).select("side.*")
-    return out, side
+    return F.col(KIND) == OUT, [F.col(f"out.`{c}`").alias(c) for c in output_columns], F.col(KIND) == SIDE

@@ -74,6 +74,7 @@ class Publisher:
         self.topic = settings.topic(self.spec.topic)
         self._lock = threading.Lock()
         self._producer: Any = None  # one for the publisher's life (made at its first publish)
+        self._table: Any = None  # the view table (delta-rs), brought up to date at each publish
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -92,9 +93,17 @@ class Publisher:
 
         with self._lock:
             uri = rs_uri(self.paths.table)
-            if not DeltaTable.is_deltatable(uri):
-                return 0
-            table = DeltaTable(uri)
+            if self._table is None:
+                if not DeltaTable.is_deltatable(uri):
+                    return 0
+                self._table = DeltaTable(uri)
+            else:  # the commits since the last look only, not the whole log again
+                try:
+                    self._table.update_incremental()
+                except Exception:
+                    self._table = None  # opened again at the next look
+                    raise
+            table = self._table
             latest = table.version()
             done = self.published_through()
             if latest <= done:

@@ -60,10 +60,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from kappa.runtime.deltars import SQL_TYPES
+from kappa.runtime.spark import per_jvm
 from kappa.runtime.view import Finality, ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
 
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
@@ -205,8 +206,9 @@ def table_columns(view: ViewDefinition, output: "StructType") -> "StructType":
     return StructType(fields)
 
 
-def _driver_columns(fields: "Iterable[StructField]",
-                    prefix: str = "") -> "tuple[list[tuple[str, str]], list[Column]] | None":
+@per_jvm
+def _driver_columns(fields: "tuple[StructField, ...]",
+                    prefix: str = "") -> "tuple[tuple[tuple[str, str], ...], tuple[Column, ...]] | None":
     """(name, type) and the expression collecting each of ``fields`` as :class:`kappa.runtime.deltars.Collected`
     holds it (timestamps as epoch microseconds, dates as epoch days); None when one has a type delta-rs commits are
     not made for here (``SPARK_TYPES``). ``prefix`` reaches them inside a struct column (``"out."``)."""
@@ -222,7 +224,7 @@ def _driver_columns(fields: "Iterable[StructField]",
         columns.append((f.name, kind))
         col = F.col(f"{prefix}`{f.name}`")
         exprs.append(F.unix_micros(col) if kind == "timestamp" else F.unix_date(col) if kind == "date" else col)
-    return columns, exprs
+    return tuple(columns), tuple(exprs)
 
 
 def collect_rows(frame: "DataFrame", limit: int = LIVE_ROWS) -> "Collected | None":
@@ -230,48 +232,78 @@ def collect_rows(frame: "DataFrame", limit: int = LIVE_ROWS) -> "Collected | Non
     than ``limit`` or a column of a type delta-rs commits are not made for here (``SPARK_TYPES``)."""
     from kappa.runtime.deltars import Collected
 
-    driver = _driver_columns(frame.schema.fields)
+    driver = _collect_selection(tuple(frame.schema.fields))
     if driver is None:
         return None
-    columns, exprs = driver
-    rows = frame.select(*(e.alias(name) for e, (name, _kind) in zip(exprs, columns))).limit(limit + 1).collect()
+    columns, selection = driver
+    rows = frame.select(*selection).limit(limit + 1).collect()
     if len(rows) > limit:
         return None
     return Collected(tuple(columns), [tuple(r) for r in rows])
 
 
-def _side_exprs(prefix: str = "") -> "list[Column]":
+@per_jvm
+def _collect_selection(fields: "tuple[StructField, ...]",
+                       ) -> "tuple[tuple[tuple[str, str], ...], tuple[Column, ...]] | None":
+    """:func:`collect_rows`' columns for a frame of ``fields``: (name, type) and the expressions, named."""
+    driver = _driver_columns(fields)
+    if driver is None:
+        return None
+    columns, exprs = driver
+    return columns, tuple(e.alias(name) for e, (name, _kind) in zip(exprs, columns))
+
+
+@per_jvm
+def _side_exprs(prefix: str = "") -> "tuple[Column, ...]":
     """The expressions collecting :data:`kappa.runtime.plan.SIDE_COLUMNS` as the quarantine's delta-rs appends take
     them (``kafka_timestamp`` as epoch microseconds); ``prefix`` reaches them inside a struct column."""
     from pyspark.sql import functions as F
 
     from kappa.runtime.plan import SIDE_COLUMNS
 
-    return [F.unix_micros(F.col(f"{prefix}{c}")) if c == "kafka_timestamp" else F.col(f"{prefix}{c}")
-            for c in SIDE_COLUMNS]
+    return tuple(F.unix_micros(F.col(f"{prefix}{c}")) if c == "kafka_timestamp" else F.col(f"{prefix}{c}")
+                 for c in SIDE_COLUMNS)
 
 
-def collect_split(batch: "DataFrame", output_columns: "Sequence[str]",
-                  limit: int = LIVE_ROWS) -> "tuple[Collected, list[dict[str, Any]]] | None":
+@per_jvm
+def _split_selection(out_fields: "tuple[StructField, ...]",
+                     ) -> "tuple[tuple[tuple[str, str], ...], tuple[Column, ...]] | None":
+    """:func:`collect_split`'s columns for output columns ``out_fields``: (name, type) of each, and the tag, the
+    output's expressions and the side row's, each named apart; None as :func:`_driver_columns`."""
+    from pyspark.sql import functions as F
+
+    from kappa.runtime.plan import KIND
+
+    driver = _driver_columns(out_fields, "out.")
+    if driver is None:
+        return None
+    columns, exprs = driver
+    return columns, (F.col(KIND), *(e.alias(f"_{i}") for i, e in enumerate(exprs + _side_exprs("side."))))
+
+
+def collect_split(batch: "DataFrame", output_columns: "Sequence[str]", limit: int = LIVE_ROWS, *,
+                  out_fields: "Sequence[StructField] | None" = None,
+                  ) -> "tuple[Collected, list[dict[str, Any]]] | None":
     """A stateful view's micro-batch (:func:`kappa.runtime.plan.stateful_plan`'s tagged rows) at the driver in one
     job: its output rows as :func:`collect_rows` gives them and its side rows as :meth:`QuarantineSink.collect`
     does. One pass computes the batch once - its state store written once, its metrics counted once - with nothing
     kept between two jobs. None, before any job, when an output column has a type :func:`collect_rows` refuses;
-    after it, when there are more than ``limit`` output rows (the caller counts the log records first)."""
-    from pyspark.sql import functions as F
-
+    after it, when there are more than ``limit`` output rows (the caller counts the log records first).
+    ``out_fields``: the fields of the batch's ``out`` column when the caller knows them (else read from its
+    schema, a call into the JVM)."""
     from kappa.runtime.deltars import Collected
-    from kappa.runtime.plan import KIND, OUT, SIDE_COLUMNS
+    from kappa.runtime.plan import OUT, SIDE_COLUMNS
 
-    fields = {f.name: f for f in batch.schema["out"].dataType.fields}
-    driver = _driver_columns([fields[c] for c in output_columns], prefix="out.")
+    if out_fields is None:
+        out_fields = batch.schema["out"].dataType.fields
+    fields = {f.name: f for f in out_fields}
+    driver = _split_selection(tuple(fields[c] for c in output_columns))
     if driver is None:
         return None
-    columns, exprs = driver
-    side = _side_exprs("side.")
-    n = len(exprs)
+    columns, selection = driver
+    n = len(columns)
     out, bad = [], []
-    for row in batch.select(F.col(KIND), *(e.alias(f"_{i}") for i, e in enumerate(exprs + side))).collect():
+    for row in batch.select(*selection).collect():
         if row[0] == OUT:
             out.append(tuple(row[1:n + 1]))
         else:

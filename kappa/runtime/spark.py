@@ -21,9 +21,9 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 from kappa.errors import KappaError
 from kappa.runtime import cds
@@ -34,7 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from kappa.config import Settings
 
 __all__ = ["HadoopFiles", "MissingJarsError", "build_spark", "computed_once", "end_jvm", "forkless_fs", "forkless_jar",
-           "jvm_class", "jvm_output_to_logging", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
+           "jvm_class", "jvm_output_to_logging", "per_jvm", "s3a_conf", "spark_jars", "view_shuffle_partitions"]
+
+T = TypeVar("T")
 
 
 class MissingJarsError(KappaError, RuntimeError):
@@ -61,7 +63,8 @@ def spark_jars(jars_dir: Path, *, s3a: bool = False) -> list[str]:
 
 def forkless_jar(settings: "Settings") -> Path:
     """Where ``make setup`` (and the view-job image) puts Hadoop's local file system without a process per file
-    operation (kappa/runtime/java): ``<jars>/hadoop/kappa-hadoop.jar``."""
+    operation and the plan-metrics helper of :mod:`kappa.runtime.late` (kappa/runtime/java):
+    ``<jars>/hadoop/kappa-hadoop.jar``."""
     return Path(settings.jars_dir) / "hadoop" / "kappa-hadoop.jar"
 
 
@@ -599,6 +602,25 @@ def end_jvm(timeout: float = 30.0) -> None:
         proc.wait(timeout)
     except Exception:  # noqa: BLE001 - it did not end in time: the caller's exit and its group's signal end it
         pass
+
+
+def per_jvm(build: "Callable[..., T]") -> "Callable[..., T]":
+    """``build`` memoized for the JVM this process talks to: the Columns it returns are that JVM's objects, each made
+    by calls into it, and a view's micro-batches select the same ones every time (six views at a 2 s trigger built
+    the same few dozen, hundreds of calls a second). Its arguments must be hashable. Keyed by the Py4J gateway too,
+    so a process that starts another JVM builds them again."""
+
+    @functools.lru_cache(maxsize=256)
+    def cached(_gateway: Any, *args: Any) -> Any:
+        return build(*args)
+
+    @functools.wraps(build)
+    def wrapper(*args: Any) -> Any:
+        from pyspark import SparkContext
+
+        return cached(SparkContext._gateway, *args)
+
+    return wrapper
 
 
 def jvm_class(jvm: Any, fqn: str) -> Any:
