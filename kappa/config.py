@@ -34,6 +34,9 @@ Running view versions:
 - ``KAPPA_HOST_POLL_SECONDS`` / ``KAPPA_HOST_RESTART_BACKOFF_SECONDS`` / ``KAPPA_HOST_MAX_RESTARTS`` -- the view
   host's reconcile interval (1 s), first restart backoff of a failed query (5 s, doubling) and the consecutive
   failures after which a query stays ``failed`` (5).
+- ``KAPPA_HOST_BATCHES_PER_SECOND`` -- the live micro-batches per second a view host plans for (3; about one core
+  at the measured cost of a micro-batch): when its live versions' triggers ask for more, each version the host
+  starts gets a trigger longer by the ratio, up to 5 times the declared one (:mod:`kappa.runtime.host`; 0: never).
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: 1 for views' sessions on a local
   master, the local cores for other sessions, else 4), ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL``
   (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map the class-data archive ``make setup`` built,
@@ -196,7 +199,8 @@ class Settings:
         cli: The command line as users invoke it, for the commands that messages suggest.
         platform: The platform declaration file (``KAPPA_PLATFORM``).
         runner, local_driver, k8s_namespace, view_template_dir, metrics_port, exit_file, stop_drain_seconds, live_commits,
-        host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_driver_memory, spark_master,
+        host_poll_seconds, host_restart_backoff_seconds, host_max_restarts, host_batches_per_second,
+        host_driver_memory, spark_master,
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
         state_memory_mb, spark_trim_seconds, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port,
         sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds,
@@ -230,6 +234,7 @@ class Settings:
     host_poll_seconds: float = 1.0
     host_restart_backoff_seconds: float = 5.0
     host_max_restarts: int = 5
+    host_batches_per_second: float = 3.0
     #: 768m: six views' live set is ~250-300 MiB after a full collection; a steady stream of micro-batches fills the
     #: heap to its maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570
     #: MiB less at the same CPU per micro-batch, 768m 236 MiB less than 1g at the same CPU and time collecting
@@ -337,6 +342,7 @@ class Settings:
             host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
             host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
+            host_batches_per_second=number("KAPPA_HOST_BATCHES_PER_SECOND", float, 3.0),
             host_driver_memory=get("KAPPA_HOST_DRIVER_MEMORY") or "768m",
             spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),

@@ -178,6 +178,35 @@ def test_requests_are_read_again_only_when_their_file_changes(tmp_path, monkeypa
     assert set(host._desired()) == {"events_raw@v1", "campaign_window_counts@v1"}, "... until it is fixed"
 
 
+def test_a_host_asked_for_more_micro_batches_than_it_plans_for_stretches_the_triggers_it_starts(tmp_path):
+    """The six declared views (four 2 s triggers, 10 s, the archive's 30 s: 2.13 micro-batches/s) fit the host's
+    plan of 3 a second: each keeps its own trigger. Three more live versions ask 3.23 a second: each version
+    started then gets its trigger longer by 3.23 / 3; a bounded run has no trigger and does not count; the stretch
+    stops at MAX_STRETCH; a plan of 0 never stretches. No Spark."""
+    from kappa.config import Settings
+    from kappa.runtime.host import MAX_STRETCH, ViewHost, desire
+
+    def host(budget: str | None = None) -> ViewHost:
+        env = {"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")}
+        return ViewHost(Settings.from_env({**env, **({"KAPPA_HOST_BATCHES_PER_SECOND": budget} if budget else {})}))
+
+    declared = [JobSpec(v, 1) for v in ("campaign_window_counts", "user_sessions", "campaign_catalog",
+                                         "ad_events_archive", "events_raw", "campaign_hourly_totals")]
+    settings = host().settings
+    for spec in declared:
+        desire(settings, spec)
+    assert [host().trigger_seconds(spec) for spec in declared] == [None] * 6
+    desire(settings, JobSpec("campaign_window_counts", 3, end_timestamp_ms=1_700_000_000_000))  # bounded
+    for view, version in (("campaign_window_counts", 2), ("events_raw", 2), ("campaign_hourly_totals", 2)):
+        desire(settings, JobSpec(view, version))
+    asked = 6 * 0.5 + 2 * 0.1 + 1 / 30
+    assert host().trigger_seconds(JobSpec("events_raw", 2)) == pytest.approx(2 * asked / 3)
+    assert host().trigger_seconds(JobSpec("ad_events_archive", 1)) == pytest.approx(30 * asked / 3)
+    assert host().trigger_seconds(JobSpec("campaign_window_counts", 3, end_timestamp_ms=1)) is None
+    assert host("0.1").trigger_seconds(JobSpec("user_sessions", 1)) == pytest.approx(2 * MAX_STRETCH)
+    assert host("0").trigger_seconds(JobSpec("user_sessions", 1)) is None
+
+
 def test_a_hosted_version_waits_for_its_topics_never_gives_up_and_does_not_hold_the_others(spark, kafka, lake):
     """The grouped driver in a cluster starts before the topics Job (a post-install hook that runs once every pod is
     Ready) created the topics. A version whose topic is missing waits - its metrics endpoint up (the pod's probes

@@ -27,6 +27,14 @@ topics. Waiting is not a failure: it never gives up, and the other versions star
 
 Removing a desired file stops that view version (``LocalRunner.stop``).
 
+Every live micro-batch costs the host a fixed share of CPU whatever it carries (planning, state, commits: about a
+third of a CPU-second, docs/performance.md), so a host asked for more micro-batches per second than its cores
+give falls behind without bound. It plans for ``KAPPA_HOST_BATCHES_PER_SECOND`` (3, about one core): when the live
+versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty 2 s
+versions: 10), each version it starts gets its trigger stretched by the ratio (at most :data:`MAX_STRETCH` times):
+fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps the trigger it started with; the
+host logs the stretch and the version's ``kappa_trigger_seconds`` metric says it.
+
 In a cluster the host is the grouped driver Deployment (``viewJobs.grouping=grouped``); its view versions are fixed
 by its arguments (``static``), and the Kubernetes runner takes them over: a version it stopped (a promote replaced
 it) or started in a Deployment of its own (a rollback) is recorded in the view-state ConfigMap, which the chart
@@ -64,6 +72,8 @@ log = logging.getLogger("kappa.runtime.host")
 MAX_BACKOFF_SECONDS = 300.0
 #: A query running this long without failing starts counting its failures from zero again.
 HEALTHY_SECONDS = 300.0
+#: The most a host under load lengthens a live version's trigger (times the declared one).
+MAX_STRETCH = 5.0
 
 
 def host_dir(settings: "Settings") -> Path:
@@ -178,13 +188,10 @@ class ViewHost:
             "updated": time.time()})
 
     def _start(self, spec: JobSpec) -> None:
-        from kappa.catalog import load_catalog
         from kappa.runtime.job import ViewJob
         from kappa.runtime.lookups import LookupCache
-        from kappa.runtime.view import load_view
 
-        catalog = load_catalog()
-        view = load_view(catalog.views[spec.view].versions[spec.version])
+        view = _definition(spec)
         spark = self.spark  # the first start builds the session: ~15 s on 2 cores, a stop may arrive meanwhile
         if self._stop.is_set():
             return
@@ -193,7 +200,7 @@ class ViewHost:
         job = self.waiting.get(spec.ref) or ViewJob(
             view, self.settings, spark=spark, starting=spec.starting, available_now=spec.end_timestamp_ms is not None,
             end_timestamp_ms=spec.end_timestamp_ms, max_offsets_per_trigger=spec.max_offsets_per_trigger,
-            metrics_port=spec.metrics_port, lookups=self._lookups)
+            metrics_port=spec.metrics_port, lookups=self._lookups, trigger_seconds=self.trigger_seconds(spec))
         missing = job.missing_topics()
         if missing:  # not a failure: it starts at the first poll that finds them (never blocking the others)
             try:
@@ -223,6 +230,36 @@ class ViewHost:
         url = self._url(job)
         log.info("%s running in the host (app id %s, pool %s, metrics %s)", spec.ref, job.app_id, spec.ref, url)
         self._status(spec.ref, "running", f"host pid {os.getpid()}, app id {job.app_id}", url)
+
+    def trigger_seconds(self, spec: JobSpec) -> float | None:
+        """The trigger of live version ``spec`` in this host: its own (None) unless the live versions the host is
+        asked for declare more micro-batches per second than ``KAPPA_HOST_BATCHES_PER_SECOND``; then its own
+        stretched by that ratio, at most :data:`MAX_STRETCH` times (see the module doc)."""
+        budget = self.settings.host_batches_per_second
+        if spec.end_timestamp_ms is not None or budget <= 0:  # a bounded run has no trigger
+            return None
+        from kappa.runtime.job import live_trigger_seconds
+
+        desired = self._desired()
+        desired.setdefault(spec.ref, spec)
+        own, asked = None, 0.0
+        for ref, other in desired.items():
+            if other.end_timestamp_ms is not None:
+                continue
+            try:
+                seconds = live_trigger_seconds(_definition(other))
+            except Exception:  # noqa: BLE001 - a version that cannot load fails at its own start, not here
+                continue
+            asked += 1.0 / seconds
+            if ref == spec.ref:
+                own = seconds
+        if own is None or asked <= budget:
+            return None
+        stretched = own * min(MAX_STRETCH, asked / budget)
+        log.info("%s: trigger %.3g s -> %.3g s: the host's %d live version(s) ask %.3g micro-batches/s, it plans for "
+                 "%.3g (KAPPA_HOST_BATCHES_PER_SECOND)", spec.ref, own, stretched,
+                 sum(1 for o in desired.values() if o.end_timestamp_ms is None), asked, budget)
+        return stretched
 
     @staticmethod
     def _url(job: "ViewJob") -> str | None:
@@ -326,6 +363,14 @@ class ViewHost:
 
                 stop_spark(self._spark)
             lock.release()
+
+
+def _definition(spec: JobSpec) -> Any:
+    """The view version ``spec`` runs (its module, as the catalog names it)."""
+    from kappa.catalog import load_catalog
+    from kappa.runtime.view import load_view
+
+    return load_view(load_catalog().views[spec.view].versions[spec.version])
 
 
 def desire(settings: "Settings", spec: JobSpec) -> None:

@@ -704,7 +704,8 @@ class ViewJob:
         if self.available_now:
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
+            writer = writer.trigger(processingTime=f"{int(self.trigger_seconds * 1000)} milliseconds")
+        self.metrics.g(self.metrics.trigger_seconds).set(0.0 if self.available_now else self.trigger_seconds)
         return writer.foreachBatch(self.handler).start()
 
     def recover(self) -> bool:

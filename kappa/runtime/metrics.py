@@ -117,6 +117,9 @@ class ViewMetrics:
                                        "be created (it starts once every one exists), 0 once it exists.", ("topic",))
         self.falling_behind = gauge("kappa_falling_behind", "1 while live micro-batches take longer than the "
                                     "trigger interval (3 in a row; 0 again after 3 that fit).")
+        self.trigger_seconds = gauge("kappa_trigger_seconds", "How often the live query's micro-batches run: the "
+                                     "declared trigger, or a longer one given by a view host under load (0 for a "
+                                     "bounded run).")
         self.published_rows = Counter("kappa_published_rows", "Rows of the table published to the version's "
                                       "publish topic (views of views; copies re-published after a crash count "
                                       "again).", names, registry=r)
