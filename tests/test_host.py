@@ -178,11 +178,12 @@ def test_requests_are_read_again_only_when_their_file_changes(tmp_path, monkeypa
     assert set(host._desired()) == {"events_raw@v1", "campaign_window_counts@v1"}, "... until it is fixed"
 
 
-def test_a_host_asked_for_more_micro_batches_than_it_plans_for_stretches_the_triggers_it_starts(tmp_path):
+def test_a_host_asked_for_more_micro_batches_than_it_plans_for_lengthens_the_short_triggers(tmp_path):
     """The six declared views (four 2 s triggers, 10 s, the archive's 30 s: 2.13 micro-batches/s) fit the host's
-    plan of 3 a second: each keeps its own trigger. Three more live versions ask 3.23 a second: each version
-    started then gets its trigger longer by 3.23 / 3; a bounded run has no trigger and does not count; the stretch
-    stops at MAX_STRETCH; a plan of 0 never stretches. No Spark."""
+    plan of 3 a second: each keeps its own trigger. Three more live versions ask 3.23 a second: each 2 s version
+    started then gets the common trigger that fits the plan, 6 / (3 - 1/10 - 1/10 - 1/30) s, while the versions
+    declared slower keep theirs; a bounded run has no trigger and does not count; the stretch stops at
+    MAX_STRETCH; a plan of 0 never stretches. No Spark."""
     from kappa.config import Settings
     from kappa.runtime.host import MAX_STRETCH, ViewHost, desire
 
@@ -199,9 +200,11 @@ def test_a_host_asked_for_more_micro_batches_than_it_plans_for_stretches_the_tri
     desire(settings, JobSpec("campaign_window_counts", 3, end_timestamp_ms=1_700_000_000_000))  # bounded
     for view, version in (("campaign_window_counts", 2), ("events_raw", 2), ("campaign_hourly_totals", 2)):
         desire(settings, JobSpec(view, version))
-    asked = 6 * 0.5 + 2 * 0.1 + 1 / 30
-    assert host().trigger_seconds(JobSpec("events_raw", 2)) == pytest.approx(2 * asked / 3)
-    assert host().trigger_seconds(JobSpec("ad_events_archive", 1)) == pytest.approx(30 * asked / 3)
+    common = 6 / (3 - 2 * 0.1 - 1 / 30)
+    assert host().trigger_seconds(JobSpec("events_raw", 2)) == pytest.approx(common)
+    assert host().trigger_seconds(JobSpec("user_sessions", 1)) == pytest.approx(common)
+    assert host().trigger_seconds(JobSpec("campaign_hourly_totals", 2)) is None  # 10 s: slower than the common one
+    assert host().trigger_seconds(JobSpec("ad_events_archive", 1)) is None
     assert host().trigger_seconds(JobSpec("campaign_window_counts", 3, end_timestamp_ms=1)) is None
     assert host("0.1").trigger_seconds(JobSpec("user_sessions", 1)) == pytest.approx(2 * MAX_STRETCH)
     assert host("0").trigger_seconds(JobSpec("user_sessions", 1)) is None

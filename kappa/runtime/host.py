@@ -30,9 +30,10 @@ Removing a desired file stops that view version (``LocalRunner.stop``).
 Every live micro-batch costs the host a fixed share of CPU whatever it carries (planning, state, commits: about a
 third of a CPU-second, docs/performance.md), so a host asked for more micro-batches per second than its cores
 give falls behind without bound. It plans for ``KAPPA_HOST_BATCHES_PER_SECOND`` (3, about one core): when the live
-versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty 2 s
-versions: 10), each version it starts gets its trigger stretched by the ratio (at most :data:`MAX_STRETCH` times):
-fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps the trigger it started with; the
+versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty
+versions: about 9), each version it starts runs no more often than the shortest common trigger that fits the plan
+(:func:`common_trigger`; a version declared slower keeps its own), at most :data:`MAX_STRETCH` times its own
+trigger: fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps the trigger it started with; the
 host logs the stretch and the version's ``kappa_trigger_seconds`` metric says it.
 
 In a cluster the host is the grouped driver Deployment (``viewJobs.grouping=grouped``); its view versions are fixed
@@ -64,7 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.runtime.job import ViewJob
 
-__all__ = ["ViewHost", "host_dir", "desire", "undesire", "hosted_status", "host_pid", "start_host", "stop_host"]
+__all__ = ["ViewHost", "common_trigger", "host_dir", "desire", "undesire", "hosted_status", "host_pid", "start_host",
+           "stop_host"]
 
 log = logging.getLogger("kappa.runtime.host")
 
@@ -233,8 +235,9 @@ class ViewHost:
 
     def trigger_seconds(self, spec: JobSpec) -> float | None:
         """The trigger of live version ``spec`` in this host: its own (None) unless the live versions the host is
-        asked for declare more micro-batches per second than ``KAPPA_HOST_BATCHES_PER_SECOND``; then its own
-        stretched by that ratio, at most :data:`MAX_STRETCH` times (see the module doc)."""
+        asked for declare more micro-batches per second than ``KAPPA_HOST_BATCHES_PER_SECOND``; then the shortest
+        trigger that fits them all (:func:`common_trigger`) when its own is shorter, at most :data:`MAX_STRETCH`
+        times its own (see the module doc)."""
         budget = self.settings.host_batches_per_second
         if spec.end_timestamp_ms is not None or budget <= 0:  # a bounded run has no trigger
             return None
@@ -242,23 +245,22 @@ class ViewHost:
 
         desired = self._desired()
         desired.setdefault(spec.ref, spec)
-        own, asked = None, 0.0
+        triggers: dict[str, float] = {}
         for ref, other in desired.items():
             if other.end_timestamp_ms is not None:
                 continue
             try:
-                seconds = live_trigger_seconds(_definition(other))
+                triggers[ref] = live_trigger_seconds(_definition(other))
             except Exception:  # noqa: BLE001 - a version that cannot load fails at its own start, not here
                 continue
-            asked += 1.0 / seconds
-            if ref == spec.ref:
-                own = seconds
-        if own is None or asked <= budget:
+        own = triggers.get(spec.ref)
+        shortest = common_trigger(list(triggers.values()), budget)
+        if own is None or shortest is None or own >= shortest:
             return None
-        stretched = own * min(MAX_STRETCH, asked / budget)
+        stretched = min(shortest, own * MAX_STRETCH)
         log.info("%s: trigger %.3g s -> %.3g s: the host's %d live version(s) ask %.3g micro-batches/s, it plans for "
-                 "%.3g (KAPPA_HOST_BATCHES_PER_SECOND)", spec.ref, own, stretched,
-                 sum(1 for o in desired.values() if o.end_timestamp_ms is None), asked, budget)
+                 "%.3g (KAPPA_HOST_BATCHES_PER_SECOND)", spec.ref, own, stretched, len(triggers),
+                 sum(1.0 / t for t in triggers.values()), budget)
         return stretched
 
     @staticmethod
@@ -363,6 +365,28 @@ class ViewHost:
 
                 stop_spark(self._spark)
             lock.release()
+
+
+def common_trigger(triggers: list[float], budget: float) -> float | None:
+    """The shortest trigger ``T`` such that versions with ``triggers`` (seconds), each running every
+    ``max(its own, T)``, run at most ``budget`` micro-batches a second; None when their own triggers already do.
+    Versions declared slower than ``T`` keep their triggers.
+
+    >>> common_trigger([2, 2, 2, 2, 10, 30], 3)  # the six declared views: 2.13 a second
+    >>> round(common_trigger([2] * 16 + [10, 10, 30], 3), 2)  # 16 fast versions share what the 3 slow leave
+    5.78
+    """
+    if sum(1.0 / t for t in triggers) <= budget:
+        return None
+    ordered = sorted(triggers)
+    for fast in range(1, len(ordered) + 1):  # the `fast` shortest run every T, the others at their own
+        rest = sum(1.0 / t for t in ordered[fast:])
+        if rest >= budget:
+            continue
+        shortest = fast / (budget - rest)
+        if fast == len(ordered) or shortest <= ordered[fast]:
+            return shortest
+    return None  # pragma: no cover - the last step always returns
 
 
 def _definition(spec: JobSpec) -> Any:
