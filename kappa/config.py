@@ -36,7 +36,8 @@ Running view versions:
   failures after which a query stays ``failed`` (5).
 - ``KAPPA_HOST_BATCHES_PER_SECOND`` -- the live micro-batches per second a view host plans for (3; about one core
   at the measured cost of a micro-batch): when its live versions' triggers ask for more, each version the host
-  starts gets a trigger longer by the ratio, up to 5 times the declared one (:mod:`kappa.runtime.host`; 0: never).
+  starts runs no more often than the shortest common trigger that fits, at most 5 times its declared one
+  (:mod:`kappa.runtime.host`; 0: never).
 - ``KAPPA_SPARK_MASTER`` (``local[2]``), ``KAPPA_SHUFFLE_PARTITIONS`` (default: 1 for views' sessions on a local
   master, the local cores for other sessions, else 4), ``KAPPA_SPARK_UI`` (``false``), ``KAPPA_SPARK_LOG_LEVEL``
   (``WARN``), ``KAPPA_SPARK_CDS`` (``true``: driver JVMs map the class-data archive ``make setup`` built,

@@ -33,8 +33,8 @@ give falls behind without bound. It plans for ``KAPPA_HOST_BATCHES_PER_SECOND`` 
 versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty
 versions: about 9), each version it starts runs no more often than the shortest common trigger that fits the plan
 (:func:`common_trigger`; a version declared slower keeps its own), at most :data:`MAX_STRETCH` times its own
-trigger: fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps the trigger it started with; the
-host logs the stretch and the version's ``kappa_trigger_seconds`` metric says it.
+trigger: fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps
+the trigger it started with; the host logs the stretch and the version's ``kappa_trigger_seconds`` metric says it.
 
 In a cluster the host is the grouped driver Deployment (``viewJobs.grouping=grouped``); its view versions are fixed
 by its arguments (``static``), and the Kubernetes runner takes them over: a version it stopped (a promote replaced
@@ -241,16 +241,18 @@ class ViewHost:
         budget = self.settings.host_batches_per_second
         if spec.end_timestamp_ms is not None or budget <= 0:  # a bounded run has no trigger
             return None
+        from kappa.catalog import load_catalog
         from kappa.runtime.job import live_trigger_seconds
 
         desired = self._desired()
         desired.setdefault(spec.ref, spec)
+        catalog = load_catalog()
         triggers: dict[str, float] = {}
         for ref, other in desired.items():
             if other.end_timestamp_ms is not None:
                 continue
             try:
-                triggers[ref] = live_trigger_seconds(_definition(other))
+                triggers[ref] = live_trigger_seconds(_definition(other, catalog), catalog)
             except Exception:  # noqa: BLE001 - a version that cannot load fails at its own start, not here
                 continue
         own = triggers.get(spec.ref)
@@ -389,12 +391,12 @@ def common_trigger(triggers: list[float], budget: float) -> float | None:
     return None  # pragma: no cover - the last step always returns
 
 
-def _definition(spec: JobSpec) -> Any:
-    """The view version ``spec`` runs (its module, as the catalog names it)."""
+def _definition(spec: JobSpec, catalog: Any = None) -> Any:
+    """The view version ``spec`` runs (its module, as ``catalog`` - default: platform.yaml read now - names it)."""
     from kappa.catalog import load_catalog
     from kappa.runtime.view import load_view
 
-    return load_view(load_catalog().views[spec.view].versions[spec.version])
+    return load_view((catalog or load_catalog()).views[spec.view].versions[spec.version])
 
 
 def desire(settings: "Settings", spec: JobSpec) -> None:

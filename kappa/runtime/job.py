@@ -221,12 +221,13 @@ def _no_guard() -> None:
 DEFAULT_TRIGGER_SECONDS = 2.0
 
 
-def live_trigger_seconds(view: ViewDefinition) -> float:
+def live_trigger_seconds(view: ViewDefinition, catalog: Any = None) -> float:
     """How often ``view``'s live micro-batches run: the ``trigger`` platform.yaml declares for the view (an
-    operational setting, the same for every version), else what the version's module declares, else 2 s."""
+    operational setting, the same for every version), else what the version's module declares, else 2 s.
+    ``catalog``: platform.yaml already loaded (:func:`kappa.catalog.load_catalog`)."""
     from kappa.catalog import load_catalog
 
-    spec = load_catalog().views.get(view.name)
+    spec = (catalog or load_catalog()).views.get(view.name)
     declared = spec.trigger_seconds if spec is not None else None
     return declared or view.trigger_seconds or DEFAULT_TRIGGER_SECONDS
 
