@@ -303,17 +303,15 @@ class ViewHost:
                 self._restart_at.pop(ref, None)
                 self._start(spec)
         for ref, job in list(self.jobs.items()):
+            if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
+                self._failures.pop(ref, None)
             if not job.ended_maybe():  # no query of the session ended since the last look (listener events)
-                if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
-                    self._failures.pop(ref, None)
                 continue
             failure = job.failure()
             if failure:
                 if not job.recover():
                     self._failed(ref, failure)
                 continue
-            if time.monotonic() - self._started_at.get(ref, 0.0) > HEALTHY_SECONDS:
-                self._failures.pop(ref, None)
             if all(not q.isActive for q in job.queries):
                 bounded = self.specs[ref].end_timestamp_ms is not None
                 self._stop_job(ref, "finished" if bounded else "stopped", "bounded run completed" if bounded
