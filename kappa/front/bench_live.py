@@ -624,7 +624,7 @@ def _print_views(results: list[dict[str, Any]]) -> None:
     table = Table(title="many views: view versions in one host at load (lag from checkpoints, seconds of produce; "
                         f"worst of those triggered every {FRESH_TRIGGER_SECONDS:g} s or more often)")
     for name in ("", "view versions", "host cores", "cores of all", "CPU-s / micro-batch", "micro-batches / s",
-                 "RSS MiB", "worst lag (s)", "worst p99 (s)", "idle cores"):
+                 "RSS MiB", "host collecting", "worst lag (s)", "worst p99 (s)", "idle cores"):
         table.add_column(name, justify="left" if not name else "right")
     for r in results:
         load, floor = r["load"], r["commit"] == "Spark alone"
@@ -634,6 +634,7 @@ def _print_views(results: list[dict[str, Any]]) -> None:
                       f"{load['cores_total']:.2f}",
                       "-" if load["host_cpu_s_per_batch"] is None else f"{load['host_cpu_s_per_batch']:.3f}",
                       f"{load['batches'] / load['seconds']:.2f}", f"{load['rss_mb_total']:,.0f}",
+                      "-" if load.get("host_gc_share") is None else f"{load['host_gc_share']:.1%}",
                       "-" if floor or lag is None else f"{lag:.1f} {lag_of}",
                       "-" if floor or p99 is None else f"{p99:.0f} {p99_of}",
                       "-" if "idle" not in r else f"{r['idle']['cores']['view host']:.3f}")
@@ -700,6 +701,9 @@ def main() -> None:
     parser.add_argument("--views", default="",
                         help="many views: comma-separated counts of view versions in one host (e.g. 6,12,20), "
                              "one leg of this tree each (no baseline); the engine's floor at the largest")
+    parser.add_argument("--host-memory", dest="host_memory", default="",
+                        help="comma-separated heap ceilings of the view host (KAPPA_HOST_DRIVER_MEMORY, e.g. "
+                             "768m,1g): the working tree's legs once with each, side by side")
     parser.add_argument("--shared-floor", dest="shared_floor", action="store_true",
                         help="also the engine's floor with one query per topic for every view over it")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
@@ -724,6 +728,7 @@ def main() -> None:
 def bench(args: argparse.Namespace, bench_settings: Any) -> None:
     import socket
 
+    from kappa.config import jvm_size_bytes
     from kappa.control.runners.local import metrics_port
     from kappa.front import stack
 
@@ -741,6 +746,12 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
         if busy:
             print(f"bench-live: {len(busy)} unrelated busy process(es) beside every leg", flush=True)
         counts = sorted({int(n) for n in args.views.split(",") if n.strip()})
+        heaps = [h.strip() for h in args.host_memory.split(",") if h.strip()] or [""]
+        for heap in filter(None, heaps):  # a wrong size stops the bench before its first leg
+            try:
+                jvm_size_bytes(heap)
+            except ValueError as e:
+                raise SystemExit(f"bench-live: --host-memory: {e}") from None
         if counts:  # many views: this tree with more and more view versions in its host, the floor at the most
             legs = [(f"host of {n}", "HEAD", "leg", n) for n in counts]
             legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
@@ -754,8 +765,12 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             legs += ([("engine floor, one read per topic", "HEAD", "shared", 0)] if args.shared_floor else [])
             legs += ([("engine floor, the views' queries", "HEAD", "queries", 0)] if args.query_floor else [])
             legs += [("this tree", "HEAD", "leg", 0)]
+        # each of the working tree's legs once per heap ceiling asked for (the baseline's with its own default)
+        legs = [(label + (f", heap {heap}" if heap else ""), ref, kind, count, heap)
+                for label, ref, kind, count in legs
+                for heap in (heaps if kind == "leg" and ref == "HEAD" else [""])]
         results = []
-        for label, ref, kind, count in legs:
+        for label, ref, kind, count, heap in legs:
             tree, commit = code_tree(root, ref)
             stamp = int(time.time())
             home = Path(settings.home) / "bench-live" / f"{commit}-{stamp}"
@@ -768,6 +783,8 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                    "KAPPA_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
             if "KAPPA_PLATFORM" in declare:
                 env["KAPPA_PLATFORM"] = declare["KAPPA_PLATFORM"]
+            if heap:
+                env["KAPPA_HOST_DRIVER_MEMORY"] = heap
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
             cmd = [sys.executable, str(Path(__file__).resolve()), "floor" if kind in ("shared", "queries") else kind,
                    "--label", label, "--leg-out", str(out),
@@ -780,7 +797,8 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             results.append({**json.loads(out.read_text()),
                             "commit": "Spark alone" if kind in ("floor", "shared", "queries") else commit,
                             "busy_processes": len(busy),
-                            "view_versions": len(stack.stack_views(settings)) + len(extras)})
+                            "view_versions": len(stack.stack_views(settings)) + len(extras),
+                            "host_memory": heap or os.environ.get("KAPPA_HOST_DRIVER_MEMORY") or None})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
         (_plot_views if counts else _plot)(results, args.out / "bench-live.png")
