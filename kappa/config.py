@@ -52,8 +52,8 @@ Running view versions:
 - ``KAPPA_HOST_DRIVER_MEMORY`` -- the heap ceiling of the local view host's driver JVM (``768m``; a JVM size:
   ``1536m``, ``2g``). Its live set is a few hundred MiB for the six declared views (about 250 MiB after a full
   collection), and a steady stream of micro-batches fills the heap to its ceiling; a host running many more versions
-  (20: its JVM spent a fifth of its time collecting at 1g) wants more. ``kappa host run --driver-memory`` overrides
-  it (the chart's grouped driver: ``viewJobs.groupedDriverMemory``).
+  wants more (20: 15 % of its time collecting at 768m, 10 % at 1g). ``kappa host run --driver-memory`` overrides
+  it (the chart's grouped driver, which runs no replay: ``viewJobs.groupedDriverMemory``, 512m).
 - ``KAPPA_SPARK_LOG_FILE`` -- where the JVM's log of a session goes instead of stderr (unset: stderr, as drivers
   log; the CLI's replay, verify and repair put their own session's in ``<home>/logs/spark-cli.log``).
 
