@@ -39,6 +39,9 @@ the declared views, then their other declared versions, then copies of the views
 version runs beside the serving one and followed until each has read that backlog - and the engine's floor
 with as many queries as the largest; the cores, CPU-s per micro-batch and the worst lag against the count.
 
+**Heap ceilings** (``--host-memory 512m,768m``): each of the working tree's legs once per view-host heap ceiling
+(``KAPPA_HOST_DRIVER_MEMORY``), one after the other, with the host JVM's time collecting beside its CPU and RSS.
+
 ``python -m kappa.front.bench_live`` (``make bench-live``) prints both legs side by side and writes
 ``reports/bench-live.json`` and ``reports/bench-live.png``.
 """
