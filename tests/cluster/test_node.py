@@ -38,13 +38,17 @@ print(json.dumps({
 
 
 def pod(name: str, command: list[str], *, env: dict[str, str] | None = None, restart: str = "Always",
-        token: bool = False, labels: dict[str, str] | None = None, port: int | None = None) -> dict:
+        token: bool = False, labels: dict[str, str] | None = None, port: int | None = None,
+        cpu_request: str = "250m") -> dict:
+    """A pod of the view-job image under Pod Security ``restricted``. ``cpu_request``: below the 250m limit for a pod
+    that must fit beside a running release (the local example requests 1.8 of the node's 2 CPUs after a rollback)."""
     container: dict = {
         "name": "main", "image": image("view-job"), "imagePullPolicy": "Never", "command": command,
         "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
         "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": True},
-        # Guaranteed QoS: requests == limits, enforced by the node's cgroups
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
+        # Guaranteed QoS by default: requests == limits, enforced by the node's cgroups
+        "resources": {"requests": {"cpu": cpu_request, "memory": "256Mi"},
+                      "limits": {"cpu": "250m", "memory": "256Mi"}},
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     if port:
@@ -100,23 +104,33 @@ def test_restricted_pod_security_is_enforced(node: Node, namespace: str) -> None
 
 
 PROBE = r"""
-import json, socket, sys
+import json, os, socket, sys, time
+until = time.monotonic() + float(os.environ.get("PROBE_UNTIL_OPEN", "0"))
 out = {}
 for target in sys.argv[1:]:
     host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=4).close()
-        out[target] = "open"
-    except OSError as exc:
-        out[target] = type(exc).__name__
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=4).close()
+            out[target] = "open"
+            break
+        except OSError as exc:
+            out[target] = type(exc).__name__
+        if time.monotonic() > until:
+            break
+        time.sleep(1)
 print(json.dumps(out))
 """
 
 
-def probe_pod(node: Node, namespace: str, name: str, labels: dict[str, str], targets: list[str]) -> dict[str, str]:
-    """A pod with ``labels`` that tries a TCP connection to each ``host:port``; what each attempt gave."""
-    node.apply(json.dumps(pod(name, ["python", "-c", PROBE, *targets], restart="Never", labels=labels)),
-               "-n", namespace)
+def probe_pod(node: Node, namespace: str, name: str, labels: dict[str, str], targets: list[str],
+              until_open: float = 0) -> dict[str, str]:
+    """A pod with ``labels`` that tries a TCP connection to each ``host:port``; what each attempt gave.
+    ``until_open``: seconds it tries a target again while it is not open - for a pod a policy admits, as the
+    node's policy controller adds a new pod's address to the policy's set a few seconds after the pod starts."""
+    spec = pod(name, ["python", "-c", PROBE, *targets], restart="Never", labels=labels, cpu_request="50m",
+               env={"PROBE_UNTIL_OPEN": str(until_open)})
+    node.apply(json.dumps(spec), "-n", namespace)
     node.wait_pod(namespace, name, phase="Succeeded", timeout=300)
     return json.loads(node.kubectl("logs", "-n", namespace, name).stdout.strip().splitlines()[-1])
 
