@@ -801,7 +801,7 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                             "commit": "Spark alone" if kind in ("floor", "shared", "queries") else commit,
                             "busy_processes": len(busy),
                             "view_versions": len(stack.stack_views(settings)) + len(extras),
-                            "host_memory": heap or settings.host_driver_memory})
+                            "host_memory": heap or None})  # None: the leg's own default
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
         (_plot_views if counts else _plot)(results, args.out / "bench-live.png")
