@@ -185,7 +185,7 @@ def test_a_host_asked_for_more_micro_batches_than_it_plans_for_lengthens_the_sho
     declared slower keep theirs; a bounded run has no trigger and does not count; the stretch stops at
     MAX_STRETCH; a plan of 0 never stretches. No Spark."""
     from kappa.config import Settings
-    from kappa.runtime.host import MAX_STRETCH, ViewHost, desire
+    from kappa.runtime.host import MAX_STRETCH, ViewHost, desire, planned_trigger
 
     def host(budget: str | None = None) -> ViewHost:
         env = {"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")}
@@ -208,6 +208,10 @@ def test_a_host_asked_for_more_micro_batches_than_it_plans_for_lengthens_the_sho
     assert host().trigger_seconds(JobSpec("campaign_window_counts", 3, end_timestamp_ms=1)) is None
     assert host("0.1").trigger_seconds(JobSpec("user_sessions", 1)) == pytest.approx(2 * MAX_STRETCH)
     assert host("0").trigger_seconds(JobSpec("user_sessions", 1)) is None
+    # the plan a bench reports for each version (kappa.front.bench_live) is the same function of the triggers
+    assert planned_trigger(2.0, [2.0] * 6 + [10.0, 10.0, 30.0], 3) == pytest.approx(common)
+    assert planned_trigger(10.0, [2.0] * 6 + [10.0, 10.0, 30.0], 3) == 10.0
+    assert planned_trigger(2.0, [2.0] * 6 + [10.0, 10.0, 30.0], 0) == 2.0
 
 
 def test_a_hosted_version_waits_for_its_topics_never_gives_up_and_does_not_hold_the_others(spark, kafka, lake):

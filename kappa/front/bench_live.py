@@ -41,6 +41,8 @@ with as many queries as the largest; the cores, CPU-s per micro-batch and the wo
 
 **Heap ceilings** (``--host-memory 512m,768m``): each of the working tree's legs once per view-host heap ceiling
 (``KAPPA_HOST_DRIVER_MEMORY``), one after the other, with the host JVM's time collecting beside its CPU and RSS.
+**Plans** (``--batches-per-second 3,3.5``): the same, once per number of live micro-batches a second the host plans
+its versions' triggers for (``KAPPA_HOST_BATCHES_PER_SECOND``); with ``--host-memory``, once per pair.
 
 ``python -m kappa.front.bench_live`` (``make bench-live``) prints both legs side by side and writes
 ``reports/bench-live.json`` and ``reports/bench-live.png``.
@@ -249,6 +251,10 @@ def leg(args: argparse.Namespace) -> None:
         from kappa.runtime.job import live_trigger_seconds
     except ImportError:  # a tree before platform.yaml's triggers (726a51f; the default baseline): its module's or 2 s
         live_trigger_seconds = lambda view: view.trigger_seconds or 2.0  # noqa: E731
+    try:
+        from kappa.runtime.host import planned_trigger
+    except ImportError:  # a tree before the host planned its versions' triggers in one function
+        planned_trigger = None
 
     st = Settings.from_env()
     declared, extras = stack.stack_views(st), _extras(args)
@@ -308,8 +314,12 @@ def leg(args: argparse.Namespace) -> None:
         time.sleep(10)
         say(f"measuring {args.idle:g} s idle")
         result["idle"] = _window(st, versions, ports, parts(), args.idle, 0.0)
-        for label, ref in versions.items():  # how often each runs: a view read for history runs every 30 s
-            result["load"]["views"][label]["trigger_s"] = live_trigger_seconds(load_view(module_of(*ref)))
+        own_triggers = {label: live_trigger_seconds(load_view(module_of(*ref))) for label, ref in versions.items()}
+        for label, own in own_triggers.items():  # how often each runs: a view read for history runs every 30 s
+            result["load"]["views"][label]["trigger_s"] = own
+            if planned_trigger is not None:  # and how often the host runs it: its plan for all of them
+                result["load"]["views"][label]["planned_trigger_s"] = planned_trigger(
+                    own, list(own_triggers.values()), st.host_batches_per_second)
     finally:
         stack.down(st, echo=say)
     Path(args.out).write_text(json.dumps(result, indent=2))
@@ -643,15 +653,18 @@ def _print_views(results: list[dict[str, Any]]) -> None:
                       "-" if "idle" not in r else f"{r['idle']['cores']['view host']:.3f}")
     console = Console(width=max(Console().width, 170))
     console.print(table)
-    last = [r for r in results if r["commit"] != "Spark alone"][-1]
-    detail = Table(title=f"{last['label']}: each view version at load")
-    for name in ("", "trigger (s)", "micro-batches", "batch mean (s)", "lag max (records)", "lag max (s)", "p99 (s)"):
-        detail.add_column(name, justify="left" if not name else "right")
-    for label, v in last["load"]["views"].items():
-        detail.add_row(label, *("-" if v.get(k) is None else f.format(v[k]) for k, f in (
-            ("trigger_s", "{:g}"), ("batches", "{:.0f}"), ("batch_mean_s", "{:.2f}"), ("lag_records_max", "{:,.0f}"),
-            ("lag_seconds_max", "{:.1f}"), ("latency_p99_s", "{:.0f}"))))
-    console.print(detail)
+    hosts = [r for r in results if r["commit"] != "Spark alone"]
+    for last in [r for r in hosts if r["view_versions"] == hosts[-1]["view_versions"]]:  # each leg of the most
+        detail = Table(title=f"{last['label']}: each view version at load")
+        for name in ("", "trigger (s)", "planned (s)", "micro-batches", "batch mean (s)", "lag max (records)",
+                     "lag max (s)", "p99 (s)"):
+            detail.add_column(name, justify="left" if not name else "right")
+        for label, v in last["load"]["views"].items():
+            detail.add_row(label, *("-" if v.get(k) is None else f.format(v[k]) for k, f in (
+                ("trigger_s", "{:g}"), ("planned_trigger_s", "{:.3g}"), ("batches", "{:.0f}"),
+                ("batch_mean_s", "{:.2f}"),
+                ("lag_records_max", "{:,.0f}"), ("lag_seconds_max", "{:.1f}"), ("latency_p99_s", "{:.0f}"))))
+        console.print(detail)
 
 
 def _plot_views(results: list[dict[str, Any]], path: Path) -> None:
@@ -707,6 +720,9 @@ def main() -> None:
     parser.add_argument("--host-memory", dest="host_memory", default="",
                         help="comma-separated heap ceilings of the view host (KAPPA_HOST_DRIVER_MEMORY, e.g. "
                              "768m,1g): the working tree's legs once with each, side by side")
+    parser.add_argument("--batches-per-second", dest="budgets", default="",
+                        help="comma-separated micro-batches per second the view host plans for "
+                             "(KAPPA_HOST_BATCHES_PER_SECOND, e.g. 3,3.5): the working tree's legs once with each")
     parser.add_argument("--shared-floor", dest="shared_floor", action="store_true",
                         help="also the engine's floor with one query per topic for every view over it")
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "leg", "floor"))
@@ -755,6 +771,13 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                 jvm_size_bytes(heap)
             except ValueError as e:
                 raise SystemExit(f"bench-live: --host-memory: {e}") from None
+        budgets = [b.strip() for b in args.budgets.split(",") if b.strip()] or [""]
+        for budget in filter(None, budgets):
+            try:
+                if not 0 < float(budget) < 1e6:
+                    raise ValueError
+            except ValueError:
+                raise SystemExit(f"bench-live: --batches-per-second: {budget!r} is not a positive number") from None
         if counts:  # many views: this tree with more and more view versions in its host, the floor at the most
             legs = [(f"host of {n}", "HEAD", "leg", n) for n in counts]
             legs += [(f"engine floor, {counts[-1]} queries", "HEAD", "floor", counts[-1])] if args.floor else []
@@ -768,12 +791,14 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
             legs += ([("engine floor, one read per topic", "HEAD", "shared", 0)] if args.shared_floor else [])
             legs += ([("engine floor, the views' queries", "HEAD", "queries", 0)] if args.query_floor else [])
             legs += [("this tree", "HEAD", "leg", 0)]
-        # each of the working tree's legs once per heap ceiling asked for (the baseline's with its own default)
-        legs = [(label + (f", heap {heap}" if heap else ""), ref, kind, count, heap)
+        # each of the working tree's legs once per heap ceiling and plan asked for (the baseline's with its defaults)
+        legs = [(label + (f", heap {heap}" if heap else "") + (f", {budget} batches/s" if budget else ""),
+                 ref, kind, count, heap, budget)
                 for label, ref, kind, count in legs
-                for heap in (heaps if kind == "leg" and ref == "HEAD" else [""])]
+                for heap in (heaps if kind == "leg" and ref == "HEAD" else [""])
+                for budget in (budgets if kind == "leg" and ref == "HEAD" else [""])]
         results = []
-        for label, ref, kind, count, heap in legs:
+        for label, ref, kind, count, heap, budget in legs:
             tree, commit = code_tree(root, ref)
             stamp = int(time.time())
             home = Path(settings.home) / "bench-live" / f"{commit}-{stamp}"
@@ -788,6 +813,8 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                 env["KAPPA_PLATFORM"] = declare["KAPPA_PLATFORM"]
             if heap:
                 env["KAPPA_HOST_DRIVER_MEMORY"] = heap
+            if budget:
+                env["KAPPA_HOST_BATCHES_PER_SECOND"] = budget
             print(f"bench-live: {label} = {commit} ({tree})", flush=True)
             cmd = [sys.executable, str(Path(__file__).resolve()), "floor" if kind in ("shared", "queries") else kind,
                    "--label", label, "--leg-out", str(out),
@@ -801,7 +828,8 @@ def bench(args: argparse.Namespace, bench_settings: Any) -> None:
                             "commit": "Spark alone" if kind in ("floor", "shared", "queries") else commit,
                             "busy_processes": len(busy),
                             "view_versions": len(stack.stack_views(settings)) + len(extras),
-                            "host_memory": heap or None})  # None: the leg's own default
+                            # None: the leg's own default
+                            "host_memory": heap or None, "host_batches_per_second": float(budget) if budget else None})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench-live.json").write_text(json.dumps(results, indent=2))
         (_plot_views if counts else _plot)(results, args.out / "bench-live.png")

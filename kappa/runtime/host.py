@@ -256,10 +256,11 @@ class ViewHost:
             except Exception:  # noqa: BLE001 - a version that cannot load fails at its own start, not here
                 continue
         own = triggers.get(spec.ref)
-        shortest = common_trigger(list(triggers.values()), budget)
-        if own is None or shortest is None or own >= shortest:
+        if own is None:
             return None
-        stretched = min(shortest, own * MAX_STRETCH)
+        stretched = planned_trigger(own, list(triggers.values()), budget)
+        if stretched == own:
+            return None
         log.info("%s: trigger %.3g s -> %.3g s: the host's %d live version(s) ask %.3g micro-batches/s, it plans for "
                  "%.3g (KAPPA_HOST_BATCHES_PER_SECOND)", spec.ref, own, stretched, len(triggers),
                  sum(1.0 / t for t in triggers.values()), budget)
@@ -365,6 +366,20 @@ class ViewHost:
 
                 stop_spark(self._spark)
             lock.release()
+
+
+def planned_trigger(own: float, triggers: list[float], budget: float) -> float:
+    """The trigger (seconds) a live version declared with ``own`` gets in a host whose live versions declare
+    ``triggers`` (its own among them) and that plans for ``budget`` micro-batches a second: its own, or the
+    :func:`common_trigger` when that is longer, at most :data:`MAX_STRETCH` times its own.
+
+    >>> round(planned_trigger(2, [2] * 17 + [10, 30], 3), 2), planned_trigger(30, [2] * 17 + [10, 30], 3)
+    (5.93, 30)
+    """
+    shortest = common_trigger(triggers, budget) if budget > 0 else None
+    if shortest is None or own >= shortest:
+        return own
+    return min(shortest, own * MAX_STRETCH)
 
 
 def common_trigger(triggers: list[float], budget: float) -> float | None:
