@@ -34,7 +34,7 @@ Running view versions:
 - ``KAPPA_HOST_POLL_SECONDS`` / ``KAPPA_HOST_RESTART_BACKOFF_SECONDS`` / ``KAPPA_HOST_MAX_RESTARTS`` -- the view
   host's reconcile interval (1 s), first restart backoff of a failed query (5 s, doubling) and the consecutive
   failures after which a query stays ``failed`` (5).
-- ``KAPPA_HOST_BATCHES_PER_SECOND`` -- the live micro-batches per second a view host plans for (3; about one core
+- ``KAPPA_HOST_BATCHES_PER_SECOND`` -- the live micro-batches per second a view host plans for (3.5; about one core
   at the measured cost of a micro-batch): when its live versions' triggers ask for more, each version the host
   starts runs no more often than the shortest common trigger that fits, at most 5 times its declared one
   (:mod:`kappa.runtime.host`; 0: never).
@@ -235,7 +235,7 @@ class Settings:
     host_poll_seconds: float = 1.0
     host_restart_backoff_seconds: float = 5.0
     host_max_restarts: int = 5
-    host_batches_per_second: float = 3.0
+    host_batches_per_second: float = 3.5
     #: 768m: six views' live set is ~250-300 MiB after a full collection; a steady stream of micro-batches fills the
     #: heap to its maximum, so the maximum is what the process holds - 2g made the JVM 1.85 GiB resident, 1g 400-570
     #: MiB less at the same CPU per micro-batch, 768m 236 MiB less than 1g at the same CPU and time collecting
@@ -343,7 +343,7 @@ class Settings:
             host_poll_seconds=number("KAPPA_HOST_POLL_SECONDS", float, 1.0),
             host_restart_backoff_seconds=number("KAPPA_HOST_RESTART_BACKOFF_SECONDS", float, 5.0),
             host_max_restarts=number("KAPPA_HOST_MAX_RESTARTS", int, 5),
-            host_batches_per_second=number("KAPPA_HOST_BATCHES_PER_SECOND", float, 3.0),
+            host_batches_per_second=number("KAPPA_HOST_BATCHES_PER_SECOND", float, 3.5),
             host_driver_memory=get("KAPPA_HOST_DRIVER_MEMORY") or "768m",
             spark_master=get("KAPPA_SPARK_MASTER") or "local[2]",
             shuffle_partitions=number("KAPPA_SHUFFLE_PARTITIONS", int, None),

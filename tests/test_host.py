@@ -183,11 +183,11 @@ def test_a_host_asked_for_more_micro_batches_than_it_plans_for_lengthens_the_sho
     plan of 3 a second: each keeps its own trigger. Three more live versions ask 3.23 a second: each 2 s version
     started then gets the common trigger that fits the plan, 6 / (3 - 1/10 - 1/10 - 1/30) s, while the versions
     declared slower keep theirs; a bounded run has no trigger and does not count; the stretch stops at
-    MAX_STRETCH; a plan of 0 never stretches. No Spark."""
+    MAX_STRETCH; a plan of 0 never stretches; the default plan (3.5 a second) fits the 3.23. No Spark."""
     from kappa.config import Settings
     from kappa.runtime.host import MAX_STRETCH, ViewHost, desire, planned_trigger
 
-    def host(budget: str | None = None) -> ViewHost:
+    def host(budget: str | None = "3") -> ViewHost:  # None: the default plan (3.5 a second)
         env = {"KAPPA_HOME": str(tmp_path / "home"), "KAPPA_LAKE_URI": str(tmp_path / "lake")}
         return ViewHost(Settings.from_env({**env, **({"KAPPA_HOST_BATCHES_PER_SECOND": budget} if budget else {})}))
 
@@ -208,6 +208,7 @@ def test_a_host_asked_for_more_micro_batches_than_it_plans_for_lengthens_the_sho
     assert host().trigger_seconds(JobSpec("campaign_window_counts", 3, end_timestamp_ms=1)) is None
     assert host("0.1").trigger_seconds(JobSpec("user_sessions", 1)) == pytest.approx(2 * MAX_STRETCH)
     assert host("0").trigger_seconds(JobSpec("user_sessions", 1)) is None
+    assert host(None).trigger_seconds(JobSpec("events_raw", 2)) is None, "3.23 a second fit the default plan of 3.5"
     # the plan a bench reports for each version (kappa.front.bench_live) is the same function of the triggers
     assert planned_trigger(2.0, [2.0] * 6 + [10.0, 10.0, 30.0], 3) == pytest.approx(common)
     assert planned_trigger(10.0, [2.0] * 6 + [10.0, 10.0, 30.0], 3) == 10.0

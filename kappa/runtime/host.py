@@ -29,8 +29,8 @@ Removing a desired file stops that view version (``LocalRunner.stop``).
 
 Every live micro-batch costs the host a fixed share of CPU whatever it carries (planning, state, commits: about a
 third of a CPU-second, docs/performance.md), so a host asked for more micro-batches per second than its cores
-give falls behind without bound. It plans for ``KAPPA_HOST_BATCHES_PER_SECOND`` (3, about one core): when the live
-versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty
+give falls behind without bound. It plans for ``KAPPA_HOST_BATCHES_PER_SECOND`` (3.5, about one core): when the
+live versions it is asked for declare triggers that add up to more (the six declared views: 2.1 a second; twenty
 versions: about 9), each version it starts runs no more often than the shortest common trigger that fits the plan
 (:func:`common_trigger`; a version declared slower keeps its own), at most :data:`MAX_STRETCH` times its own
 trigger: fewer, larger micro-batches, each view a few seconds later instead of ever later. A running version keeps
