@@ -92,6 +92,11 @@ def shell_block(containing: str, root: Path = ROOT) -> Block:
     return _one(shell_blocks(root), containing, "command blocks")
 
 
+def python_block(containing: str, root: Path = ROOT) -> Block:
+    """The one ```python block whose text contains ``containing`` (fails when none or several do)."""
+    return _one([b for b in blocks(root) if b.lang == "python"], containing, "python blocks")
+
+
 def _one(found: list[Block], containing: str, what: str) -> Block:
     found = [b for b in found if containing in b.text]
     if len(found) != 1:

@@ -20,6 +20,8 @@
 #   localhost/kappa/airflow:<KAPPA_VERSION>                  airflow.Dockerfile   AIRFLOW_IMAGE, VIEW_JOB_IMAGE
 #   localhost/kappa/kafka:<KAFKA_IMAGE_TAG>                  bases/kafka.Dockerfile (apache/kafka's stand-in)
 #   localhost/kappa/postgres:<major.minor>, :<POSTGRES_MAJOR>  bases/postgres.Dockerfile (postgres' stand-in)
+#   localhost/kappa/analyst:<KAPPA_VERSION>                  analyst.Dockerfile   PYTHON_IMAGE (an analyst's client:
+#                                                           no pod of the chart runs it; the cluster tests do)
 # The project's Dockerfiles are the ones a registry-connected `docker build` uses: only their base-image build args
 # differ. podman's layer cache makes a re-run take seconds; a changed source rebuilds from the first layer it
 # touches.
@@ -63,6 +65,7 @@ load_versions() {
     MAVEN_REPO="localhost/kappa-base/maven"
     AIRFLOW_BASE_IMAGE="localhost/kappa-base/airflow:$AIRFLOW_VERSION-python$PYTHON_VERSION"
     VIEW_JOB_IMAGE="localhost/kappa/view-job:$KAPPA_VERSION"
+    ANALYST_IMAGE="localhost/kappa/analyst:$KAPPA_VERSION"
     AIRFLOW_IMAGE="localhost/kappa/airflow:$KAPPA_VERSION"
     KAFKA_IMAGE="localhost/kappa/kafka:$KAFKA_IMAGE_TAG"
     POSTGRES_REPO="localhost/kappa/postgres"
@@ -336,6 +339,12 @@ build_all() {
     before="$(image_id "$pg_image")"
     podman tag "$iid" "$pg_image" "$POSTGRES_REPO:$POSTGRES_MAJOR"
     record postgres "$pg_image" $((SECONDS - t0)) "$before"
+
+    # an analyst's client (the laptop's lock in a container): what the cluster tests query the SQL service from
+    t0=$SECONDS; before="$(image_id "$ANALYST_IMAGE")"
+    build analyst infra/images/analyst.Dockerfile "$STATE/analyst.iid" \
+        --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" -t "$ANALYST_IMAGE"
+    record analyst "$ANALYST_IMAGE" $((SECONDS - t0)) "$before"
 
     local total=$((SECONDS - start)) kind=partial
     $fresh && kind=cold

@@ -39,11 +39,12 @@ print(json.dumps({
 
 def pod(name: str, command: list[str], *, env: dict[str, str] | None = None, restart: str = "Always",
         token: bool = False, labels: dict[str, str] | None = None, port: int | None = None,
-        cpu_request: str = "250m") -> dict:
-    """A pod of the view-job image under Pod Security ``restricted``. ``cpu_request``: below the 250m limit for a pod
-    that must fit beside a running release (the local example requests 1.8 of the node's 2 CPUs after a rollback)."""
+        cpu_request: str = "250m", image_name: str = "view-job") -> dict:
+    """A pod of the view-job image (or ``image_name``) under Pod Security ``restricted``. ``cpu_request``: below the
+    250m limit for a pod that must fit beside a running release (the local example requests 1.8 of the node's 2 CPUs
+    after a rollback)."""
     container: dict = {
-        "name": "main", "image": image("view-job"), "imagePullPolicy": "Never", "command": command,
+        "name": "main", "image": image(image_name), "imagePullPolicy": "Never", "command": command,
         "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
         "securityContext": {**RESTRICTED, "readOnlyRootFilesystem": True},
         # Guaranteed QoS by default: requests == limits, enforced by the node's cgroups

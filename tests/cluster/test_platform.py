@@ -304,19 +304,25 @@ def _beeline_pod(release: Release, namespace: str, name: str, labels: dict[str, 
     """An analyst's pod (the view-job image's beeline, nothing of the platform's own pods, no exec, no port-forward)
     running SQL_ASKED against SQL_JDBC: its phase (``Succeeded``/``Failed``) and its output. ``token`` None: the
     release's Secret through ``secretKeyRef``, as an analyst's pod in the release's namespace would mount it."""
-    from tests.cluster.test_node import pod
-
     script = ('exec beeline -u "$JDBC" -n analyst -p "$KAPPA_SQL_TOKEN" --silent=true --outputformat=csv2 '
               '-e "$SQL"')
-    spec = pod(name, ["sh", "-c", script], restart="Never", labels=labels,
-               env={"HOME": "/tmp", "JDBC": SQL_JDBC, "SQL": SQL_ASKED, "SPARK_BEELINE_MEMORY": "256m"})
+    return _client_pod(release, namespace, name, labels, token, ["sh", "-c", script], "view-job",
+                       {"HOME": "/tmp", "JDBC": SQL_JDBC, "SQL": SQL_ASKED, "SPARK_BEELINE_MEMORY": "256m"}, "640Mi")
+
+
+def _client_pod(release: Release, namespace: str, name: str, labels: dict[str, str], token: str | None,
+                command: list[str], image_name: str, env: dict[str, str], memory: str) -> tuple[str, str]:
+    """A pod of ``image_name`` running ``command`` to its end with the SQL token in ``KAPPA_SQL_TOKEN`` (``token``
+    None: from the release's Secret through ``secretKeyRef``): its phase (``Succeeded``/``Failed``) and its output."""
+    from tests.cluster.test_node import pod
+
+    spec = pod(name, command, restart="Never", labels=labels, env=env, image_name=image_name)
     container = spec["spec"]["containers"][0]
     container["env"].append({"name": "KAPPA_SQL_TOKEN", "value": token} if token is not None else
                             {"name": "KAPPA_SQL_TOKEN",
                              "valueFrom": {"secretKeyRef": {"name": f"{RELEASE}-sql", "key": "token"}}})
     # 50m: it fits beside the release (1.8 of the node's 2 CPUs requested once v1 runs in its own driver)
-    container["resources"] = {"requests": {"cpu": "50m", "memory": "640Mi"},
-                              "limits": {"cpu": "1", "memory": "640Mi"}}
+    container["resources"] = {"requests": {"cpu": "50m", "memory": memory}, "limits": {"cpu": "1", "memory": memory}}
     release.node.apply(json.dumps(spec), "-n", namespace)
     deadline = time.monotonic() + 300
     phase = ""
@@ -390,6 +396,43 @@ def test_analysts_pods_query_the_sql_service_and_only_they_reach_it(release: Rel
           f"(attempt {attempt + 1})")
     assert "open" not in unlabelled.values(), f"a pod without the label reached the SQL service: {unlabelled}"
     assert "open" not in elsewhere.values(), f"a pod of an unlabelled namespace reached the SQL service: {elsewhere}"
+
+
+#: appended to the docs' Python block in the analyst's pod: the same session tries to write
+PYTHON_WRITE = """
+try:
+    cursor.execute("INSERT INTO analytics.events_raw SELECT * FROM analytics.events_raw LIMIT 1")
+    print("WRITE: accepted")
+except Exception as e:  # the service's read-only guard
+    print("WRITE: refused:", " ".join(str(e).split())[:400])
+"""
+
+
+def test_an_analysts_python_pod_queries_every_serving_view(release: Release) -> None:
+    """docs/deploy.md's Python block, verbatim, in a pod of the analyst image (infra/images/analyst.Dockerfile: the
+    laptop's lock, nothing of the platform), labelled as an analyst's in the release's namespace, the token from the
+    Secret: every view answers at the Service's cluster address with the version the registry says serves (read on
+    the host, delta-rs over the lake volume), and an INSERT from the same session is refused with the service's one
+    line."""
+    from tests.docs_blocks import python_block
+
+    block = python_block("kappa-sql.kappa.svc.cluster.local")
+    assert f"{RELEASE}-sql.{NS}.svc.cluster.local" in block.text, block.where
+    phase, out = _client_pod(release, NS, "sql-python", {"kappa.io/sql-client": "true"}, None,
+                             ["python", "-c", block.text + PYTHON_WRITE], "analyst", {}, "384Mi")
+    print(out[-3000:])
+    assert phase == "Succeeded", f"{block.where}: {out[-3000:]}"
+    answered = {}
+    for line in out.splitlines():
+        view, sep, rest = line.partition(": v")
+        if sep and " serves, " in rest:
+            version, _, rows = rest.partition(" serves, ")
+            answered[view] = (int(version), int(rows.split(" rows")[0]))
+    assert sorted(answered) == sorted(load_catalog().views), out[-3000:]
+    assert answered["events_raw"][1] > 0, answered
+    serving = {view: _serving(release, view) for view in answered}
+    assert {view: version for view, (version, _) in answered.items()} == serving, (answered, serving)
+    assert "WRITE: refused: " in out and "kappa sql is read-only" in out, out[-3000:]
 
 
 def test_the_docs_token_rotation_logs_the_old_token_out(release: Release) -> None:

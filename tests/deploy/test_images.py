@@ -80,7 +80,7 @@ def global_args(path: Path) -> dict[str, str]:
 
 def test_dockerfiles_exist() -> None:
     assert {_name(p) for p in DOCKERFILES} == {
-        "view-job.Dockerfile", "airflow.Dockerfile", "bases/python.Dockerfile", "bases/maven.Dockerfile",
+        "view-job.Dockerfile", "airflow.Dockerfile", "analyst.Dockerfile", "bases/python.Dockerfile", "bases/maven.Dockerfile",
         "bases/airflow.Dockerfile", "bases/kafka.Dockerfile", "bases/postgres.Dockerfile"}
 
 
@@ -99,6 +99,7 @@ def test_build_arg_defaults_equal_versions_env(dockerfile: Path) -> None:
                                         "PYTHON_IMAGE", "MAVEN_IMAGE"},
                 "airflow.Dockerfile": {"AIRFLOW_VERSION", "PYTHON_VERSION", "KAPPA_VERSION", "AIRFLOW_IMAGE",
                                        "VIEW_JOB_IMAGE"},
+                "analyst.Dockerfile": {"PYTHON_VERSION", "DEBIAN_RELEASE", "PYTHON_IMAGE"},
                 "bases/python.Dockerfile": {"PYTHON_VERSION", "DEBIAN_RELEASE", "DEBIAN_IMAGE"},
                 "bases/maven.Dockerfile": {"DEBIAN_RELEASE", "DEBIAN_IMAGE"},
                 "bases/airflow.Dockerfile": {"AIRFLOW_VERSION", "PYTHON_VERSION", "PYTHON_IMAGE",
