@@ -9,7 +9,7 @@ KAPPA := bin/kappa
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-sql clean lock k8s-build k8s-up k8s-down \
-	images cluster-up cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
+	images cluster-up cluster-monitoring cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -101,6 +101,9 @@ objectstore-down: ## stop it (its data stays in .kappa/objectstore)
 
 cluster-up: k8s-build ## a real node on this machine: control plane + kubelet/containerd/runc, CNI, kube-proxy, CoreDNS (root; .kappa/cluster)
 	@bash infra/k8s/node.sh up
+
+cluster-monitoring: ## the Prometheus operator + a Prometheus on the real node, reading every release's PodMonitor and PrometheusRule (built once from the Go module proxy; needs make cluster-up)
+	@bash infra/k8s/node.sh monitoring
 
 cluster-down: ## stop the real node and its pods (state stays in .kappa/cluster)
 	@bash infra/k8s/node.sh down

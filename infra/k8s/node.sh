@@ -6,7 +6,7 @@
 # No registry is needed: the sandbox and CoreDNS images are built here (buildah, from scratch) and the project's
 # images (make images) are loaded into the node's runtime from podman's storage.
 #
-# Usage: infra/k8s/node.sh up|down|status|load|recycle|check|reset|leftovers
+# Usage: infra/k8s/node.sh up|down|status|load|monitoring|recycle|check|reset|leftovers
 #   up      build what is missing, install Debian's runc / CNI plugins / iptables / ipset / buildah when absent,
 #           start etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy,
 #           kube-router (NetworkPolicies; KAPPA_CLUSTER_NETPOL=none leaves them unenforced) and CoreDNS,
@@ -24,6 +24,10 @@
 #           and containerd's images: the next `up` is a fresh cluster with the images loaded.
 #   status  what runs.
 #   recycle empty the local PersistentVolumes whose claims were deleted (their data is gone) so new claims bind.
+#   monitoring  the Prometheus operator and a Prometheus in namespace monitoring (built once from the Go module
+#           proxy: infra/prometheus/build.sh prometheus|operator; scratch images), scraping what the PodMonitors of
+#           every namespace select and evaluating every PrometheusRule - kube-prometheus-stack's part the chart
+#           uses, without a registry. Needs a running node.
 #   load    import the project's images (localhost/kappa/*, built by make images) into the node's runtime when
 #           the runtime lacks them or holds an older build.
 #
@@ -248,12 +252,15 @@ import_image() {  # import_image <podman image>: into containerd's k8s.io namesp
 }
 
 scratch_image() {  # scratch_image <ref> <binary> <uid> [entrypoint args...]: a one-binary image, built once
-    local ref="$1" bin="$2" uid="$3"; shift 3
+    binary_image "$1" "$2" "/$(basename "$1" | cut -d: -f1)" "${@:3}"
+}
+
+binary_image() {  # binary_image <ref> <binary> <path in the image> <uid> [entrypoint args...]: from scratch, once
+    local ref="$1" bin="$2" path="$3" uid="$4" c args; shift 4
     podman_id "$ref" >/dev/null && return 0
-    local c args
     c="$(buildah from scratch)"
-    buildah copy --chmod 0755 "$c" "$bin" "/$(basename "$ref" | cut -d: -f1)" >/dev/null
-    args="$(printf '"%s",' "/$(basename "$ref" | cut -d: -f1)" "$@")"
+    buildah copy --chmod 0755 "$c" "$bin" "$path" >/dev/null
+    args="$(printf '"%s",' "$path" "$@")"
     buildah config --entrypoint "[${args%,}]" --user "$uid:$uid" "$c" >/dev/null
     buildah commit --quiet "$c" "$ref" >/dev/null
     buildah rm "$c" >/dev/null
@@ -263,10 +270,170 @@ scratch_image() {  # scratch_image <ref> <binary> <uid> [entrypoint args...]: a 
 load() {  # the project's images (make images): every localhost/kappa/* image except the node's own
     local ref n=0
     while read -r ref; do
-        case "$ref" in localhost/kappa/pause:*|localhost/kappa/coredns:*|*"<none>"*) continue ;; esac
+        case "$ref" in localhost/kappa/pause:*|localhost/kappa/coredns:*|localhost/kappa/prometheus*|*"<none>"*) continue ;; esac
         import_image "$ref"; n=$((n + 1))
     done < <(podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/kappa/' | sort -u)
     (( n > 0 )) || log "no project images in podman's storage yet (make images builds them)"
+}
+
+monitoring() {  # the part of kube-prometheus-stack the chart needs, built here: the operator and a Prometheus
+    # (namespace monitoring) that scrapes what every PodMonitor selects and evaluates every PrometheusRule, in all
+    # namespaces (infra/cluster/prometheus-stack-values.yaml's selectors). No Alertmanager: alerts are read from
+    # Prometheus' API. Idempotent; `helm upgrade` a release installed before it to get its PodMonitor and rules.
+    local pbin obin crds minor release t0=$SECONDS
+    pbin="$(bash "$ROOT/infra/prometheus/build.sh" prometheus)" || die "building Prometheus failed (above)"
+    obin="$(bash "$ROOT/infra/prometheus/build.sh" operator)" || die "building the Prometheus operator failed (above)"
+    minor="${PROMETHEUS_VERSION#v0.}"; minor="${minor%%.*}"
+    release="v${minor:0:1}.${minor:1}.${PROMETHEUS_VERSION##*.}"   # the module's v0.315.0 is Prometheus v3.15.0
+    local prom="localhost/kappa/prometheus:$release"
+    local operator="localhost/kappa/prometheus-operator:$PROMETHEUS_OPERATOR_VERSION"
+    local reloader="localhost/kappa/prometheus-config-reloader:$PROMETHEUS_OPERATOR_VERSION"
+    # the operator runs its reloader as /bin/prometheus-config-reloader and gives Prometheus arguments only
+    binary_image "$prom" "$pbin/prometheus" /bin/prometheus 65534
+    binary_image "$operator" "$obin/operator" /bin/operator 65534
+    binary_image "$reloader" "$obin/prometheus-config-reloader" /bin/prometheus-config-reloader 65534
+    import_image "$prom"; import_image "$operator"; import_image "$reloader"
+    # the operator starts the controllers whose CRDs it finds when it starts: the five Prometheus' needs first
+    crds="$(GOFLAGS=-mod=mod go mod download -json \
+        "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')/example/prometheus-operator-crd"
+    local kind files=()
+    for kind in prometheuses podmonitors servicemonitors probes prometheusrules; do
+        files+=(-f "$crds/monitoring.coreos.com_$kind.yaml")
+    done
+    # server-side: the prometheuses CRD is larger than client-side apply's annotation
+    $KUBECTL apply --server-side --force-conflicts "${files[@]}" >/dev/null || die "applying the operator's CRDs failed"
+    $KUBECTL wait --for condition=established --timeout=60s "${files[@]}" >/dev/null
+    $KUBECTL apply -f "$ROOT/infra/cluster/monitoring-namespace.yaml" >/dev/null
+    $KUBECTL apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: prometheus-operator, namespace: monitoring}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kappa:prometheus-operator"}
+rules:  # example/rbac/prometheus-operator of the operator's module, for the Prometheus controller alone
+  - apiGroups: [monitoring.coreos.com]
+    resources: [prometheuses, prometheuses/finalizers, prometheuses/status, servicemonitors, servicemonitors/status,
+                podmonitors, probes, prometheusrules, scrapeconfigs]
+    verbs: ["*"]
+  - apiGroups: [apps]
+    resources: [statefulsets]
+    verbs: ["*"]
+  - apiGroups: [""]
+    resources: [configmaps, secrets]
+    verbs: ["*"]
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [list, delete]
+  - apiGroups: [""]
+    resources: [services, services/finalizers]
+    verbs: [get, create, update, delete]
+  - apiGroups: [""]
+    resources: [namespaces]
+    verbs: [get, list, watch]
+  - apiGroups: ["", events.k8s.io]
+    resources: [events]
+    verbs: [patch, create]
+  - apiGroups: [storage.k8s.io]
+    resources: [storageclasses]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kappa:prometheus-operator"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kappa:prometheus-operator"}
+subjects: [{kind: ServiceAccount, name: prometheus-operator, namespace: monitoring}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: prometheus-operator, namespace: monitoring, labels: {app.kubernetes.io/name: prometheus-operator}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app.kubernetes.io/name: prometheus-operator}}
+  template:
+    metadata: {labels: {app.kubernetes.io/name: prometheus-operator}}
+    spec:
+      serviceAccountName: prometheus-operator
+      securityContext: {runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: operator
+          image: $operator
+          imagePullPolicy: Never
+          args: ["--prometheus-config-reloader=$reloader", "--log-level=info"]
+          env: [{name: GOGC, value: "30"}]
+          ports: [{name: http, containerPort: 8080}]
+          readinessProbe: {httpGet: {path: /healthz, port: http}, periodSeconds: 5}
+          resources:
+            requests: {cpu: 20m, memory: 64Mi}
+            limits: {memory: 200Mi}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: prometheus, namespace: monitoring}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kappa:prometheus"}
+rules:  # example/rbac/prometheus: what Kubernetes service discovery reads
+  - apiGroups: [""]
+    resources: [nodes, nodes/metrics, services, endpoints, pods]
+    verbs: [get, list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [get, list, watch]
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get]
+  - nonResourceURLs: [/metrics]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kappa:prometheus"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kappa:prometheus"}
+subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]
+---
+apiVersion: monitoring.coreos.com/v1
+kind: Prometheus
+metadata: {name: prometheus, namespace: monitoring}
+spec:
+  image: $prom
+  version: $release
+  imagePullPolicy: Never
+  replicas: 1
+  serviceAccountName: prometheus
+  # every namespace's PodMonitors and PrometheusRules, as infra/cluster/prometheus-stack-values.yaml asks of
+  # kube-prometheus-stack; its default intervals
+  podMonitorSelector: {}
+  podMonitorNamespaceSelector: {}
+  serviceMonitorSelector: {}
+  serviceMonitorNamespaceSelector: {}
+  ruleSelector: {}
+  ruleNamespaceSelector: {}
+  scrapeInterval: 30s
+  evaluationInterval: 30s
+  retention: 1d
+  securityContext: {runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, fsGroup: 65534,
+                    seccompProfile: {type: RuntimeDefault}}
+  resources:
+    requests: {cpu: 50m, memory: 200Mi}
+    limits: {memory: 600Mi}
+EOF
+    $KUBECTL -n monitoring rollout status deploy/prometheus-operator --timeout=180s >/dev/null \
+        || die "the Prometheus operator is not ready ($KUBECTL -n monitoring logs deploy/prometheus-operator)"
+    wait_for "the operator's StatefulSet prometheus-prometheus" 120 \
+        $KUBECTL -n monitoring get statefulset prometheus-prometheus -o name
+    $KUBECTL -n monitoring rollout status statefulset/prometheus-prometheus --timeout=300s >/dev/null \
+        || die "Prometheus is not ready ($KUBECTL -n monitoring describe pod prometheus-prometheus-0)"
+    log "monitoring: the Prometheus operator $PROMETHEUS_OPERATOR_VERSION and Prometheus $release ready in" \
+        "namespace monitoring ($((SECONDS - t0)) s): http://$($KUBECTL -n monitoring get pod prometheus-prometheus-0 \
+        -o jsonpath='{.status.podIP}'):9090"
 }
 
 ready_since() {  # ready_since <RFC 3339 time>: the node's Ready condition is True and was reported after it
@@ -669,9 +836,14 @@ case "${1:-}" in
     recycle)
         KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
         recycle ;;
+    monitoring)
+        alive kubelet || die "the node is not running (make cluster-up)"
+        NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
+        KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
+        monitoring ;;
     load)
         NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
         alive containerd || die "the node is not running (make cluster-up)"
         load ;;
-    *) die "usage: infra/k8s/node.sh up|down|status|load|recycle|check|reset|leftovers" ;;
+    *) die "usage: infra/k8s/node.sh up|down|status|load|monitoring|recycle|check|reset|leftovers" ;;
 esac

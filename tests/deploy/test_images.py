@@ -80,7 +80,8 @@ def global_args(path: Path) -> dict[str, str]:
 
 def test_dockerfiles_exist() -> None:
     assert {_name(p) for p in DOCKERFILES} == {
-        "view-job.Dockerfile", "airflow.Dockerfile", "analyst.Dockerfile", "bases/python.Dockerfile", "bases/maven.Dockerfile",
+        "view-job.Dockerfile", "airflow.Dockerfile", "analyst.Dockerfile", "bases/python.Dockerfile",
+        "bases/maven.Dockerfile",
         "bases/airflow.Dockerfile", "bases/kafka.Dockerfile", "bases/postgres.Dockerfile"}
 
 

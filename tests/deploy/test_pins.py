@@ -53,14 +53,16 @@ def test_python_tool_pins() -> None:
 
 
 @pytest.mark.parametrize(("tool", "module", "key"), [
-    ("dockerfile-lint", "github.com/moby/buildkit", "BUILDKIT_VERSION"),
-    ("promql-lint", "github.com/prometheus/prometheus", "PROMETHEUS_VERSION"),
+    ("deploy/dockerfile-lint", "github.com/moby/buildkit", "BUILDKIT_VERSION"),
+    ("deploy/promql-lint", "github.com/prometheus/prometheus", "PROMETHEUS_VERSION"),
+    ("prometheus", "github.com/prometheus/prometheus", "PROMETHEUS_VERSION"),
+    ("prometheus/operator", "github.com/prometheus-operator/prometheus-operator", "PROMETHEUS_OPERATOR_VERSION"),
 ])
 def test_go_tool_pins(tool: str, module: str, key: str) -> None:
-    gomod = (h.ROOT / "infra" / "deploy" / tool / "go.mod").read_text()
+    gomod = (h.ROOT / "infra" / tool / "go.mod").read_text()
     m = re.search(rf"^\s*{re.escape(module)} (v\S+)", gomod, re.M)
     assert m and m.group(1) == h.versions()[key], f"{tool}/go.mod requires {module} {m and m.group(1)}"
-    assert (h.ROOT / "infra" / "deploy" / tool / "go.sum").exists(), f"{tool}: go.sum pins the dependency graph"
+    assert (h.ROOT / "infra" / tool / "go.sum").exists(), f"{tool}: go.sum pins the dependency graph"
 
 
 def test_schema_versions_cover_129_and_the_newest_bundled() -> None:
