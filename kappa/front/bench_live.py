@@ -90,6 +90,32 @@ def _tree_usage(pid: int | None) -> dict[str, float]:
     return {"rss_mb": rss, "cpu_s": cpu, "jvm_cpu_s": jvm, "jvm_rss_mb": jvm_rss, "jvm_pid": java}
 
 
+def _tree_pss(pid: int | None) -> float | None:
+    """The proportional set size (MiB) of a process and its descendants: each page they share counted once in all,
+    where summed RSS counts it in each (Airflow's forked processes share most of theirs). None: not readable."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return sum(proc.memory_full_info().pss for proc in procs) / 2**20
+    except (psutil.Error, AttributeError):  # gone meanwhile, or no PSS on this platform
+        return None
+
+
+def _listener(address: str) -> int | None:
+    """The pid of the process listening on ``host:port`` (the bench's broker), None when none is found."""
+    import psutil
+
+    port = int(address.rpartition(":")[2])
+    try:
+        return next((c.pid for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid), None)
+    except psutil.Error:
+        return None
+
+
 def _heap(java: int | None) -> dict[str, float] | None:
     """The collector of the JVM ``java`` so far (``jstat -gc``): its seconds collecting, and its heap committed and
     used now (MiB)."""
@@ -211,6 +237,8 @@ def _window(st: Any, versions: dict[str, tuple[str, int]], ports: dict[str, int]
             "rss_mb": {name: after[name]["rss_mb"] for name in parts},
             "rss_mb_total": sum(after[name]["rss_mb"] for name in parts),
             "rss_mb_peak": {name: max(peak[name], after[name]["rss_mb"]) for name in parts},
+            # what the parts hold in all, each shared page once (the window's end)
+            "pss_mb": {name: _tree_pss(pid) for name, pid in parts.items()},
             # the view host's JVM (its heap, the class-data archive, code, threads) apart from its Python process
             "host_jvm_rss_mb": after.get("view host", {}).get("jvm_rss_mb"),
             # its collector: the share of the window's wall time spent collecting, the heap at the window's end
@@ -296,9 +324,10 @@ def leg(args: argparse.Namespace) -> None:
         def parts() -> dict[str, int | None]:
             out = {"view host": host_pid(st), "producer": Daemon("producer", st).pid(),
                    "supervisor": Daemon("supervisor", st).pid()}
-            if args.airflow:
+            if args.airflow:  # the whole of make run: its broker too (the bench's, as make run starts its own)
                 out["airflow"] = Daemon("airflow", st).pid()
                 out["sql"] = Daemon("sql", st).pid()
+                out["broker"] = _listener(st.kafka_bootstrap.split(",")[0])
             return out
 
         time.sleep(args.warm)
@@ -572,6 +601,12 @@ def _print(results: list[dict[str, Any]]) -> None:
     row("load: share of it in the JVM", lambda r: r["load"].get("host_jvm_share"), "{:.0%}")
     row("load: cores of all it started", lambda r: r["load"]["cores_total"], "{:.2f}")
     row("load: RSS of all it started (MiB)", lambda r: r["load"]["rss_mb_total"], "{:,.0f}")
+    row("load: PSS of all it started (MiB, shared pages once)",
+        lambda r: sum(r["load"]["pss_mb"].values()), "{:,.0f}")
+    for part in [p for p in ("broker", "airflow", "sql") if p in results[-1]["load"]["cores"]]:
+        row(f"load: {part} cores", lambda r, p=part: r["load"]["cores"][p], "{:.3f}")
+        row(f"load: {part} RSS / PSS (MiB)",
+            lambda r, p=part: f"{r['load']['rss_mb'][p]:,.0f} / {r['load']['pss_mb'][p]:,.0f}", "{}")
     row("load: view host RSS, peak (MiB)", lambda r: r["load"]["rss_mb_peak"]["view host"], "{:,.0f}")
     row("load: view host JVM RSS at the end (MiB)", lambda r: r["load"]["host_jvm_rss_mb"], "{:,.0f}")
     row("load: its heap committed at the end (MiB)", lambda r: r["load"]["host_heap_committed_mb"], "{:,.0f}")
