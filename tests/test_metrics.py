@@ -180,3 +180,80 @@ def test_a_replay_read_in_one_micro_batch_shows_progress_and_an_eta_before_it_co
     assert any(0 < r < events and e is not None and 0 < e < float("inf") for *_, r, e in inside), \
         f"with_reading never carried the job's read and ETA: {seen}"
     assert value(after, "kappa_batch_records_read") == 0 and value(after, "kappa_replay_progress_ratio") == 1.0
+
+
+def _distinct_offsets(lake) -> tuple[int, int]:
+    """(rows, distinct (partition, offset)) of events_raw v1, read with delta-rs and DuckDB (not the driver's Spark)."""
+    import duckdb
+    from deltalake import DeltaTable
+
+    from kappa.identity import ViewPaths
+
+    con = duckdb.connect()
+    table = DeltaTable(ViewPaths(lake.lake_uri, "events_raw", 1).table.removeprefix("file:"))
+    con.register("t", table.scan().read_all())
+    return con.sql('SELECT count(*), count(DISTINCT ("partition", "offset")) FROM t').fetchall()[0]
+
+
+def test_a_failing_driver_restarts_its_query_counts_each_failure_then_exits(kafka, declared_topics, lake, tmp_path):
+    """A view's own driver whose commits fail (a real storage fault: the table's Delta log replaced by a file - the
+    one fake here, nothing else makes a commit fail on demand) restarts its query from its checkpoint in the same
+    process after a doubling backoff, its metrics endpoint up all along, so ``kappa_batches_failed_total`` climbs
+    where Prometheus scrapes it; after ``KAPPA_HOST_MAX_RESTARTS`` restarts the next failure ends the driver with
+    exit code 1 (its pod restarts). Started again once the log is back, it catches up exactly once."""
+    import shutil
+
+    from kappa.identity import ViewPaths
+
+    u = generator.universe(seed=11, campaigns=5)
+    generator.publish_campaigns(lake, generator.campaign_records(u), topic=lake.topic("campaigns"))
+    log_dir = ViewPaths(lake.lake_uri, "events_raw", 1).table.removeprefix("file:") + "/_delta_log"
+    env = subprocess_env(lake, KAPPA_HOST_RESTART_BACKOFF_SECONDS="2", KAPPA_HOST_MAX_RESTARTS="3")
+    port = free_port()
+
+    def start(name: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kappa.runtime.driver", "view", "events_raw", "--starting", "earliest",
+             "--metrics-port", str(port), "--trigger-seconds", "1"],
+            stdout=open(tmp_path / name, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    produced = generator.produce(lake, lake.topic("ad-events"), generator.events(300, seed=1, universe=u, live=True))
+    proc = start("first.log")
+    try:
+        first = _wait_for(lambda: (s := scrape(port)) and value(s, "kappa_batches_total") >= 1 and s, 240,
+                          "a first batch")
+        assert value(first, "kappa_batches_failed_total") == 0, "exported at 0 before any failure"
+        shutil.move(log_dir, log_dir + ".away")
+        with open(log_dir, "w") as fh:
+            fh.write("not a directory")
+        more = generator.produce(lake, lake.topic("ad-events"), generator.events(200, seed=2, universe=u, live=True))
+        seen: list[float] = []  # kappa_batches_failed_total, scraped while the same process runs
+        deadline = time.monotonic() + 400
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen.append(value(scrape(port), "kappa_batches_failed_total"))
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert proc.poll() == 1, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if os.path.isfile(log_dir):
+            os.remove(log_dir)
+            shutil.move(log_dir + ".away", log_dir)
+    text = (tmp_path / "first.log").read_text()
+    for n in (1, 2, 3):
+        assert f"events_raw@v1 failed ({n} of 3)" in text and "restarting it from its checkpoint" in text, text[-3000:]
+    counted = sorted({v for v in seen if v == v})
+    assert counted and counted[-1] >= 3 and counted == sorted(counted), \
+        f"failed batches counted in one process, scraped: {counted}"
+    # back: a new driver resumes from the checkpoint and every record is in the table once
+    proc = start("second.log")
+    try:
+        expected = produced.kinds["valid"] + more.kinds["valid"]
+        _wait_for(lambda: _distinct_offsets(lake)[1] >= expected, 300, f"{expected} rows in events_raw")
+        assert _distinct_offsets(lake) == (expected, expected)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)

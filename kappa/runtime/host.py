@@ -7,8 +7,8 @@ lock (a second copy of a version is refused in the host as anywhere else), and r
 pool, so a view with a large backlog (a replay joining the host) cannot starve the others. A query that fails
 is restarted alone, from its checkpoint (exactly-once makes that safe), after a backoff that doubles with each
 consecutive failure (``KAPPA_HOST_RESTART_BACKOFF_SECONDS``, reset after :data:`HEALTHY_SECONDS` of running);
-after ``KAPPA_HOST_MAX_RESTARTS`` consecutive failures it is stopped and reported ``failed`` while the others go on - the
-same policy a Kubernetes Deployment gives a view's own driver.
+after ``KAPPA_HOST_MAX_RESTARTS`` consecutive failures it is stopped and reported ``failed`` while the others go on. A
+view's own driver (``kappa view run``) follows the same policy in its process, then exits 1 for its pod to restart.
 
 The host is driven by files, so the local runner (and through it ``kappa replay`` and the Airflow DAGs) can add
 and remove view versions while it runs:
@@ -65,8 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kappa.config import Settings
     from kappa.runtime.job import ViewJob
 
-__all__ = ["ViewHost", "common_trigger", "host_dir", "desire", "undesire", "hosted_status", "host_pid", "start_host",
-           "stop_host"]
+__all__ = ["ViewHost", "common_trigger", "host_dir", "desire", "undesire", "hosted_status", "host_pid", "restart_delay",
+           "start_host", "stop_host"]
 
 log = logging.getLogger("kappa.runtime.host")
 
@@ -327,7 +327,7 @@ class ViewHost:
             log.error("%s failed %s times in a row, left stopped: %s", ref, failures, first_line)
             self._stop_job(ref, "failed", failure)
             return
-        delay = min(MAX_BACKOFF_SECONDS, self.settings.host_restart_backoff_seconds * 2 ** (failures - 1))
+        delay = restart_delay(self.settings.host_restart_backoff_seconds, failures)
         log.error("%s failed (%s of %s): %s; restarting it from its checkpoint in %.0f s", ref, failures,
                   self.settings.host_max_restarts, first_line, delay)
         self._restart_at[ref] = time.monotonic() + delay
@@ -366,6 +366,17 @@ class ViewHost:
 
                 stop_spark(self._spark)
             lock.release()
+
+
+def restart_delay(first: float, failures: int) -> float:
+    """Seconds before the restart that follows the ``failures``-th consecutive failure of a query: ``first``
+    (``KAPPA_HOST_RESTART_BACKOFF_SECONDS``) doubling with each failure, at most :data:`MAX_BACKOFF_SECONDS` - the
+    host's policy and a view's own driver's.
+
+    >>> [restart_delay(5.0, n) for n in (1, 2, 5, 10)]
+    [5.0, 10.0, 80.0, 300.0]
+    """
+    return min(MAX_BACKOFF_SECONDS, first * 2 ** (failures - 1))
 
 
 def planned_trigger(own: float, triggers: list[float], budget: float) -> float:

@@ -1076,8 +1076,19 @@ class ViewJob:
         return None
 
     def run_forever(self, on_tick: Callable[["ViewJob"], None] | None = None) -> None:
-        """Run until SIGTERM/SIGINT (live) or until a bounded run ends; re-raise a query failure."""
+        """Run until SIGTERM/SIGINT (live) or until a bounded run ends; re-raise a query failure.
+
+        A failed query is started again from its checkpoint in this process, as the view host restarts its
+        versions: after ``KAPPA_HOST_RESTART_BACKOFF_SECONDS`` doubling with each consecutive failure (counted from
+        zero again after :data:`kappa.runtime.host.HEALTHY_SECONDS` without one), at most
+        ``KAPPA_HOST_MAX_RESTARTS`` in a row; the next failure is raised (the driver exits 1, its pod restarts).
+        Meanwhile the metrics endpoint stays up: ``kappa_batches_failed_total`` counts every failed micro-batch
+        where Prometheus scrapes it, instead of dying with a process that ended right after the failure.
+        """
+        from kappa.runtime.host import HEALTHY_SECONDS, restart_delay
+
         signalled = threading.Event()
+        failures, healthy_since = 0, time.monotonic()
 
         def _term(signum: int, _frame: Any) -> None:
             log.info("signal %s: stopping %s", signum, self.view.ref)
@@ -1089,10 +1100,23 @@ class ViewJob:
         try:
             while not self._stop.is_set():
                 if self.ended_maybe():
-                    if self.failure():
+                    if failure := self.failure():
                         if self.recover():
                             continue
-                        break
+                        if time.monotonic() - healthy_since > HEALTHY_SECONDS:
+                            failures = 0
+                        failures += 1
+                        # a lease another driver took is not given back by a restart of this one's query
+                        if failures > self.settings.host_max_restarts or "DriverLeaseLost" in failure:
+                            break
+                        delay = restart_delay(self.settings.host_restart_backoff_seconds, failures)
+                        log.error("%s failed (%s of %s): %s; restarting it from its checkpoint in %.0f s",
+                                  self.view.ref, failures, self.settings.host_max_restarts, failure, delay)
+                        if self._stop.wait(delay):
+                            break
+                        self.queries[0] = self._start_query()
+                        healthy_since = time.monotonic()
+                        continue
                     if all(not q.isActive for q in self.queries):
                         break
                 if on_tick:

@@ -74,6 +74,9 @@ class ViewMetrics:
             buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120))
         self.batches = Counter("kappa_batches", "Micro-batches committed.", names, registry=r)
         self.batches_failed = Counter("kappa_batches_failed", "Micro-batches that raised.", names, registry=r)
+        # exported at 0 from the start: the first failure is then an increase Prometheus can see (a series that
+        # first appears at 1 shows none until the second)
+        self.batches_failed.labels(**self.labels)
         self.rows_written = Counter("kappa_rows_written", "Rows in committed output batches.", names, registry=r)
         self.quarantined = Counter("kappa_quarantined_records", "Bad records sent to quarantine.", names,
                                    registry=r)

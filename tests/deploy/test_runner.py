@@ -279,6 +279,17 @@ def test_start_stop_status_on_a_fake_api(helm: Path) -> None:
 
     core.pods = [{"status": {"container_statuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "restart_count": 5}]}}]
     assert runner.status("user_sessions", 2).state == "failed"
+    # running again after exiting with an error: once is a restart, twice a crash loop (whatever the look's timing)
+    exited = {"state": {"running": {}}, "last_state": {"terminated": {"exit_code": 1, "reason": "Error"}}}
+    core.pods = [{"status": {"container_statuses": [{**exited, "restart_count": 1}]}}]
+    assert runner.status("user_sessions", 2).state == "running"
+    core.pods = [{"status": {"container_statuses": [{**exited, "restart_count": 2}]}}]
+    st = runner.status("user_sessions", 2)
+    assert (st.state, st.detail) == ("failed", "deployment/kappa-view-user-sessions-v2: restarted 2 times, last exit "
+                                               "code 1 (Error)"), st
+    core.pods = [{"status": {"container_statuses": [{"state": {"running": {}}, "restart_count": 3, "last_state": {
+        "terminated": {"exit_code": 0, "reason": "Completed"}}}]}}]
+    assert runner.status("user_sessions", 2).state == "running", "a clean exit (a stop) is no crash"
     core.pods = []
 
     st = runner.stop("user_sessions", 2)
@@ -347,6 +358,11 @@ def test_bounded_replay_is_a_job_with_the_chart_pod_template(helm: Path) -> None
 
     job["status"] = {"ready": 1, "active": 1}
     assert runner.status("campaign_window_counts", 2).detail == "job/kappa-view-campaign-window-counts-v2 ready"
+    # a bounded driver's pod retries under the Job's backoffLimit: its restarts alone are no failure
+    core.pods = [{"status": {"container_statuses": [{"state": {"running": {}}, "restart_count": 3, "last_state": {
+        "terminated": {"exit_code": 1, "reason": "Error"}}}]}}]
+    assert runner.status("campaign_window_counts", 2).state == "running"
+    core.pods = []
     job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
     assert runner.status("campaign_window_counts", 2).state == "finished"
     assert runner.wait("campaign_window_counts", 2, ready=True, timeout=1, poll=0.01).state == "finished"

@@ -220,7 +220,8 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
     timestamp.
 
     Raises:
-        ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``).
+        ReplayError: The job failed or stopped before catching up (the registry row is marked ``failed``; a
+            failed job's driver is stopped - in a cluster, a crash-looping Deployment is not left restarting).
     """
     vv = ViewVersion.resolve(view, version, settings)
     status = runner.status(view, version)
@@ -252,6 +253,12 @@ def caught_up(view: str, version: int, settings: Settings, runner: Runner, *, by
     stopped = status.state == "failed" or (status.state in {"stopped", "finished"} and not done)
     if stopped:
         reason = f"{ref}: job no longer running ({status.state}: {status.detail}) before catching up; {p.summary()}"
+        if status.state == "failed":  # a crash-looping driver: stopped, not left restarting (its table stays)
+            try:
+                runner.stop(view, version)
+                reason += "; its driver is stopped"
+            except Exception as exc:  # noqa: BLE001 - the replay fails all the same; say what is left running
+                reason += f"; its driver could not be stopped ({one_line(exc)}): stop it with the runner"
         if rec is not None and rec.state in {"building", "caught_up"}:
             registry.set_state(view, version, "failed", by=by, note=reason[:500])
         release(settings, view, version, by=by, note=f"replay failed: {status.state}")

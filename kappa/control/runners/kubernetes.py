@@ -87,6 +87,8 @@ _SERVICE_ACCOUNT_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namesp
 _INSTALL_HINT = "the Kubernetes runner needs the official client: pip install kubernetes"
 #: Restarts of a crashing bounded driver before its Job fails (each resumes from the checkpoint).
 JOB_BACKOFF_LIMIT = 6
+#: Restarts after which a live driver's container whose last run ended in an error is reported ``failed``
+CRASH_LOOP_RESTARTS = 2
 #: A finished bounded Job (and its pod's logs) is kept this long for status and post-mortems.
 JOB_TTL_SECONDS = 7 * 24 * 3600
 
@@ -503,8 +505,17 @@ class KubernetesRunner:
         for pod in pods.get("items") or []:
             for cs in (pod.get("status") or {}).get("container_statuses") or []:
                 waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+                restarts = cs.get("restart_count", cs.get("restartCount")) or 0
                 if waiting in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"):
-                    return _status(ref, "failed", f"{kind}/{name}: {waiting} (restarts {cs.get('restart_count', 0)})")
+                    return _status(ref, "failed", f"{kind}/{name}: {waiting} (restarts {restarts})")
+                # the driver restarts a failed query itself (KAPPA_HOST_MAX_RESTARTS times) before it exits: a live
+                # driver that exited with an error twice is crash-looping, whether or not a look falls in its
+                # back-off (a bounded Job's pod has JOB_BACKOFF_LIMIT retries)
+                ended = ((cs.get("last_state") or cs.get("lastState") or {}).get("terminated") or {})
+                code = ended.get("exit_code", ended.get("exitCode"))
+                if kind == "deployment" and restarts >= CRASH_LOOP_RESTARTS and code not in (None, 0):
+                    return _status(ref, "failed", f"{kind}/{name}: restarted {restarts} times, last exit code {code} "
+                                                  f"({ended.get('reason') or 'Error'})")
         ready = (st.get("ready_replicas", st.get("readyReplicas")) if kind == "deployment" else st.get("ready")) or 0
         return _status(ref, "running", f"{kind}/{name} {'ready' if ready else 'starting (0/1 ready)'}",
                        _metrics_url(pods.get("items") or [], "metrics"))
