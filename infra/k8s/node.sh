@@ -686,7 +686,8 @@ down() {
         sleep 1
     fi
     stop containerd
-    pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io -address $CTR_SOCK" 2>/dev/null || true
+    # the shims of containerd 2.x take -id before -address: a shim whose task outlived the kill above goes too
+    pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io .*-address $CTR_SOCK" 2>/dev/null || true
     pod_processes_cleanup
     # volumes and sandboxes the kubelet / containerd mounted (tokens, overlays, netns), innermost first
     local m
