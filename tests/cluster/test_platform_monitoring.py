@@ -51,14 +51,11 @@ def _api(url: str, path: str, **params: str) -> dict:
 def prometheus(release: Release) -> str:
     """The operator and Prometheus up on the node, the release upgraded so its PodMonitor and rules exist; the
     Prometheus API's address (the pod's, reached from the node's host as any pod address is)."""
-    from tests.cluster.test_platform import _upgrade
+    from tests.cluster.test_platform import _run_block, _upgrade
 
-    block = shell_block("make cluster-monitoring")  # docs/deploy.md, verbatim
+    block = shell_block("make cluster-monitoring")  # docs/deploy.md, verbatim, with section 5's pinned kubectl
     started = time.monotonic()
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=ROOT, capture_output=True, text=True,
-                         timeout=2400, env={**release.node.env(),  # the docs' pinned kubectl (section 5's export)
-                                            "PATH": f"{release.node.bin}:{os.environ['PATH']}"})
-    assert res.returncode == 0, f"{block.where} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    _run_block(release, block, timeout=2400)
     release.record("make cluster-monitoring (operator + Prometheus ready; builds when absent)",
                    time.monotonic() - started)
     _upgrade(release)
@@ -171,10 +168,9 @@ def test_a_view_whose_driver_cannot_start_fires_view_down_and_clears(release: Re
 
 
 def _helm_block(release: Release, text: str, timeout: float = 1800) -> None:
-    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", text], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout, env=env)
-    assert res.returncode == 0, f"{text}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    from tests.cluster.test_platform import _run_shell
+
+    _run_shell(release, text, text.splitlines()[0], timeout)
 
 
 def _seconds(duration: str) -> int:
