@@ -4,7 +4,10 @@ The store runs the pinned ``weed`` binary ``infra/objectstore/build.sh`` builds 
 tools cache (``SEAWEEDFS_VERSION`` in ``infra/versions.env``), as two processes: ``weed server`` (master, filer and
 S3 gateway) and ``weed volume`` (the object contents). Every listener is bound to 127.0.0.1 on ports of its own
 choosing (:class:`Ports`: an HTTP and a gRPC port for each of the four servers), so two stores and a running
-``make run`` never collide; the master's telemetry is off. Requests are signed (AWS Signature V4) with a credential
+``make run`` never collide; the master's telemetry is off. Pods of a cluster on this machine reach the lake when the
+S3 gateway alone also listens on an address they can route to (``s3_bind``, ``KAPPA_OBJECTSTORE_S3_BIND``,
+``make objectstore-up S3_BIND=0.0.0.0``): the gateway refuses every unsigned request; the master, filer and volume
+server, which do not check credentials, stay on loopback. Requests are signed (AWS Signature V4) with a credential
 of the store's own, generated once; a request signed with anything else is refused (403). Everything lives under
 one *home* directory:
 
@@ -52,6 +55,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -90,6 +94,8 @@ MIN_FREE_SPACE = "512MiB"
 DEFAULT_BUCKET = "kappa"
 #: The bucket :meth:`LocalObjectStore.wait_ready` writes its probe object to (``probe``) on every start.
 PROBE_BUCKET = "objectstore-ready"
+#: Where the platform's store's S3 gateway listens besides loopback (an IP address, 0.0.0.0 for every one).
+S3_BIND_VAR = "KAPPA_OBJECTSTORE_S3_BIND"
 #: The region clients sign for (the store accepts any; SigV4 needs one).
 DEFAULT_REGION = "us-east-1"
 _SERVICE = "s3"
@@ -230,6 +236,9 @@ class LocalObjectStore:
             ``-minFreeSpace``: a percentage when <= 100, else a size such as ``512MiB``). SeaweedFS' own default,
             1 %, is 2.5 GiB of a 250 GiB disk shared with other work: a local store refused writes, and did not
             come up, while gigabytes were still free; the default here is :data:`MIN_FREE_SPACE`.
+        s3_bind: An address the S3 gateway listens on instead of 127.0.0.1, for clients elsewhere (pods): an IP
+            address of this machine, or ``0.0.0.0`` for all of them (loopback included). The other servers stay on
+            127.0.0.1. Empty (default): loopback only.
     """
 
     host = "127.0.0.1"
@@ -245,8 +254,14 @@ class LocalObjectStore:
         volume_size_limit_mb: int = 64,
         max_volumes: int = 0,
         min_free_space: str = "",
+        s3_bind: str = "",
     ) -> None:
         self.home = Path(home).resolve()
+        try:
+            self.s3_bind = str(ipaddress.IPv4Address(s3_bind)) if s3_bind else ""
+        except ValueError:
+            raise ObjectStoreError(f"s3_bind {s3_bind!r} is not an IPv4 address (e.g. 0.0.0.0 or this machine's "
+                                   "address on the pods' network)") from None
         self.ports = ports or DEFAULT_PORTS
         self._weed = Path(weed) if weed is not None else None
         self.region = region
@@ -262,9 +277,10 @@ class LocalObjectStore:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> LocalObjectStore:
-        """The platform's store: home ``$KAPPA_HOME/objectstore``, :data:`DEFAULT_PORTS`."""
+        """The platform's store: home ``$KAPPA_HOME/objectstore``, :data:`DEFAULT_PORTS`, the S3 gateway also on
+        ``$KAPPA_OBJECTSTORE_S3_BIND`` when set."""
         s = settings or Settings.from_env()
-        return cls(s.home / "objectstore")
+        return cls(s.home / "objectstore", s3_bind=os.environ.get(S3_BIND_VAR, ""))
 
     # ------------------------------------------------------------------ paths
     @property
@@ -276,8 +292,15 @@ class LocalObjectStore:
 
     @property
     def endpoint(self) -> str:
-        """The S3 endpoint, ``http://127.0.0.1:<s3 port>``."""
-        return f"http://{self.host}:{self.ports.s3}"
+        """The S3 endpoint this machine's clients use, ``http://<s3_host>:<s3 port>`` (127.0.0.1 unless ``s3_bind``
+        names one address)."""
+        return f"http://{self.s3_host}:{self.ports.s3}"
+
+    @property
+    def s3_host(self) -> str:
+        """The address the S3 gateway answers on from this machine: 127.0.0.1, or ``s3_bind`` when that names one
+        address (an explicit bind has SeaweedFS drop its loopback listener)."""
+        return self.s3_bind if self.s3_bind not in ("", "0.0.0.0") else self.host
 
     @property
     def data_dir(self) -> Path:
@@ -391,10 +414,12 @@ class LocalObjectStore:
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         timeout: float = 10.0,
+        address: str | None = None,
     ) -> Any:
         """One S3 request, signed with AWS Signature V4 (path style); returns the ``requests.Response``.
 
-        ``access_key_id`` / ``secret_access_key`` override the store's credential (a refused request in tests).
+        ``access_key_id`` / ``secret_access_key`` override the store's credential (a refused request in tests);
+        ``address`` is the IP address to send it to (default 127.0.0.1; another one with ``s3_bind``).
         """
         import requests  # local import: keep module import light
 
@@ -409,7 +434,8 @@ class LocalObjectStore:
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
         payload_hash = hashlib.sha256(body).hexdigest()
         signed = {k.lower(): str(v).strip() for k, v in (headers or {}).items()}
-        signed.update({"host": f"{self.host}:{self.ports.s3}", "x-amz-date": amz_date,
+        host = f"{address or self.s3_host}:{self.ports.s3}"
+        signed.update({"host": host, "x-amz-date": amz_date,
                        "x-amz-content-sha256": payload_hash})
         names = sorted(signed)
         canonical_request = "\n".join([
@@ -422,7 +448,7 @@ class LocalObjectStore:
         signature = hmac.new(key_bytes, to_sign.encode(), hashlib.sha256).hexdigest()
         signed["authorization"] = (f"{_ALGORITHM} Credential={access}/{scope}, SignedHeaders={';'.join(names)}, "
                                    f"Signature={signature}")
-        url = self.endpoint + path + (f"?{canonical_query}" if canonical_query else "")
+        url = f"http://{host}" + path + (f"?{canonical_query}" if canonical_query else "")
         return requests.request(method.upper(), url, data=body or None, headers=signed, timeout=timeout)
 
     def ensure_bucket(self, name: str = DEFAULT_BUCKET) -> str:
@@ -501,7 +527,19 @@ class LocalObjectStore:
             "-filer", f"-filer.port={p.filer}", f"-filer.port.grpc={p.filer_grpc}",
             "-s3", f"-s3.port={p.s3}", f"-s3.port.grpc={p.s3_grpc}", f"-s3.config={self.s3_config_file}",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
-        ]
+        ] + ([f"-s3.ip.bind={self.s3_bind}"] if self.s3_bind else [])
+
+    def running_s3_bind(self) -> str | None:
+        """The address the running server's S3 gateway was started with besides loopback ("" for none); None when
+        the store is not running."""
+        proc = self._process("server")
+        if proc is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            for arg in proc.cmdline():
+                if arg.startswith("-s3.ip.bind="):
+                    return arg.split("=", 1)[1]
+        return ""
 
     def start(self, wait: bool = True, *, timeout: float | None = None) -> LocalObjectStore:
         """Start the store (no-op if it runs already; a half store, one process gone, is stopped and started anew).
@@ -527,9 +565,9 @@ class LocalObjectStore:
         if not os.access(weed, os.X_OK):
             raise ObjectStoreError(f"{weed} is not an executable (run infra/objectstore/build.sh)")
         for name, port in self.ports.items():
-            if port_open(self.host, port):
+            if port_open(addr := self.s3_host if name == "s3" else self.host, port):
                 raise ObjectStoreError(
-                    f"port {self.host}:{port} ({name}) is already in use by another process "
+                    f"port {addr}:{port} ({name}) is already in use by another process "
                     "(another object store? stop it or choose other ports)")
         for folder in (self.home / "logs", self.data_dir, self.volumes_dir):
             folder.mkdir(parents=True, exist_ok=True)
@@ -596,7 +634,7 @@ class LocalObjectStore:
                     codes = ", ".join(f"{role} exit code {code}" for role, code in self._exit_codes.items())
                     raise ObjectStoreError(f"object store process exited during startup{f' ({codes})' if codes else ''}"
                                            f"{self._low_disk()}; see {self.home / 'logs'}\n{self.log_tail()}")
-            if port_open(self.host, self.ports.s3):
+            if port_open(self.s3_host, self.ports.s3):
                 try:
                     last_error = self._not_ready(requests, max(0.5, min(5.0, deadline - time.monotonic())))
                     if last_error is None:
@@ -748,7 +786,7 @@ def use_platform_store(settings: Settings, *, start: bool = False) -> LocalObjec
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ObjectStoreError(f"{message} (usage: python -m kappa.objectstore up|down|status)")
+        raise ObjectStoreError(f"{message} (usage: python -m kappa.objectstore up [--s3-bind ADDRESS]|down|status)")
 
 
 def _pids(store: LocalObjectStore) -> str:
@@ -757,17 +795,26 @@ def _pids(store: LocalObjectStore) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kappa.objectstore up|down|status|reader-env``: the platform's store under
-    ``$KAPPA_HOME/objectstore``; ``reader-env`` prints the ``export`` lines of its read-only credential."""
+    ``$KAPPA_HOME/objectstore``; ``reader-env`` prints the ``export`` lines of its read-only credential.
+    ``up --s3-bind ADDRESS`` (or ``$KAPPA_OBJECTSTORE_S3_BIND``) has its S3 gateway listen there too (pods)."""
     parser = _Parser(prog="python -m kappa.objectstore", description="the platform's local S3-API object store")
     parser.add_argument("command", choices=["up", "down", "status", "reader-env"])
+    parser.add_argument("--s3-bind", default=None, metavar="ADDRESS",
+                        help="up: the S3 gateway also listens on this IPv4 address (0.0.0.0: all of them)")
     try:
         args = parser.parse_args(argv)
         store = LocalObjectStore.from_settings()
+        if args.s3_bind is not None:
+            store = LocalObjectStore(store.home, s3_bind=args.s3_bind)
         if args.command == "reader-env":
             print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in store.reader_env().items()), end="")
             return 0
         if args.command == "up":
             was_running = store.is_running()
+            if was_running and (bound := store.running_s3_bind()) != store.s3_bind:
+                raise ObjectStoreError(
+                    f"the store runs with its S3 gateway on {bound or '127.0.0.1'}, not on "
+                    f"{store.s3_bind or '127.0.0.1'}: make objectstore-down first (its data stays)")
             try:
                 store.start()
             except ObjectStoreError:
@@ -775,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             bucket = store.ensure_bucket(DEFAULT_BUCKET)
             how = "already running" if was_running else f"started in {store.last_start_seconds:.1f} s"
-            print(f"object store {how}: {store.endpoint}, bucket {bucket} (pids {_pids(store)}, home {store.home}; "
-                  f"credential in {store.credentials_file})")
+            also = f"; S3 also on {store.s3_bind}:{store.ports.s3}" if store.s3_bind else ""
+            print(f"object store {how}: {store.endpoint}, bucket {bucket}{also} (pids {_pids(store)}, "
+                  f"home {store.home}; credential in {store.credentials_file})")
         elif args.command == "down":
             print("object store stopped" if store.stop() else "object store was not running")
         else:
@@ -785,7 +833,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"object store not running (home {store.home}{part})")
                 return 1
             rss = store.rss_bytes() or 0
-            print(f"object store running: {store.endpoint} (pids {_pids(store)}, RSS {rss / 2**20:.0f} MiB, "
+            bound = store.running_s3_bind()
+            also = f"; S3 also on {bound}:{store.ports.s3}" if bound else ""
+            print(f"object store running: {store.endpoint}{also} (pids {_pids(store)}, RSS {rss / 2**20:.0f} MiB, "
                   f"home {store.home})")
     except KappaError as exc:
         print(f"objectstore: error: {one_line(exc)}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -181,6 +182,47 @@ def test_delta_rs_concurrent_appends_lose_nothing(object_store: LocalObjectStore
 
 
 # ----------------------------------------------------------------------------------- stop, crash, restart
+def _an_address_of_this_machine() -> str:
+    """An IPv4 address of this machine other than loopback (what a pod on the machine routes to)."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    pytest.fail(f"no IPv4 address beside loopback: {psutil.net_if_addrs()}")
+
+
+def test_s3_bind_opens_the_gateway_alone_to_other_addresses(object_store: LocalObjectStore, tmp_path: Path) -> None:
+    """``s3_bind``: the S3 gateway listens on every address - a signed request through this machine's own address
+    (what a pod reaches) puts and reads, an unsigned or wrongly signed one is refused - while the master, filer and
+    volume server, which check no credential, stay on loopback; the default store is not reachable that way."""
+    import requests
+
+    address = _an_address_of_this_machine()
+    with pytest.raises(requests.ConnectionError):  # the session's store: loopback only
+        object_store.request("GET", "kappa", address=address, timeout=5)
+    with pytest.raises(ObjectStoreError, match="not an IPv4 address"):
+        LocalObjectStore(tmp_path / "bad", s3_bind="every-address")
+    store = LocalObjectStore(tmp_path / "bound", ports=Ports.free(), weed=object_store.weed, s3_bind="0.0.0.0")
+    try:
+        store.start()
+        assert store.running_s3_bind() == "0.0.0.0" and store.endpoint == f"http://127.0.0.1:{store.ports.s3}"
+        listening = {c.laddr for pid in store.pids().values()
+                     for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        s3_ports = {store.ports.s3, store.ports.s3_grpc}
+        assert {ip for ip, port in listening if port not in s3_ports} == {"127.0.0.1"}, listening
+        assert {ip for ip, port in listening if port == store.ports.s3} & {"0.0.0.0", "::"}, listening
+        store.ensure_bucket("kappa")
+        key, body = _key(), os.urandom(10_000)
+        assert store.request("PUT", "kappa", key, body=body, address=address).status_code == 200
+        assert store.request("GET", "kappa", key, address=address).content == body
+        assert store.request("GET", "kappa", key).content == body  # and on loopback, as local clients use it
+        assert requests.get(f"http://{address}:{store.ports.s3}/kappa/{key}", timeout=5).status_code == 403
+        assert store.request("GET", "kappa", key, address=address, access_key_id="AKIANOTTHEKEY",
+                             secret_access_key="x" * 40).status_code == 403
+    finally:
+        store.stop()
+
+
 def test_ports_in_use_are_refused(object_store: LocalObjectStore, tmp_path: Path) -> None:
     clash = LocalObjectStore(tmp_path / "clash", ports=object_store.ports, weed=object_store.weed)
     with pytest.raises(ObjectStoreError, match="already in use"):
@@ -230,8 +272,9 @@ def test_cli_one_line_answers(tmp_path: Path) -> None:
     assert status.returncode == 1 and "not running" in status.stdout
     down = _cli(tmp_path, "down")
     assert down.returncode == 0 and "was not running" in down.stdout
-    for bad in ((), ("sideways",)):
+    for bad in ((), ("sideways",), ("up", "--s3-bind", "everywhere")):
         wrong = _cli(tmp_path, *bad)
         assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
         assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
         assert wrong.stderr.startswith("objectstore: error:")
+    assert "is not an IPv4 address" in wrong.stderr
