@@ -967,6 +967,7 @@ class ViewJob:
         topic = self.settings.topic(self.view.stream_topic)
         reached = time.time()
         rs_table = None  # the table's log through delta-rs, brought up to date at each poll (opened once)
+        version_error = ""
         while not self._stop.wait(self.lag_poll_seconds):
             try:
                 # the jobs of a view host reading one topic share one answer per poll period
@@ -1003,8 +1004,11 @@ class ViewJob:
                 else:
                     rs_table.update_incremental()
                 m.g(m.last_delta_version).set(rs_table.version())
-            except Exception:  # noqa: BLE001 - a metric; the table may not exist yet or be remote
+            except Exception as exc:  # noqa: BLE001 - a metric; the table may not exist yet
                 rs_table = None
+                if (why := one_line(exc)) != version_error:  # once per cause, not every poll
+                    log.warning("%s: kappa_last_delta_version unavailable: %s", self.view.ref, why)
+                    version_error = why
             if done_offsets:
                 start = self.start_offsets or done_offsets
                 target = self.target_offsets or {p: high for p, (_low, high) in ends.items()}

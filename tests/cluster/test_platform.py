@@ -70,13 +70,13 @@ def test_every_view_gets_rows_written_by_the_pods(release: Release) -> None:
 def _run_block(release: Release, block, timeout: float) -> subprocess.CompletedProcess:
     """A docs block, verbatim, in the shell the install block left (its KUBECONFIG and pinned kubectl); it must
     succeed."""
-    return _run_shell(release, block.text, block.where, timeout)
+    return _run_shell(release.node, block.text, block.where, timeout)
 
 
-def _run_shell(release: Release, text: str, where: str, timeout: float) -> subprocess.CompletedProcess:
+def _run_shell(node: Node, text: str, where: str, timeout: float) -> subprocess.CompletedProcess:
     """``text`` in bash from the checkout with the node's KUBECONFIG and pinned kubectl first on PATH; it must
     succeed (``where`` names it in the failure)."""
-    env = {**release.node.env(), "PATH": f"{release.node.bin}:{os.environ['PATH']}"}
+    env = {**node.env(), "PATH": f"{node.bin}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", text], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=timeout)
     assert res.returncode == 0, f"{where}: {res.stdout[-2000:]}\n{res.stderr[-3000:]}"
