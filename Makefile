@@ -8,7 +8,7 @@ KAPPA := bin/kappa
 # folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-sql clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster test-nodes bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-sql clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-monitoring cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
 
 help: ## list targets
@@ -29,7 +29,7 @@ status: ## what runs, where its metrics are
 # make test: the suite on two pytest-xdist workers (each file's tests on one of them, so its module fixtures start
 # once), then alone the files whose bounds are seconds of wall time: the first-hour walk (make run's longest silence)
 # and the driver lease (a TTL of seconds); each part keeps every test's seconds in its JUnit XML
-TEST_MARKS := not slow and not bench and not cluster and not smoke
+TEST_MARKS := not slow and not bench and not cluster and not smoke and not nodes
 SERIAL_TESTS := tests/test_first_hour.py tests/test_driver_lease.py
 test: setup k8s-build objectstore-build prometheus-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks; the alerts under promtool)
 	@$(PYTEST) -n 2 --dist loadfile -m "$(TEST_MARKS)" $(SERIAL_TESTS:%=--ignore=%) --durations=60 --junitxml=reports/test.xml tests
@@ -93,14 +93,14 @@ k8s-down: ## stop it (its state stays in .kappa/k8s)
 objectstore-build: ## build the pinned SeaweedFS once (Go module proxy; cached in ~/.cache/kappa, minutes cold)
 	@bash infra/objectstore/build.sh >/dev/null
 
-objectstore-up: setup objectstore-build ## an S3-API object store on 127.0.0.1:8333, bucket kappa (SeaweedFS, built once from the Go module proxy, minutes cold; .kappa/objectstore)
-	@$(PY) -m kappa.objectstore up
+objectstore-up: setup objectstore-build ## an S3-API object store on 127.0.0.1:8333, bucket kappa (SeaweedFS, built once from the Go module proxy, minutes cold; .kappa/objectstore); S3_BIND=0.0.0.0: its S3 gateway for pods too
+	@$(PY) -m kappa.objectstore up$(if $(S3_BIND), --s3-bind $(S3_BIND))
 
 objectstore-down: ## stop it (its data stays in .kappa/objectstore)
 	@if [ -x $(PY) ]; then $(PY) -m kappa.objectstore down; fi
 
-cluster-up: k8s-build ## a real node on this machine: control plane + kubelet/containerd/runc, CNI, kube-proxy, CoreDNS (root; .kappa/cluster)
-	@bash infra/k8s/node.sh up
+cluster-up: k8s-build ## a real node on this machine: control plane + kubelet/containerd/runc, CNI, kube-proxy, CoreDNS (root; .kappa/cluster); NODES=3 for three, each in a network namespace of its own
+	@$(if $(NODES),KAPPA_CLUSTER_NODES=$(NODES) )bash infra/k8s/node.sh up
 
 cluster-monitoring: ## the Prometheus operator + a Prometheus on the real node, reading every release's PodMonitor and PrometheusRule (built once from the Go module proxy; needs make cluster-up)
 	@bash infra/k8s/node.sh monitoring
@@ -112,6 +112,11 @@ test-cluster: setup ## the platform in real pods (builds the images when absent;
 	@$(MAKE) --no-print-directory images
 	@bash infra/k8s/node.sh load
 	@$(PYTEST) -m cluster -rP --durations=0 tests
+
+test-nodes: setup ## more than one node: pod networking, NetworkPolicies and a lost node across three real nodes (needs make cluster-up NODES=3)
+	@$(MAKE) --no-print-directory images
+	@bash infra/k8s/node.sh load
+	@$(PYTEST) -m nodes -rP --durations=0 tests
 
 lock: ## regenerate requirements.lock from infra/versions.env pins
 	@bash infra/local/bootstrap.sh lock

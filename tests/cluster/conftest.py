@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # declared in pyproject.toml as well; registered here so this folder collects under --strict-markers on its own
     config.addinivalue_line("markers", "cluster: containers of the images built here (make images); make test-cluster")
     config.addinivalue_line("markers", "smoke: docs/deploy.md section 5 verbatim on a real node; make test-smoke")
+    config.addinivalue_line("markers", "nodes: three real nodes (make cluster-up NODES=3); make test-nodes")
 
 
 def image(name: str) -> str:
