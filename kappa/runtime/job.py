@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kappa.runtime.batch import BatchHandler, fault
-from kappa.runtime.deltars import create_table, rs_uri
+from kappa.runtime.deltars import rs_uri
 from kappa.runtime.checkpoint import RunMismatch, batch_ids, last_commit, offsets_of, open_run, run_progress, save_run_info
 from kappa.errors import one_line
-from kappa.identity import RUN_ID_PROPERTY, ViewPaths, app_id
+from kappa.identity import ViewPaths, app_id
 from kappa.runtime.lineage import batch_metadata, parse_offset_log
 from kappa.runtime.lock import DriverLock, LakeLease
 from kappa.runtime.late import dropped_by_watermark, late_records
@@ -40,8 +40,7 @@ from kappa.runtime.lookups import LookupCache
 from kappa.runtime.metrics import ViewMetrics
 from kappa.runtime.parsing import decode
 from kappa.runtime.plan import stateful_plan
-from kappa.runtime.sink import (CHANGE_FEED, QUARANTINE_COLUMNS, DeltaSink, QuarantineSink, enable_change_feed,
-                               ensure_table, seed_table, table_columns)
+from kappa.runtime.sink import DeltaSink, QuarantineSink, create_view_tables, seed_table
 from kappa.runtime.view import ViewDefinition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -557,18 +556,9 @@ class ViewJob:
 
     def _create_tables(self, output_schema: Any) -> None:
         """The view table (with the run's properties, change data feed on) and the shared quarantine, if missing."""
-        view = self.view
-        ensure_table(self.spark, self.paths.table, table_columns(view, output_schema),
-                     partition_by=view.table_partitions,
-                     properties={RUN_ID_PROPERTY: self.run_id or "", "kappa.view": view.name,
-                                 "kappa.version": str(view.version), CHANGE_FEED: "true", "delta.appendOnly":
-                                 # an archive's retention deletes its oldest records
-                                 "true" if view.write == "append" and not view.keep_invalid else "false"})
-        if enable_change_feed(self.spark, self.paths.table):
-            log.info("%s: change data feed turned on for %s", view.ref, self.paths.table)
-        # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
-        # protocol per table (on an object store, delta-spark's log store would not exclude another process)
-        create_table(rs_uri(self.paths.quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
+        if create_view_tables(self.spark, self.view, output_schema, self.paths.table, self.paths.quarantine,
+                              self.run_id or ""):
+            log.info("%s: change data feed turned on for %s", self.view.ref, self.paths.table)
 
     def _start_keeper(self) -> None:
         """The thread that keeps this version's table (:class:`kappa.runtime.upkeep.TableKeeper`): an archive's

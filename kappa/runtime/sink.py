@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CHANGE_FEED", "LIVE_ROWS", "DeltaSink", "collect_rows", "collect_split", "QuarantineSink",
            "QUARANTINE_COLUMNS", "QUARANTINE_SCHEMA", "STAGED_BATCH", "SeedError", "enable_change_feed",
-           "ensure_table", "final_flag", "seed_table", "table_columns", "txn_version"]
+           "create_view_tables", "ensure_table", "final_flag", "seed_table", "table_columns", "txn_version"]
 
 QUARANTINE_SCHEMA = (
     "view STRING, version INT, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, "
@@ -145,6 +145,26 @@ def enable_change_feed(spark: "SparkSession", path: str) -> bool:
     escaped = path.replace("`", "``")
     spark.sql(f"ALTER TABLE delta.`{escaped}` SET TBLPROPERTIES ('{CHANGE_FEED}' = 'true')")
     return True
+
+
+def create_view_tables(spark: "SparkSession", view: ViewDefinition, output: "StructType", table: str,
+                       quarantine: str, run_id: str) -> bool:
+    """A view version's table (the run's properties, change data feed on, partitioned by
+    :attr:`ViewDefinition.table_partitions`) and the shared quarantine, each unless it exists; True when the change
+    data feed of an existing view table was turned on now (:func:`enable_change_feed`)."""
+    from kappa.identity import RUN_ID_PROPERTY
+    from kappa.runtime.deltars import create_table, rs_uri
+
+    ensure_table(spark, table, table_columns(view, output), partition_by=view.table_partitions,
+                 properties={RUN_ID_PROPERTY: run_id, "kappa.view": view.name, "kappa.version": str(view.version),
+                             CHANGE_FEED: "true", "delta.appendOnly":
+                             # an archive's retention deletes its oldest records
+                             "true" if view.write == "append" and not view.keep_invalid else "false"})
+    turned_on = enable_change_feed(spark, table)
+    # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
+    # protocol per table (on an object store, delta-spark's log store would not exclude another process)
+    create_table(rs_uri(quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
+    return turned_on
 
 
 def txn_version(spark: "SparkSession", path: str, app_id: str) -> int | None:

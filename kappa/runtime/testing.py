@@ -65,11 +65,13 @@ class ViewRun:
         batches: Each micro-batch's own output rows (before the write semantics), in order; for a stateful view
             one more at the end: the no-data batch the engine ran after the last one (empty if it ran none).
         quarantined: The invalid records (reason as the quarantine table would hold it).
+        schema: The Spark schema of the transform's output (``StructType``; what the job's table is made from).
     """
 
     rows: list[dict[str, Any]]
     batches: list[list[dict[str, Any]]] = field(default_factory=list)
     quarantined: list[Quarantined] = field(default_factory=list)
+    schema: Any = None
 
 
 def local_spark() -> "SparkSession":
@@ -155,7 +157,7 @@ def run_view(view: "ViewDefinition", batches: Sequence[Sequence[Any]], *,
                         offset=r["offset"], reason=r["_error"],
                         raw_value=bytes(r["raw_value"]) if r["raw_value"] is not None else None)
             for r in invalid_rows(decoded).select("offset", "_error", "raw_value").orderBy("offset").collect()]
-        return ViewRun(rows=rows, batches=per_batch, quarantined=quarantined)
+        return ViewRun(rows=rows, batches=per_batch, quarantined=quarantined, schema=out_schema)
     finally:
         for frame in frames.values():
             frame.unpersist()
@@ -200,7 +202,8 @@ def _raw(spark: "SparkSession", topic: str, fmt: "RecordFormat", batches: Sequen
                 event_ms = value.get(fmt.event_time_field) if fmt.event_time_field else None
                 millis = event_ms if isinstance(event_ms, int) else millis
                 value = json.dumps(value).encode()
-            rows.append((None if key is None else str(key).encode(), value, topic, 0, offset,
+            raw_key = key if key is None or isinstance(key, bytes) else str(key).encode()
+            rows.append((raw_key, value, topic, 0, offset,
                          datetime.fromtimestamp(millis / 1000, UTC), 0))
             offset += 1
     return spark.createDataFrame(rows, _KAFKA_SCHEMA)
