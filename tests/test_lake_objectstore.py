@@ -20,7 +20,10 @@ import pytest
 from kappa.config import Settings
 from kappa.identity import ViewPaths
 from kappa.log import generator
+from kappa.log.broker import free_port
 from tests.helpers import delta_log, run_to_end
+from tests.test_metrics import scrape
+from tests.test_metrics import value as metric_value
 from tests.views_oracle import assert_views_match
 
 pytestmark = pytest.mark.integration
@@ -246,7 +249,7 @@ REPAIRED = "campaign_window_counts"
 T0 = 1_700_300_000_000  # a whole 10 s
 
 
-def _driver(s3_lake, object_store, log_path) -> subprocess.Popen:
+def _driver(s3_lake, object_store, log_path, metrics_port: int | None = None) -> subprocess.Popen:
     """The serving version's live driver, a JVM of its own (as the local runner and the chart start it)."""
     import sys
 
@@ -255,7 +258,8 @@ def _driver(s3_lake, object_store, log_path) -> subprocess.Popen:
 
     env = subprocess_env(s3_lake, **object_store.delta_rs_options())
     return subprocess.Popen([sys.executable, "-m", "kappa.runtime.driver", "view", REPAIRED, "--version", "1",
-                             "--starting", "earliest", "--trigger-seconds", "1"], cwd=ROOT, env=env,
+                             "--starting", "earliest", "--trigger-seconds", "1",
+                             *(["--metrics-port", str(metrics_port)] if metrics_port else [])], cwd=ROOT, env=env,
                             stdout=open(log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -309,7 +313,8 @@ def test_a_repair_is_committed_by_the_live_job_between_its_own_commits(spark, s3
     """A repair while the live job (its own JVM) commits a micro-batch every second, then one while it is
     stopped: the repairing process never commits to the serving table; the live job commits each swap in its JVM
     between its own commits, once; no batch commit is lost (every committed micro-batch's Delta transaction is in
-    the table's log); the repaired windows equal a plain-Python count over the raw log."""
+    the table's log); the repaired windows equal a plain-Python count over the raw log. The driver's
+    ``kappa_last_delta_version`` is the table's newest version on the store (its JSON commits, read as objects)."""
     import threading
     import time
     from collections import Counter
@@ -326,7 +331,8 @@ def test_a_repair_is_committed_by_the_live_job_between_its_own_commits(spark, s3
     paths = ViewPaths(s3_lake.lake_uri, REPAIRED, 1)
     log_path = tmp_path / "driver.log"
     ranges = [(T0 + 30_000, T0 + 60_000), (T0 + 60_000, T0 + 90_000)]
-    driver = _driver(s3_lake, object_store, log_path)
+    port = free_port()
+    driver = _driver(s3_lake, object_store, log_path, metrics_port=port)
     stop = threading.Event()
     try:
         _caught_up(s3_lake, f"{paths.checkpoint}/main", topic, driver, log_path)
@@ -357,6 +363,11 @@ def test_a_repair_is_committed_by_the_live_job_between_its_own_commits(spark, s3
         stop.set()
         producer.join(60)
         _caught_up(s3_lake, f"{paths.checkpoint}/main", topic, driver, log_path)
+        deadline = time.monotonic() + 60  # the gauge follows the table at the driver's next metrics poll
+        while (reported := metric_value(scrape(port), "kappa_last_delta_version", view=REPAIRED)) != max(
+                newest := delta_log(paths.table)):
+            assert time.monotonic() < deadline, f"kappa_last_delta_version {reported}, the table's {max(newest)}"
+            time.sleep(2)
     finally:
         stop.set()
         _stop(driver)
@@ -750,7 +761,6 @@ def test_make_run_and_an_airflow_replay_promote_and_rollback_with_the_lake_on_th
 
     from kappa.control.registry import Registry
     from kappa.control.serving import ServingAlias
-    from kappa.log.broker import free_port
     from tests.docs_blocks import ROOT
     from tests.helpers import Walk
 
