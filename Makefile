@@ -8,7 +8,7 @@ KAPPA := bin/kappa
 # folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster test-nodes bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-sql clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster test-nodes bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-commits bench-sql clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-monitoring cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
 
 help: ## list targets
@@ -65,6 +65,9 @@ bench-ceiling: setup ## benchmark: the live ceiling - the highest rate at which 
 
 bench-soak: setup ## benchmark: day two compressed - the stack's tables, queries and memory over an hour with its upkeep every 5 min, beside an hour without; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_soak
+
+bench-commits: setup ## benchmark: day two at 20,000 commits per table - the views' live commit path and its upkeep alone (no Kafka, no micro-batch), beside the same commits without upkeep; files a reader lists, query, change feed and commit seconds; JSON + PNG in reports/
+	@$(PY) -m kappa.front.bench_commits
 
 bench-sql: setup ## benchmark: the analysts' SQL service beside make run's views - connect and first answer, point queries, 1 and 8 analysts scanning the largest view, the views' lag meanwhile; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_sql
