@@ -73,6 +73,9 @@ Operating it:
   reading the log's offsets) before its query fails (1800 s; restarts from the checkpoint follow as usual).
 - ``KAPPA_UPKEEP_SECONDS`` -- how often a live job keeps its table: compacts the small files of its micro-batches,
   VACUUMs, and in an archive's job applies the archive's retention first (3600 s; :mod:`kappa.runtime.upkeep`).
+- ``KAPPA_COMPACT_FILES`` -- between two upkeeps, a live job compacts its table, or its view's partition of the
+  quarantine, once its current version references more small files than this (100; 0: only at the upkeeps): a
+  delta-rs commit costs more the more files the table has (:mod:`kappa.runtime.upkeep`).
 - ``KAPPA_SUPERVISE_POLL_SECONDS`` / ``KAPPA_SUPERVISE_BACKOFF_SECONDS`` -- how often the local stack's supervisor
   looks at what ``kappa up`` started (5 s) and its first wait before restarting one that died (5 s, doubling with
   each failure in a row; :mod:`kappa.front.supervisor`).
@@ -205,7 +208,8 @@ class Settings:
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
         state_memory_mb, spark_trim_seconds, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port,
         sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds,
-        driver_lease_seconds, kafka_outage_seconds, upkeep_seconds, supervise_poll_seconds, supervise_backoff_seconds,
+        driver_lease_seconds, kafka_outage_seconds, upkeep_seconds, compact_files, supervise_poll_seconds,
+        supervise_backoff_seconds,
         log_max_mb, airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name
         (upper case), see the module docs.
     """
@@ -263,6 +267,7 @@ class Settings:
     driver_lease_seconds: float = 120.0
     kafka_outage_seconds: float = 1800.0
     upkeep_seconds: float = 3600.0
+    compact_files: int = 100
     supervise_poll_seconds: float = 5.0
     supervise_backoff_seconds: float = 5.0
     log_max_mb: float = 64.0
@@ -367,6 +372,7 @@ class Settings:
             driver_lease_seconds=number("KAPPA_DRIVER_LEASE_SECONDS", float, 120.0),
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             upkeep_seconds=number("KAPPA_UPKEEP_SECONDS", float, 3600.0),
+            compact_files=number("KAPPA_COMPACT_FILES", int, 100),
             supervise_poll_seconds=number("KAPPA_SUPERVISE_POLL_SECONDS", float, 5.0),
             supervise_backoff_seconds=number("KAPPA_SUPERVISE_BACKOFF_SECONDS", float, 5.0),
             log_max_mb=number("KAPPA_LOG_MAX_MB", float, 64.0),

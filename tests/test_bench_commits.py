@@ -62,11 +62,13 @@ def test_a_small_run_commits_every_batch_once_and_the_upkeep_leg_compacts(tmp_pa
     run = subprocess.run([sys.executable, "-m", "kappa.front.bench_commits", "--commits", "12", "--sample-every", "4",
                           "--upkeep-every", "6", "--template-batches", "3", "--from-commit", "4",
                           "--changes-commits", "4", "--views", "events_raw,campaign_window_counts",
+                          "--legs", "upkeep,no-upkeep", "--grace-minutes", "10",
                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=850)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     results = json.loads((out / "bench-commits.json").read_text())
     assert [r["label"] for r in results] == ["upkeep", "no upkeep"] and (out / "bench-commits.png").stat().st_size
-    assert len(results[0]["upkeeps"]) == 2 * 2 and not results[1]["upkeeps"]  # 2 views, after commits 6 and 12
+    # 2 views, after commits 6 and 12 (no look between them: the keeper looks every 15 micro-batches)
+    assert [u["kind"] for u in results[0]["upkeeps"]] == ["upkeep"] * 4 and not results[1]["upkeeps"]
     lakes = sorted((tmp_path / "home" / "bench-commits").iterdir())
     assert [p.name.split("-", 1)[1] for p in lakes] == ["no-upkeep", "upkeep"]
     tables = {p.name.split("-", 1)[1]: {v: DeltaTable(str(p / "lake" / "views" / v / "v1" / "table"))

@@ -166,3 +166,48 @@ def test_live_tables_compacted_and_vacuumed_between_their_batches_lose_and_repea
         checkpoint = json.loads(Path(p.table, "_delta_log", "_last_checkpoint").read_text())["version"]
         assert min(delta_log(p.table)) >= checkpoint, (name, sorted(delta_log(p.table)), checkpoint)
         assert len(read_rows(DeltaTable(p.table))) == rows_before, name
+
+
+@pytest.mark.timeout(600)
+def test_a_table_is_compacted_as_writers_go_between_upkeeps(spark, kafka, declared_topics, lake):
+    """``KAPPA_COMPACT_FILES``: with the hourly upkeep an hour away, the keeper's look compacts ``events_raw`` and
+    its partition of the quarantine once either references more than 5 small files - no VACUUM - and nothing is
+    lost or repeated: the table holds every valid record once, the quarantine every bad one."""
+    settings = lake.replace(upkeep_seconds=3600.0, compact_files=5)
+    u = generator.universe(seed=23, campaigns=4, users=50)
+    events = list(generator.events(1500, seed=23, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
+                                   malformed_fraction=0.05))
+    topic = settings.topic("ad-events")
+    paths = ViewPaths(settings.lake_uri, "events_raw", 1)
+    job = ViewJob(load_view("jobs.events_raw.v1"), settings, spark=spark, starting="earliest",
+                  trigger_seconds=1.0).start()
+    try:
+        waves = [events[i:i + 30] for i in range(0, len(events), 30)]
+        quarantine = paths.quarantine
+
+        def compacted() -> bool:
+            return ("OPTIMIZE" in _operations(paths.table)
+                    and "OPTIMIZE" in [h["operation"] for h in DeltaTable(quarantine).history()])
+
+        while waves and not (compacted() and len(waves) < 25):  # appends before and after the compactions
+            generator.produce(settings, topic, waves.pop(0))
+            time.sleep(1.5)
+        generator.produce(settings, topic, [e for wave in waves for e in wave])
+        _wait("a compaction of the table and of its quarantine partition", compacted, 120)
+        end = sum(high for _low, high in partition_offsets(settings, topic).values())
+        _wait("events_raw to read every record", lambda: _read_up_to(settings, paths) >= end, 240)
+        assert job.failure() is None, job.failure()
+        assert job.keeper.last is None, "the hourly upkeep did not run"
+        assert job.keeper.compactions >= 1 and job.keeper.failures == 0, (job.keeper.compactions,
+                                                                           job.keeper.failures)
+    finally:
+        job.stop()
+    validated = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
+    rows = [(r["partition"], r["offset"]) for r in read_rows(DeltaTable(paths.table))]
+    assert sorted(rows) == sorted((v.record.partition, v.record.offset) for v in validated if v.error is None)
+    bad = sorted((v.record.partition, v.record.offset) for v in validated if v.error is not None)
+    kept = sorted((r["partition"], r["offset"]) for r in read_rows(DeltaTable(paths.quarantine))
+                  if r["view"] == "events_raw")
+    assert bad and kept == bad, (len(kept), len(bad))
+    ops = _operations(paths.table)
+    assert ops.count("WRITE") > len(_snapshot_files(paths.table)), (ops, _snapshot_files(paths.table))

@@ -46,6 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kappa.runtime.upkeep import LOOK_SECONDS
+
 #: The live views whose commit shapes the bench drives: an append (events_raw), a windowed MERGE with finality
 #: (campaign_window_counts), the append of closed sessions of a stateful view (user_sessions).
 DEFAULT_VIEWS = ("events_raw", "campaign_window_counts", "user_sessions")
@@ -136,7 +138,8 @@ class Leg:
     """One lake: a table per view (its sink, its quarantine writer), the registry serving them."""
 
     label: str
-    upkeep: bool
+    upkeep: bool  # the hourly upkeep
+    between: bool  # compaction as writers go between upkeeps (KAPPA_COMPACT_FILES)
     settings: Any
     sinks: dict[str, Any] = field(default_factory=dict)
     quarantines: dict[str, Any] = field(default_factory=dict)
@@ -149,7 +152,7 @@ class Leg:
         return self.sinks[name].path
 
 
-def open_leg(spark: Any, settings: Any, label: str, upkeep: bool, tmpl: dict[str, Template]) -> Leg:
+def open_leg(spark: Any, settings: Any, label: str, tmpl: dict[str, Template]) -> Leg:
     """The leg in the lake of ``settings``: each view's table created as its job creates it, registered and
     served."""
     from kappa.control.registry import Registry
@@ -157,7 +160,7 @@ def open_leg(spark: Any, settings: Any, label: str, upkeep: bool, tmpl: dict[str
     from kappa.identity import ViewPaths, app_id
     from kappa.runtime.sink import DeltaSink, QuarantineSink, create_view_tables
 
-    leg = Leg(label, upkeep, settings)
+    leg = Leg(label, *LEGS[label], settings)
     reg, alias = Registry(settings.lake_uri), ServingAlias(settings.lake_uri)
     for name, t in tmpl.items():
         view = t.view
@@ -193,8 +196,8 @@ def commit(spark: Any, leg: Leg, tmpl: dict[str, Template], i: int) -> None:
 
 
 def upkeep(spark: Any, leg: Leg, first: bool) -> None:
-    """The live job's keeper step for every view of the leg (kappa.runtime.job.ViewJob._start_keeper): the table
-    compacted (a full VACUUM the first time), then the view's partition of the quarantine."""
+    """The live job's hourly keeper step for every view of the leg (kappa.runtime.job.ViewJob._start_keeper): the
+    table compacted (a full VACUUM the first time), then the view's partition of the quarantine."""
     from kappa.runtime.deltars import rs_uri
     from kappa.runtime.upkeep import Upkept, compact, compact_quarantine
 
@@ -202,7 +205,22 @@ def upkeep(spark: Any, leg: Leg, first: bool) -> None:
         began = time.monotonic()
         done = Upkept(compact(spark, sink.path, full_vacuum=first),
                       compact_quarantine(rs_uri(leg.quarantines[name].path), name))
-        leg.upkeeps.append({"view": name, "seconds": round(time.monotonic() - began, 2), "line": done.line()})
+        leg.upkeeps.append({"view": name, "kind": "upkeep", "seconds": round(time.monotonic() - began, 2),
+                            "line": done.line()})
+
+
+def look(spark: Any, leg: Leg, limit: int, handles: dict[str, Any]) -> None:
+    """The keeper's look between upkeeps for every view of the leg (kappa.runtime.upkeep.compact_between)."""
+    from kappa.runtime.deltars import rs_uri
+    from kappa.runtime.upkeep import compact_between
+
+    for name, sink in leg.sinks.items():
+        began = time.monotonic()
+        done = compact_between(spark, sink.path, rs_uri(leg.quarantines[name].path), name, limit=limit,
+                               handles=handles)
+        if done is not None:
+            leg.upkeeps.append({"view": name, "kind": "compaction", "seconds": round(time.monotonic() - began, 2),
+                                "line": done.line()})
 
 
 def sample(leg: Leg, i: int, changes_commits: int) -> dict[str, Any]:
@@ -286,9 +304,10 @@ def _print(results: list[dict[str, Any]]) -> None:
     fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
     for r in results:
         s = r["summary"]
+        stopped = f"; stopped {r['stopped']}" if r.get("stopped") else ""
         table = Table(title=f"{r['label']}: the {s.get('window', 0):,} commits from commit "
                             f"{r['from_commit']:,} -> the last {s.get('window', 0):,} "
-                            f"({r['minutes']:.0f} min for {r['commits']:,} commits of every table)")
+                            f"({r['minutes']:.0f} min for {r['commits']:,} commits of every table{stopped})")
         for col in ("table", "commits", "files read", "ratio", "in 30 days", "log files", "count(*) s", "ratio",
                     "changes s", "ratio", "commit s", "ratio", "MiB"):
             table.add_column(col, justify="left" if col == "table" else "right")
@@ -349,7 +368,16 @@ def main() -> None:
                         help="the first window of the summary starts here")
     parser.add_argument("--template-batches", dest="template_batches", type=int, default=30)
     parser.add_argument("--rate", type=float, default=200.0, help="events/s of the template's producer")
-    parser.add_argument("--no-control", dest="control", action="store_false", help="skip the leg without upkeep")
+    parser.add_argument("--max-minutes", dest="max_minutes", type=float, default=0.0,
+                        help="a leg stops at its first sample after this many minutes of commits (0: none)")
+    parser.add_argument("--legs", default="upkeep,hourly,no-upkeep",
+                        help="the legs, each a process: upkeep (the keeper: hourly, and compaction as writers go), "
+                             "hourly (the keeper without compaction as writers go), no-upkeep; the others stop "
+                             "when the first one ends")
+    parser.add_argument("--grace-minutes", dest="grace_minutes", type=float, default=0.0,
+                        help="how long the other legs may go on once the first one ended")
+    parser.add_argument("--compact-files", dest="compact_files", type=int, default=100,
+                        help="the upkeep leg's KAPPA_COMPACT_FILES")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     parser.add_argument("--leg", choices=sorted(LEGS), help=argparse.SUPPRESS)  # one leg (a child of the bench)
     parser.add_argument("--stamp", default="", help=argparse.SUPPRESS)
@@ -364,7 +392,9 @@ def main() -> None:
         run_interruptible(lambda: bench(args), "both legs")
 
 
-LEGS = {"upkeep": True, "no-upkeep": False}
+#: leg -> (the hourly upkeep, compaction as writers go between upkeeps): the platform's keeper, the keeper before
+#: compaction as writers go (KAPPA_COMPACT_FILES=0), no upkeep.
+LEGS = {"upkeep": (True, True), "hourly": (True, False), "no-upkeep": (False, False)}
 
 
 def bench(args: argparse.Namespace) -> None:
@@ -372,31 +402,52 @@ def bench(args: argparse.Namespace) -> None:
     import subprocess
     import sys
 
-    legs = list(LEGS) if args.control else ["upkeep"]
+    legs = [leg for leg in args.legs.split(",") if leg]
+    unknown = set(legs) - set(LEGS)
+    if unknown or not legs:
+        raise SystemExit(f"bench-commits: --legs {args.legs!r}: name some of {', '.join(LEGS)}")
     stamp = str(int(time.time()))
-    argv = [a for a in sys.argv[1:] if a != "--no-control"]
-    children = [subprocess.Popen([sys.executable, "-m", "kappa.front.bench_commits", *argv, "--leg", leg,
+    for leg in LEGS:  # an earlier run's legs are not this one's
+        (args.out / f"bench-commits-{leg}.json").unlink(missing_ok=True)
+    children = [subprocess.Popen([sys.executable, "-m", "kappa.front.bench_commits", *sys.argv[1:], "--leg", leg,
                                   "--stamp", stamp]) for leg in legs]
     try:
-        codes = [c.wait() for c in children]
+        first = children[0].wait()  # the others stop with it: without compaction a commit costs more and more
+        for c in children[1:]:
+            try:
+                c.wait(args.grace_minutes * 60)
+            except subprocess.TimeoutExpired:
+                c.terminate()
+        codes = [first] + [c.wait() for c in children[1:]]
     finally:
         for c in children:
             if c.poll() is None:
                 c.terminate()
                 c.wait(60)
-    if any(codes):
-        raise SystemExit(f"bench-commits: a leg failed (exit codes {codes}); no report written")
-    results = [json.loads((args.out / f"bench-commits-{leg}.json").read_text()) for leg in legs]
+    saved = {leg: args.out / f"bench-commits-{leg}.json" for leg in legs}
+    results = [json.loads(path.read_text()) for leg, path in saved.items() if path.is_file()]
+    for leg, code in zip(legs, codes):
+        if code and leg != legs[0] and saved[leg].is_file():
+            stopped = json.loads(saved[leg].read_text())
+            stopped["stopped"] = f"when the {legs[0]} leg ended"
+            saved[leg].write_text(json.dumps(stopped, indent=2))
+        elif code:
+            print(f"bench-commits: the {leg} leg exited {code}: "
+                  + (f"its samples to commit {json.loads(saved[leg].read_text())['commits']:,} are reported"
+                     if saved[leg].is_file() else "it measured nothing"), flush=True)
+    if not results:
+        raise SystemExit(f"bench-commits: no leg measured anything (exit codes {codes}); no report written")
     for r in results:
         r["summary"] = summarize(r["samples"], args.from_commit, 2 * args.upkeep_every)
     (args.out / "bench-commits.json").write_text(json.dumps(results, indent=2, default=str))
     _plot(results, args.out / "bench-commits.png")
     _print(results)
-    ups = results[0]["upkeeps"]
-    if ups:
-        print(f"bench-commits: {len(ups)} upkeeps of a table and its quarantine partition, "
-              f"{statistics.median(u['seconds'] for u in ups):.1f} s median, {max(u['seconds'] for u in ups):.1f} s "
-              "at most")
+    for r in results:
+        for kind in ("upkeep", "compaction"):
+            runs = [u["seconds"] for u in r["upkeeps"] if u["kind"] == kind]
+            if runs:
+                print(f"bench-commits: {r['label']}: {len(runs)} {kind}s of a view's table and quarantine partition, "
+                      f"{statistics.median(runs):.1f} s median, {max(runs):.1f} s at most")
     print(f"bench-commits: {args.out / 'bench-commits.json'}, {args.out / 'bench-commits.png'}")
 
 
@@ -414,22 +465,34 @@ def run_leg(args: argparse.Namespace) -> None:
     say = lambda line: print(f"  [{args.leg}] {line}", flush=True)  # noqa: E731
     try:
         tmpl = templates(spark, views, args.template_batches, args.rate, seed=49, say=say)
-        leg = open_leg(spark, settings, args.leg, LEGS[args.leg], tmpl)
+        leg = open_leg(spark, settings, args.leg, tmpl)
+        handles: dict[str, Any] = {}
+        every = max(1, round(LOOK_SECONDS / BATCH_SECONDS))  # the keeper's look, in micro-batches
         t0 = time.monotonic()
+        args.out.mkdir(parents=True, exist_ok=True)
+
+        def save(done: int, stopped: str = "") -> None:  # after every sample: a stopped leg keeps what it measured
+            (args.out / f"bench-commits-{args.leg}.json").write_text(json.dumps(
+                {"label": args.leg.replace("-", " "), "commits": done, "asked": args.commits, "stopped": stopped,
+                 "minutes": round((time.monotonic() - t0) / 60, 1), "from_commit": args.from_commit,
+                 "upkeep_every": args.upkeep_every if leg.upkeep else None,
+                 "compact_files": args.compact_files if leg.between else None, "samples": leg.samples,
+                 "upkeeps": leg.upkeeps}, indent=2, default=str))
+
         for i in range(args.commits):
             commit(spark, leg, tmpl, i)
             if leg.upkeep and (i + 1) % args.upkeep_every == 0:
-                upkeep(spark, leg, first=not leg.upkeeps)
+                upkeep(spark, leg, first=not any(u["kind"] == "upkeep" for u in leg.upkeeps))
+            elif leg.between and (i + 1) % every == 0:
+                look(spark, leg, args.compact_files, handles)
             if (i + 1) % args.sample_every == 0 or i + 1 == args.commits:
                 leg.samples.append({**sample(leg, i + 1, args.changes_commits), "t": round(time.monotonic() - t0, 1)})
                 files = {n: x["active"] for n, x in leg.samples[-1]["tables"].items()}
                 say(f"{i + 1:,} commits ({(time.monotonic() - t0) / 60:.1f} min); files a reader lists {files}")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"bench-commits-{args.leg}.json").write_text(json.dumps(
-            {"label": args.leg.replace("-", " "), "commits": args.commits,
-             "minutes": round((time.monotonic() - t0) / 60, 1), "from_commit": args.from_commit,
-             "upkeep_every": args.upkeep_every if leg.upkeep else None, "samples": leg.samples,
-             "upkeeps": leg.upkeeps}, indent=2, default=str))
+                over = args.max_minutes and time.monotonic() - t0 > args.max_minutes * 60
+                save(i + 1, f"after {args.max_minutes:g} min (--max-minutes)" if over and i + 1 < args.commits else "")
+                if over:
+                    break
     finally:
         stop_spark(spark)
 

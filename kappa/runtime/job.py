@@ -594,9 +594,21 @@ class ViewJob:
                 last_full = time.monotonic()
             return done
 
-        self.keeper = TableKeeper(self.view.ref, both, what=what)
+        self.keeper = TableKeeper(self.view.ref, both, what=what,
+                                  between=self._compactions(lock) if self.settings.compact_files > 0 else None)
         threading.Thread(target=self.keeper.run, args=(self._stop, self.settings.upkeep_seconds),
                          name=f"upkeep-{self.view.ref}", daemon=True).start()
+
+    def _compactions(self, lock: Any) -> Callable[[], Any]:
+        """The keeper's look between upkeeps (:func:`kappa.runtime.upkeep.compact_between`): the table - not an
+        archive's (a micro-batch every 30 s, its retention hourly) - and the view's partition of the quarantine."""
+        import functools
+
+        from kappa.runtime.upkeep import compact_between
+
+        return functools.partial(compact_between, self.spark, self.paths.table, rs_uri(self.paths.quarantine),
+                                 self.view.name, limit=self.settings.compact_files, lock=lock,
+                                 table_too=not self.view.keep_invalid, handles={})
 
     def _plan(self, decoded: "DataFrame", lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any]:
         """(the streaming plan over ``decoded`` records, the schema of the rows it writes)."""
