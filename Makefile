@@ -66,7 +66,7 @@ bench-ceiling: setup ## benchmark: the live ceiling - the highest rate at which 
 bench-soak: setup ## benchmark: day two compressed - the stack's tables, queries and memory over an hour with its upkeep every 5 min, beside an hour without; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_soak
 
-bench-commits: setup ## benchmark: day two at 20,000 commits per table - the views' live commit path and its upkeep alone (no Kafka, no micro-batch), beside the same commits without upkeep; files a reader lists, query, change feed and commit seconds; JSON + PNG in reports/
+bench-commits: setup ## benchmark: day two at 20,000 commits per table - the views' live commit path and its keeper alone (no Kafka, no micro-batch), beside the keeper without compaction as writers go and no upkeep; files a reader lists, query, change feed and commit seconds; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_commits
 
 bench-sql: setup ## benchmark: the analysts' SQL service beside make run's views - connect and first answer, point queries, 1 and 8 analysts scanning the largest view, the views' lag meanwhile; JSON + PNG in reports/

@@ -92,3 +92,23 @@ def test_a_small_run_commits_every_batch_once_and_the_upkeep_leg_compacts(tmp_pa
     files = {leg: len(by_view["events_raw"].file_uris()) for leg, by_view in tables.items()}
     assert files["upkeep"] < files["no-upkeep"] == 12, files
     assert Path(lakes[0] / "lake" / "quarantine").is_dir()
+
+
+def test_a_run_stopped_early_is_reported_to_its_last_sample(tmp_path, capsys):
+    import argparse
+
+    from kappa.front.bench_commits import report
+
+    for leg, upto in (("upkeep", 2000), ("hourly", 1200)):
+        (tmp_path / f"bench-commits-{leg}.json").write_text(json.dumps({
+            "label": leg, "commits": upto, "asked": 20_000, "stopped": "", "minutes": 1.0, "from_commit": 200,
+            "upkeep_every": 400, "samples": [_sample(c, c, 0.1, 0.02) for c in range(100, upto + 1, 100)],
+            "upkeeps": [{"view": "v", "kind": "upkeep", "seconds": 1.5, "line": "-"}]}))
+    args = argparse.Namespace(out=tmp_path, from_commit=200, upkeep_every=200)
+    report(args, ["upkeep", "hourly", "no-upkeep"], [0, 0, 1])
+    results = json.loads((tmp_path / "bench-commits.json").read_text())
+    assert [(r["label"], r["stopped"]) for r in results] == [("upkeep", "at commit 2,000 of 20,000"),
+                                                             ("hourly", "at commit 1,200 of 20,000")]
+    assert results[1]["summary"]["tables"]["v"]["files_to"] == 1200 and (tmp_path / "bench-commits.png").is_file()
+    out = capsys.readouterr().out
+    assert "the no-upkeep leg exited 1: it measured nothing" in out and "stopped at commit 1,200 of 20,000" in out
