@@ -104,7 +104,7 @@ def test_a_run_stopped_early_is_reported_to_its_last_sample(tmp_path, capsys):
             "label": leg, "commits": upto, "asked": 20_000, "stopped": "", "minutes": 1.0, "from_commit": 200,
             "upkeep_every": 400, "samples": [_sample(c, c, 0.1, 0.02) for c in range(100, upto + 1, 100)],
             "upkeeps": [{"view": "v", "kind": "upkeep", "seconds": 1.5, "line": "-"}]}))
-    args = argparse.Namespace(out=tmp_path, from_commit=200, upkeep_every=200)
+    args = argparse.Namespace(out=tmp_path, from_commit=200, upkeep_every=200, window=0)
     report(args, ["upkeep", "hourly", "no-upkeep"], [0, 0, 1])
     results = json.loads((tmp_path / "bench-commits.json").read_text())
     assert [(r["label"], r["stopped"]) for r in results] == [("upkeep", "at commit 2,000 of 20,000"),

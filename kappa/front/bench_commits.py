@@ -370,6 +370,8 @@ def main() -> None:
                         help="the change feed read at each sample: the last N commits (1,800: an hour)")
     parser.add_argument("--from-commit", dest="from_commit", type=int, default=2000,
                         help="the first window of the summary starts here")
+    parser.add_argument("--window", type=int, default=0,
+                        help="commits per summary window (0: two upkeep periods)")
     parser.add_argument("--template-batches", dest="template_batches", type=int, default=30)
     parser.add_argument("--rate", type=float, default=200.0, help="events/s of the template's producer")
     parser.add_argument("--max-minutes", dest="max_minutes", type=float, default=0.0,
@@ -455,7 +457,8 @@ def report(args: argparse.Namespace, legs: list[str], codes: list[int]) -> None:
     for r in results:
         if not r.get("stopped") and r["commits"] < r.get("asked", r["commits"]):
             r["stopped"] = f"at commit {r['commits']:,} of {r['asked']:,}"
-        r["summary"] = summarize(r["samples"], args.from_commit, 2 * args.upkeep_every)
+        r["from_commit"] = args.from_commit
+        r["summary"] = summarize(r["samples"], args.from_commit, args.window or 2 * args.upkeep_every)
     (args.out / "bench-commits.json").write_text(json.dumps(results, indent=2, default=str))
     _plot(results, args.out / "bench-commits.png")
     _print(results)
