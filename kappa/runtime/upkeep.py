@@ -24,10 +24,10 @@ Between two upkeeps, as writers go: every LOOK_SECONDS the keeper counts the sma
 COMPACT_BELOW_BYTES) the table's current version references, and those of the view's partition of the quarantine;
 past KAPPA_COMPACT_FILES (100) it compacts that one at once - the OPTIMIZE above, or the quarantine's delta-rs
 compaction - without VACUUM or the log's clean-up, which stay hourly. A delta-rs commit materializes every file of
-the table's current version (about 0.07 ms per file on 2 cores): an append to a table of 1,800 files - an hour of
-2 s micro-batches - costs ~130 ms instead of ~15, and the quarantine, which every view appends to, gains the files of
-all of them; compacted as writers go, no table a live job appends to holds more than about KAPPA_COMPACT_FILES
-small files, whatever the upkeep's period.
+the table's current version: an append of 400 rows to a table of 1,500 small files took 95 ms on 2 cores, to one
+compacted into a single file after as many commits 30 ms (the rest grows with the log: docs/performance.md), and
+the quarantine, which every view appends to, gathers the files of all of them; compacted as writers go, no table a
+live job appends to holds more than about KAPPA_COMPACT_FILES small files, whatever the upkeep's period.
 
 A live micro-batch writes one file per table partition (a few KB); at the 2 s trigger a view table gains ~1,800
 files an hour. After an upkeep each partition holds the files of earlier upkeeps (each at least
