@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -151,9 +152,6 @@ class Leg:
     upkeeps: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # commit -> table version
-
-    def table(self, name: str) -> str:
-        return self.sinks[name].path
 
 
 def open_leg(spark: Any, settings: Any, label: str, tmpl: dict[str, Template]) -> Leg:
@@ -443,7 +441,7 @@ def report(args: argparse.Namespace, legs: list[str], codes: list[int]) -> None:
     stopped early is reported to its last sample and marked so."""
     saved = {leg: args.out / f"bench-commits-{leg}.json" for leg in legs}
     for leg, code in zip(legs, codes):
-        if code and leg != legs[0] and saved[leg].is_file():
+        if code == -signal.SIGTERM and leg != legs[0] and saved[leg].is_file():  # stopped by bench()
             stopped = json.loads(saved[leg].read_text())
             stopped["stopped"] = f"when the {legs[0]} leg ended"
             saved[leg].write_text(json.dumps(stopped, indent=2))
