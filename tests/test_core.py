@@ -201,6 +201,53 @@ def test_quarantine_appends_are_idempotent_concurrent_and_readable_by_spark(spar
     assert int(txns.get("kappa:events_raw@v1:test/quarantine").get()) == 7
 
 
+def test_a_quarantine_append_lists_nothing_it_knows_and_asks_after_an_error(tmp_path, monkeypatch):
+    """A quarantine sink asks the table for its last batch once, then trusts its own commits (nothing listed before
+    each append); a driver restarted after a commit (a new sink) asks and skips it; an append that landed and then
+    raised (injected after the real commit: a fake, the store does not fail on demand) is asked about again at
+    the batch's next attempt and not appended twice. Counted by reading the table's log."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime import deltars
+    from kappa.runtime.sink import QUARANTINE_COLUMNS, QuarantineSink
+    from tests.helpers import delta_txns
+
+    path = str(tmp_path / "quarantine")
+    deltars.create_table(path, QUARANTINE_COLUMNS, partition_by=("view",))
+    view = load_view("jobs.events_raw.v1")
+    app = "kappa:events_raw@v1:test/quarantine"
+
+    def records(batch_id: int) -> list[dict]:
+        return [{"topic": "t", "partition": 0, "offset": batch_id * 10 + i, "raw_value": b"x", "error": "bad"}
+                for i in range(3)]
+
+    sink = QuarantineSink(view, path, app)
+    listed = []
+    real_committed = deltars.committed
+    monkeypatch.setattr(deltars, "committed", lambda *a: listed.append(a[2]) or real_committed(*a))
+    for b in range(4):
+        assert sink.append(records(b), b) == 3
+    assert listed == [0], listed  # asked once, at its first batch
+    restarted = QuarantineSink(view, path, app)
+    restarted.append(records(3), 3)  # the batch Spark runs again after the restart: skipped
+    real_after = deltars.after_commit
+
+    def failing(table):
+        real_after(table)
+        monkeypatch.setattr(deltars, "after_commit", real_after)
+        raise OSError("injected: the store failed after the commit landed")
+
+    monkeypatch.setattr(deltars, "after_commit", failing)
+    with pytest.raises(OSError, match="injected"):
+        restarted.append(records(4), 4)
+    restarted.append(records(4), 4)  # the batch's next attempt: the table holds it
+    restarted.append(records(5), 5)
+    assert listed == [0, 3, 4], listed
+    offsets = sorted(r["offset"] for r in deltars.read_rows(DeltaTable(path)))
+    assert offsets == sorted(b * 10 + i for b in range(6) for i in range(3)), offsets
+    assert delta_txns(path)[app] == 5
+
+
 def test_a_driver_waits_for_its_topics_with_its_metrics_up(spark, kafka, lake):
     """In a cluster the topics Job runs once the release's pods are Ready: a driver started before its topics exist
     waits, alive (its metrics endpoint answers, so its pod turns Ready), and starts once they exist."""

@@ -151,3 +151,38 @@ def test_live_commits_write_a_final_window_once_and_never_rewrite_it(spark, tmp_
     # the last batch's one window is new: its MERGE read no stored file (the files' window_end statistics)
     last = commit_infos(table)[-2]
     assert last["operation"] == "MERGE" and last["operationMetrics"]["num_target_files_scanned"] == 0, last
+
+
+def test_a_live_commit_that_raised_after_it_landed_is_not_applied_again(spark, tmp_path, monkeypatch):
+    """A live (delta-rs) commit can land and still raise - a checkpoint or a listing after the commit file was
+    written fails. delta-rs checks no application transaction itself, so the sink must not trust what it knew:
+    the batch's next attempt asks the table, finds the commit and skips it, and the batches after it merge as
+    before. The error is injected (a fake: the real store does not fail on demand) after the real commit."""
+    from kappa.runtime import deltars
+
+    table = str(tmp_path / "table")
+    _create(spark, table)
+    sink = DeltaSink(VIEW, table, "kappa-test-landed")
+    batches = [[_window("c1", 0, 1, 1), _window("c2", 0, 1, 2)], [_window("c1", 0, 2, 3)],
+               [_window("c1", 10, 1, 12), _window("c2", 20, 1, 25)], [], [_window("c1", 40, 1, 41)]]
+    real = deltars.after_commit
+    failed: list[int] = []
+
+    def after_commit(t):
+        real(t)
+        if not failed:
+            failed.append(t.version())
+            raise OSError("injected: the store failed after the commit landed")
+
+    for batch_id, rows in enumerate(batches):
+        if batch_id == 2:
+            monkeypatch.setattr(deltars, "after_commit", after_commit)
+            with pytest.raises(OSError, match="injected"):
+                _write(spark, sink, batch_id, rows, live=True)
+            monkeypatch.setattr(deltars, "after_commit", real)
+            assert _write(spark, sink, batch_id, rows, live=True) == "skip"  # Spark runs the batch again
+        else:
+            _write(spark, sink, batch_id, rows, live=True)
+        assert _table(spark, table) == _expected(batches[:batch_id + 1]), batch_id
+    commits = [c for c in commit_infos(table) if c.get("operation") in ("MERGE", "WRITE")]
+    assert len(commits) == len(batches), commits  # one commit per batch: batch 2's landed once

@@ -480,8 +480,14 @@ class DeltaSink:
             self.compact(batch.sparkSession, batch_id, user_metadata, batch=batch)
             return "compact"
         if collected is not None and self.live_rs:
-            done = self._write_rs(batch.sparkSession, collected, batch_id, user_metadata, batch_event_max,
-                                  window_ends)
+            try:
+                done = self._write_rs(batch.sparkSession, collected, batch_id, user_metadata, batch_event_max,
+                                      window_ends)
+            except BaseException:
+                # its commit may have landed before the error (delta-rs checks no txn itself): what this sink knew
+                # of the table is read from it again at the batch's next attempt
+                self._last_batch, self._event_max_known, self._open_ends = None, False, None
+                raise
             if done is not None:
                 return done
         if self.view.write == "append":
@@ -648,8 +654,6 @@ class DeltaSink:
         """A commit without data files carrying the batch's txn and lineage."""
         import arro3.core as ac
 
-        from kappa.runtime.deltars import append_once
-
         def empty(dtype: Any) -> Any:
             try:
                 return ac.Array([], dtype)
@@ -657,15 +661,22 @@ class DeltaSink:
                 return ac.Array([], ac.DataType.int64()).cast(dtype)
 
         schema = table.schema().to_arrow()
-        append_once(table, ac.Table.from_arrays([empty(f.type) for f in schema], schema=schema), self.app_id,
-                    batch_id, user_metadata)
-        self._last_batch = batch_id
+        self._rs_append(table, ac.Table.from_arrays([empty(f.type) for f in schema], schema=schema), batch_id,
+                        user_metadata)
+
+    def _rs_append(self, table: Any, data: Any, batch_id: int, user_metadata: str | None) -> None:
+        """``append_once`` of ``batch_id``: the table is asked whether it holds it only while this sink does not
+        know (its first commit, or after a write that raised: :meth:`write`)."""
+        from kappa.runtime.deltars import append_once
+
+        append_once(table, data, self.app_id, batch_id, user_metadata, last=self._last_batch)
+        self._last_batch = max(batch_id, self._last_batch if self._last_batch is not None else -1)
 
     def _write_rs(self, session: "SparkSession", rows: "Collected", batch_id: int, user_metadata: str | None,
                   batch_event_max: Any, window_ends: frozenset | None) -> str | None:
         """:meth:`write` of a live batch through delta-rs; None when the table has a column the rows lack (the
         Spark path writes it then)."""
-        from kappa.runtime.deltars import Collected, append_once
+        from kappa.runtime.deltars import Collected
 
         table = self._rs_table()
         names = [f.name for f in table.schema().fields]
@@ -674,8 +685,7 @@ class DeltaSink:
         if not set(names) <= have:
             return None
         if self.view.write == "append":
-            append_once(table, rows.arrow(names=names), self.app_id, batch_id, user_metadata)
-            self._last_batch = batch_id
+            self._rs_append(table, rows.arrow(names=names), batch_id, user_metadata)
             return "append" if rows.rows else "empty"
         if self._committed(session, batch_id):
             return "skip"  # as in _merge: the state kept in memory must not move as if it happened twice
@@ -751,9 +761,9 @@ class DeltaSink:
         return Collected(source.columns, source.rows + closing) if closing else source
 
     def _rs_merge(self, table: Any, source: Any, cond: str, batch_id: int, user_metadata: str | None) -> None:
-        from kappa.runtime.deltars import after_commit, commit_properties
+        from kappa.runtime.deltars import LIVE_HOOKS, after_commit, commit_properties
 
-        (table.merge(source, predicate=cond, source_alias="s", target_alias="t",
+        (table.merge(source, predicate=cond, source_alias="s", target_alias="t", post_commithook_properties=LIVE_HOOKS,
                      commit_properties=commit_properties(self.app_id, batch_id, user_metadata))
          .when_matched_update_all().when_not_matched_insert_all().execute())
         after_commit(table)
@@ -761,7 +771,7 @@ class DeltaSink:
     def _rs_upsert_delete(self, table: Any, rows: "Collected", names: list[str], batch_id: int,
                           user_metadata: str | None) -> None:
         """The latest row per key (by the order column), deleted when it is a tombstone, else upserted."""
-        from kappa.runtime.deltars import after_commit, commit_properties
+        from kappa.runtime.deltars import LIVE_HOOKS, after_commit, commit_properties
 
         if not self.view.order_column:
             raise ValueError(f"{self.view.ref}: upsert_delete needs order_column")
@@ -776,6 +786,7 @@ class DeltaSink:
         source = rows.arrow(list(latest.values()), names=[*names, "is_tombstone"])
         values = {c: f's."{c}"' for c in names}
         (table.merge(source, predicate=self._rs_keys(), source_alias="s", target_alias="t",
+                     post_commithook_properties=LIVE_HOOKS,
                      commit_properties=commit_properties(self.app_id, batch_id, user_metadata))
          .when_matched_delete(predicate="s.is_tombstone")
          .when_matched_update(updates=values, predicate="NOT s.is_tombstone")
@@ -873,6 +884,8 @@ class QuarantineSink:
     path: str
     app_id: str
     _table: Any = field(default=None, init=False, repr=False)
+    #: the last batch this sink knows the table holds (asked once, then its own commits: ``append_once``'s ``last``)
+    _last: int | None = field(default=None, init=False, repr=False)
 
     def write(self, rows: "DataFrame", batch_id: int) -> int:
         """Append ``rows`` for micro-batch ``batch_id`` unless that batch's commit is already in the table.
@@ -901,5 +914,10 @@ class QuarantineSink:
                     "quarantined_at": now} for r in collected]
         if self._table is None:
             self._table = DeltaTable(rs_uri(self.path))
-        append_once(self._table, arrow_rows(QUARANTINE_COLUMNS, records), self.app_id, batch_id)
+        try:
+            append_once(self._table, arrow_rows(QUARANTINE_COLUMNS, records), self.app_id, batch_id, last=self._last)
+        except BaseException:
+            self._last = None  # the commit may have landed before the error: ask the table next time
+            raise
+        self._last = batch_id if self._last is None else max(self._last, batch_id)
         return len(records)
