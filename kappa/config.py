@@ -76,6 +76,11 @@ Operating it:
 - ``KAPPA_COMPACT_FILES`` -- between two upkeeps, a live job compacts its table, or its view's partition of the
   quarantine, once its current version references more small files than this (100; 0: only at the upkeeps): a
   delta-rs commit costs more the more files the table has (:mod:`kappa.runtime.upkeep`).
+- ``KAPPA_HISTORY_HOURS`` -- how far back a live view table's history reaches - time travel, its change feed, its
+  commit history: its log and the files its commits replaced are kept this long, then removed by its keeper
+  (``delta.logRetentionDuration`` and ``delta.deletedFileRetentionDuration``). Unset: 1 hour on a lake on a file
+  system, whose listing of a table's log reads every file in it at every commit; Delta's own (7 days of files, 30
+  of log) on an object store, which lists a log from a version (:mod:`kappa.runtime.upkeep`, docs/lake.md).
 - ``KAPPA_SUPERVISE_POLL_SECONDS`` / ``KAPPA_SUPERVISE_BACKOFF_SECONDS`` -- how often the local stack's supervisor
   looks at what ``kappa up`` started (5 s) and its first wait before restarting one that died (5 s, doubling with
   each failure in a row; :mod:`kappa.front.supervisor`).
@@ -123,6 +128,7 @@ __all__ = [
     "SECURITY_PROTOCOLS",
     "DEFAULT_KEEP_HOURS",
     "LOCAL_DRIVER_MODES",
+    "LOCAL_HISTORY_HOURS",
     "PLATFORM_FILE",
     "RUNNERS",
     "ConfigError",
@@ -140,6 +146,10 @@ LOCAL_DRIVER_MODES = ("auto", "host", "own")
 #: How long a replaced view version's table is kept for rollback before retirement deletes it (7 days). The one
 #: default of the alias (kappa.control.serving), the replay request, the CLI and the DAGs' Params.
 DEFAULT_KEEP_HOURS = 168.0
+#: How far back a live view table's history reaches on a lake on a file system (``KAPPA_HISTORY_HOURS`` unset): a
+#: listing of its log reads every file in it, ~1 us each, twice for every live commit; an hour of 2 s micro-batches
+#: is ~1,900 log files (docs/performance.md "The log every commit listed").
+LOCAL_HISTORY_HOURS = 1.0
 SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 
@@ -208,7 +218,8 @@ class Settings:
         shuffle_partitions, spark_ui, spark_log_level, spark_log_file, spark_cds, spark_forkless_fs, spark_heap_footprint,
         state_memory_mb, spark_trim_seconds, airflow_port, airflow_password, sql_jdbc_port, sql_connect_port,
         sql_token, replay_poke_seconds, replay_timeout_seconds, watch_poll_seconds, lease_ttl_seconds,
-        driver_lease_seconds, kafka_outage_seconds, upkeep_seconds, compact_files, supervise_poll_seconds,
+        driver_lease_seconds, kafka_outage_seconds, upkeep_seconds, compact_files, history_hours,
+        supervise_poll_seconds,
         supervise_backoff_seconds,
         log_max_mb, airflow_db_conn, verify_cache_mb, bench_events, fault: the ``KAPPA_*`` variable of the same name
         (upper case), see the module docs.
@@ -268,6 +279,7 @@ class Settings:
     kafka_outage_seconds: float = 1800.0
     upkeep_seconds: float = 3600.0
     compact_files: int = 100
+    history_hours: float | None = None
     supervise_poll_seconds: float = 5.0
     supervise_backoff_seconds: float = 5.0
     log_max_mb: float = 64.0
@@ -373,6 +385,7 @@ class Settings:
             kafka_outage_seconds=number("KAPPA_KAFKA_OUTAGE_SECONDS", float, 1800.0),
             upkeep_seconds=number("KAPPA_UPKEEP_SECONDS", float, 3600.0),
             compact_files=number("KAPPA_COMPACT_FILES", int, 100),
+            history_hours=number("KAPPA_HISTORY_HOURS", float, None),
             supervise_poll_seconds=number("KAPPA_SUPERVISE_POLL_SECONDS", float, 5.0),
             supervise_backoff_seconds=number("KAPPA_SUPERVISE_BACKOFF_SECONDS", float, 5.0),
             log_max_mb=number("KAPPA_LOG_MAX_MB", float, 64.0),
@@ -391,6 +404,15 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ derived paths
+    @property
+    def table_history_hours(self) -> float | None:
+        """How far back a live view table's history reaches (``KAPPA_HISTORY_HOURS``): unset, 1 hour on a lake on a
+        file system (:data:`LOCAL_HISTORY_HOURS`), None - Delta's own retentions - on an object store."""
+        if self.history_hours is not None:
+            return self.history_hours
+        local = "://" not in self.lake_uri or self.lake_uri.startswith("file:")
+        return LOCAL_HISTORY_HOURS if local else None
+
     def topic(self, name: str) -> str:
         """Physical Kafka topic of a declared topic (``KAPPA_TOPIC_PREFIX`` + name).
 
@@ -464,6 +486,8 @@ class Settings:
     def _validate(self) -> None:
         if self.live_commits not in ("delta-rs", "spark"):
             raise ConfigError(f"KAPPA_LIVE_COMMITS={self.live_commits!r}: use delta-rs or spark")
+        if self.history_hours is not None and not 0 < self.history_hours < 100_000:
+            raise ConfigError(f"KAPPA_HISTORY_HOURS={self.history_hours:g}: a number of hours above 0")
         if self.runner not in RUNNERS:
             raise ConfigError(f"KAPPA_RUNNER={self.runner!r}: use one of {', '.join(RUNNERS)}")
         if self.local_driver not in LOCAL_DRIVER_MODES:

@@ -41,6 +41,20 @@ def test_external_cluster_and_lake(tmp_path: Path) -> None:
     assert s.home == tmp_path and s.lake_uri == "s3a://bucket/lake"
 
 
+def test_a_tables_history_is_an_hour_on_a_local_lake_and_deltas_own_on_an_object_store(tmp_path: Path) -> None:
+    local = Settings.from_env({"KAPPA_HOME": str(tmp_path)})
+    assert local.history_hours is None and local.table_history_hours == 1.0
+    assert Settings.from_env({"KAPPA_LAKE_URI": "file:///data/lake"}).table_history_hours == 1.0
+    s3 = Settings.from_env({"KAPPA_LAKE_URI": "s3a://bucket/lake"})
+    assert s3.table_history_hours is None  # Delta's retentions: 7 days of files, 30 of log
+    assert Settings.from_env({"KAPPA_LAKE_URI": "s3a://b/l", "KAPPA_HISTORY_HOURS": "168"}).table_history_hours == 168
+    assert Settings.from_env({"KAPPA_HISTORY_HOURS": "0.5"}).table_history_hours == 0.5
+    for bad, message in (("0", "a number of hours above 0"), ("-1", "a number of hours above 0"),
+                         ("a day", "not a number")):
+        with pytest.raises(ConfigError, match=message):
+            Settings.from_env({"KAPPA_HISTORY_HOURS": bad})
+
+
 def test_sasl_ssl() -> None:
     s = Settings.from_env({
         "KAPPA_KAFKA_BOOTSTRAP": "k:9093", "KAPPA_KAFKA_SECURITY_PROTOCOL": "sasl_ssl",

@@ -444,3 +444,24 @@ def test_the_rows_a_watermark_dropped_are_counted_in_one_jvm_call_as_the_plan_wa
     assert {b: helper for b, (helper, _walk) in counted.items()} == {b: progress[b] for b in counted}
     assert [progress[b] for b in range(4)] == [0, 0, 3, 0] and sum(progress.values()) == 3, progress
     assert late._plan_sum(spark, name) == -1, "no such active query any more"
+
+
+def test_an_append_on_a_handle_older_than_a_metadata_change_is_tried_again(tmp_path):
+    """A live sink appends on the table handle it had (nothing listed before the write); when a commit since that
+    handle's version changed the table's metadata (an ALTER, a repair's swap), delta-rs refuses the blind append and
+    it is tried once more on the table brought up to date: the batch lands once, after the change."""
+    from deltalake import DeltaTable
+
+    from kappa.runtime import deltars
+    from tests.helpers import delta_txns
+
+    path = str(tmp_path / "t")
+    columns = (("id", deltars.I64),)
+    deltars.create_table(path, columns)
+    sink_handle, other = DeltaTable(path), DeltaTable(path)
+    assert deltars.append_once(sink_handle, deltars.arrow_rows(columns, [{"id": 0}]), "app", 0, last=-1)
+    other.alter.set_table_properties({"delta.logRetentionDuration": "interval 2 hours"})
+    assert deltars.append_once(sink_handle, deltars.arrow_rows(columns, [{"id": 1}]), "app", 1, last=0)
+    assert sorted(r["id"] for r in deltars.read_rows(DeltaTable(path))) == [0, 1]
+    assert delta_txns(path)["app"] == 1
+    assert DeltaTable(path).metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"

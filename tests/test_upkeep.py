@@ -172,8 +172,9 @@ def test_live_tables_compacted_and_vacuumed_between_their_batches_lose_and_repea
 def test_a_table_is_compacted_as_writers_go_between_upkeeps(spark, kafka, declared_topics, lake):
     """``KAPPA_COMPACT_FILES``: with the hourly upkeep an hour away, the keeper's look compacts ``events_raw`` and
     its partition of the quarantine once either references more than 5 small files - no VACUUM - and nothing is
-    lost or repeated: the table holds every valid record once, the quarantine every bad one."""
-    settings = lake.replace(upkeep_seconds=3600.0, compact_files=5)
+    lost or repeated: the table holds every valid record once, the quarantine every bad one. With a history of one
+    minute (``KAPPA_HISTORY_HOURS``), the look also removes the log's commits older than it, from both tables."""
+    settings = lake.replace(upkeep_seconds=3600.0, compact_files=5, history_hours=1 / 60)
     u = generator.universe(seed=23, campaigns=4, users=50)
     events = list(generator.events(1500, seed=23, universe=u, start_ms=1_700_000_000_000, rate_per_s=20,
                                    malformed_fraction=0.05))
@@ -200,8 +201,23 @@ def test_a_table_is_compacted_as_writers_go_between_upkeeps(spark, kafka, declar
         assert job.keeper.last is None, "the hourly upkeep did not run"
         assert job.keeper.compactions >= 1 and job.keeper.failures == 0, (job.keeper.compactions,
                                                                            job.keeper.failures)
+
+        def first_commit(path: str) -> int:
+            return min(int(f.name.split(".")[0]) for f in Path(path, "_delta_log").glob("*.json"))
+
+        _wait("the log's commits older than the history to leave both tables",
+              lambda: first_commit(paths.table) > 0 and first_commit(paths.quarantine) > 0, 150)
+        assert job.keeper.failures == 0
     finally:
         job.stop()
+    for path in (paths.table, paths.quarantine):
+        config = DeltaTable(path).metadata().configuration
+        assert config["delta.logRetentionDuration"] == config["delta.deletedFileRetentionDuration"] == \
+            "interval 1 minutes", (path, config)
+        latest = DeltaTable(path).version()
+        assert DeltaTable(path, version=latest - 1).version() == latest - 1
+        with pytest.raises(Exception):
+            DeltaTable(path, version=0)  # beyond the history
     validated = oracle.validate_records(oracle.read_log(settings, topic), "ad_event", key_field="user_id")
     rows = [(r["partition"], r["offset"]) for r in read_rows(DeltaTable(paths.table))]
     assert sorted(rows) == sorted((v.record.partition, v.record.offset) for v in validated if v.error is None)
@@ -211,3 +227,113 @@ def test_a_table_is_compacted_as_writers_go_between_upkeeps(spark, kafka, declar
     assert bad and kept == bad, (len(kept), len(bad))
     ops = _operations(paths.table)
     assert ops.count("WRITE") > len(_snapshot_files(paths.table)), (ops, _snapshot_files(paths.table))
+
+
+def test_a_short_history_is_cleaned_at_every_look_unless_a_publisher_holds_it(tmp_path):
+    """``KAPPA_HISTORY_HOURS``: the keeper's look removes the table's and the quarantine's expired log (commits
+    older than the history, before a checkpoint), not only the hourly upkeep; while the version's publisher is
+    behind (``hold``), the table's log stays. The commits' age is set on their files (the clean-up reads it there),
+    and what is left is read back by delta-rs: time travel reaches the kept versions, not the removed ones."""
+    import os
+
+    from kappa.runtime import deltars
+    from kappa.runtime.sink import QUARANTINE_COLUMNS
+    from kappa.runtime.upkeep import compact_between, history_properties
+
+    columns = (("id", deltars.I64),)
+    table, quarantine = str(tmp_path / "table"), str(tmp_path / "quarantine")
+    assert history_properties(1.0) == {"delta.logRetentionDuration": "interval 60 minutes",
+                                       "delta.deletedFileRetentionDuration": "interval 60 minutes"}
+    assert history_properties(1.0, quarantine=True)["delta.logRetentionDuration"] == "interval 15 minutes"
+    assert history_properties(None) == {}
+    deltars.create_table(table, columns, properties=history_properties(1.0))
+    deltars.create_table(quarantine, QUARANTINE_COLUMNS, partition_by=("view",),
+                         properties=history_properties(1.0, quarantine=True))
+    for path, rows in ((table, [{"id": 1}]), (quarantine, [{"view": "events_raw", "offset": 1}])):
+        handle = DeltaTable(path)
+        data = deltars.arrow_rows(columns if path == table else QUARANTINE_COLUMNS, rows)
+        for batch in range(45):  # checkpoints at versions 20 and 40
+            deltars.append_once(handle, data, "app", batch, last=batch - 1)
+        two_hours_ago = time.time() - 7200
+        for log_file in Path(path, "_delta_log").iterdir():
+            if log_file.name.split(".")[0].isdigit() and int(log_file.name.split(".")[0]) <= 42:
+                os.utime(log_file, (two_hours_ago, two_hours_ago))
+
+    def versions(path: str) -> list[int]:
+        return sorted(int(f.name.split(".")[0]) for f in Path(path, "_delta_log").glob("*.json"))
+
+    held = compact_between(None, table, quarantine, "events_raw", limit=10**6, clean=True, hold=lambda: True,
+                           handles={})
+    assert held is None  # nothing compacted
+    assert versions(table)[0] == 0, "a held table's log was cleaned"
+    assert versions(quarantine)[0] == 40  # the commits before its last checkpoint older than its history left
+    compact_between(None, table, quarantine, "events_raw", limit=10**6, clean=True, hold=lambda: False, handles={})
+    assert versions(table)[0] == 40 and versions(table)[-1] == 45
+    assert DeltaTable(table, version=43).version() == 43  # within the history: time travel reaches it
+    with pytest.raises(Exception):
+        DeltaTable(table, version=10)  # before it: gone
+    assert len(read_rows(DeltaTable(table))) == 45  # the table itself is whole
+    # what a reader asking for more is told, in one line
+    from kappa.control.changefeed import ChangeFeedError, read_changes
+    from kappa.control.registry import AsOfError, open_delta
+
+    for reader, error in ((lambda: open_delta(table, as_of=10), AsOfError),
+                          (lambda: read_changes(table, 10), ChangeFeedError)):
+        with pytest.raises(error, match="older than the table's history") as caught:
+            reader()
+        assert "\n" not in str(caught.value)
+
+
+def test_a_tables_history_is_set_on_tables_made_before_it(spark, tmp_path):
+    """A lake made under another history (Delta's own, or another ``KAPPA_HISTORY_HOURS``): the job's start sets
+    the view table's (through Spark, before its query runs) and the quarantine's (through delta-rs) once, and a
+    start that finds them set commits nothing. An archive keeps Delta's own."""
+    from kappa.runtime.sink import create_view_tables
+
+    table, quarantine = str(tmp_path / "table"), str(tmp_path / "quarantine")
+    view = load_view("jobs.events_raw.v1")
+    output = spark.createDataFrame([], "user_id STRING, n BIGINT").schema
+    create_view_tables(spark, view, output, table, quarantine, "r1")
+    for path in (table, quarantine):
+        assert "delta.logRetentionDuration" not in DeltaTable(path).metadata().configuration
+    create_view_tables(spark, view, output, table, quarantine, "r1", history_hours=2.0)
+    assert DeltaTable(table).metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 120 minutes"
+    assert DeltaTable(quarantine).metadata().configuration["delta.logRetentionDuration"] == "interval 15 minutes"
+    versions = DeltaTable(table).version(), DeltaTable(quarantine).version()
+    create_view_tables(spark, view, output, table, quarantine, "r1", history_hours=2.0)
+    assert (DeltaTable(table).version(), DeltaTable(quarantine).version()) == versions
+    archive = str(tmp_path / "archive")
+    create_view_tables(spark, load_view("jobs.ad_events_archive.v1"),
+                       spark.createDataFrame([], "partition INT, offset BIGINT").schema, archive, quarantine, "r1",
+                       history_hours=2.0)
+    assert "delta.logRetentionDuration" not in DeltaTable(archive).metadata().configuration
+
+
+def test_a_publisher_behind_its_table_holds_the_tables_history(tmp_path):
+    """A publishing version's keeper leaves its table's VACUUM and log alone while the publisher is more than
+    PUBLISH_HOLD_COMMITS commits behind (the change data it has still to publish), and not when it keeps up."""
+    import json
+    from types import SimpleNamespace
+
+    from kappa.config import Settings
+    from kappa.runtime import deltars
+    from kappa.runtime.job import PUBLISH_HOLD_COMMITS
+    from kappa.runtime.publish import PROGRESS_FILE, Publisher
+
+    settings = Settings.from_env({"KAPPA_HOME": str(tmp_path)})
+    paths = ViewPaths(settings.lake_uri, "campaign_window_counts", 1)
+    publisher = Publisher(load_view("jobs.campaign_window_counts.v1"), settings, paths)
+    columns = (("id", deltars.I64),)
+    deltars.create_table(paths.table, columns)
+    table = DeltaTable(paths.table)
+    for batch in range(PUBLISH_HOLD_COMMITS + 10):
+        deltars.append_once(table, deltars.arrow_rows(columns, [{"id": batch}]), "app", batch, last=batch - 1)
+    job = SimpleNamespace(publisher=publisher)
+    assert publisher.behind() == 0 and not ViewJob._history_held(job)  # before its first publish
+    publisher._table = DeltaTable(paths.table)  # what its last publish opened
+    Path(paths.checkpoint).mkdir(parents=True)
+    for done, held in ((5, True), (table.version() - 3, False)):
+        Path(paths.checkpoint, PROGRESS_FILE).write_text(json.dumps({"delta_version": done}))
+        assert publisher.behind() == table.version() - done
+        assert ViewJob._history_held(job) is held, done
+    assert not ViewJob._history_held(SimpleNamespace(publisher=None))

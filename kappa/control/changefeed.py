@@ -119,7 +119,14 @@ def read_changes(path: str, start: int, end: int | None = None) -> Any:
     if start < 0 or start > latest or (end is not None and not start <= end <= latest):
         raise ChangeFeedError(f"versions {start}..{latest if end is None else end} are outside {path}'s history "
                               f"(0..{latest})")
-    if not _feed_on(path, start):  # the platform never turns the feed off: on at start = on for the range
+    from deltalake.exceptions import DeltaError
+
+    try:
+        feed_on = _feed_on(path, start)
+    except DeltaError as exc:  # its commit left the log with the table's history
+        raise ChangeFeedError(f"version {start} of {path} is no longer readable - older than the table's history "
+                              f"(KAPPA_HISTORY_HOURS; docs/lake.md): {one_line(exc)}") from None
+    if not feed_on:  # the platform never turns the feed off: on at start = on for the range
         first = _feed_start(path, latest)
         raise ChangeFeedError(f"the change feed of {path} " + (f"starts at version {first}" if first is not None else
                               "is off") + f", not {start} (on from the commit its job turned it on)")

@@ -277,7 +277,8 @@ def open_delta(uri: str, *, as_of: int | datetime | None = None,
         try:
             return DeltaTable(uri, version=as_of, storage_options=storage_options)
         except DeltaError as exc:
-            raise AsOfError(f"Delta version {as_of} is no longer readable: {one_line(exc)}") from None
+            raise AsOfError(f"Delta version {as_of} is no longer readable - older than the table's history "
+                            f"(KAPPA_HISTORY_HOURS; docs/lake.md): {one_line(exc)}") from None
     if not isinstance(as_of, datetime) or as_of.tzinfo is None:
         raise AsOfError(f"as-of {as_of!r} must be a version number or a timezone-aware datetime")
     try:

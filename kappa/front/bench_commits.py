@@ -21,8 +21,12 @@ partition), without the Kafka read and the Spark micro-batch around them:
       upkeep      the live job's keeper: every --upkeep-every commits its hourly step (kappa.runtime.upkeep.compact
                   of the table, a full VACUUM the first time, then compact_quarantine of the view's partition), and
                   every 15 commits (its 30 s look) compaction as writers go (compact_between, --compact-files)
-      hourly      the hourly step alone (KAPPA_COMPACT_FILES=0)
+                  and the removal of the log older than the tables' history
+      hourly      the hourly step alone (KAPPA_COMPACT_FILES=0: no look)
       no-upkeep   neither
+    history     a local lake's tables keep an hour of history (KAPPA_HISTORY_HOURS): the legs with upkeep keep
+                --history-commits commits' worth (1,800: an hour at the 2 s trigger), its length in time set from
+                the leg's pace at every sample (the quarantine a quarter of it, as live); 0: Delta's own
 
 Every --sample-every commits, per table: its Delta version, the data files its current version references (what
 a reader lists), its files and bytes on disk (``bench_soak.table_stats``), the commits' median and 95th
@@ -211,18 +215,34 @@ def upkeep(spark: Any, leg: Leg, first: bool) -> None:
                             "line": done.line()})
 
 
-def look(spark: Any, leg: Leg, limit: int, handles: dict[str, Any]) -> None:
-    """The keeper's look between upkeeps for every view of the leg (kappa.runtime.upkeep.compact_between)."""
+def look(spark: Any, leg: Leg, limit: int, handles: dict[str, Any], *, clean: bool = False) -> None:
+    """The keeper's look between upkeeps for every view of the leg (kappa.runtime.upkeep.compact_between; ``clean``:
+    with a history of its own, the expired log removed too)."""
     from kappa.runtime.deltars import rs_uri
     from kappa.runtime.upkeep import compact_between
 
     for name, sink in leg.sinks.items():
         began = time.monotonic()
         done = compact_between(spark, sink.path, rs_uri(leg.quarantines[name].path), name, limit=limit,
-                               handles=handles)
+                               handles=handles, clean=clean)
         if done is not None:
             leg.upkeeps.append({"view": name, "kind": "compaction", "seconds": round(time.monotonic() - began, 2),
                                 "line": done.line()})
+
+
+def keep_history_of(spark: Any, leg: Leg, commits: int, per_minute: float) -> float:
+    """Set the leg's tables' history to what holds ``commits`` commits at its pace (``per_minute``): the live job's
+    history in time compressed as the bench compresses time - an hour at the 2 s trigger is 1,800 commits; the
+    quarantine's, a quarter of it, as live (kappa.runtime.upkeep.QUARANTINE_HISTORY_HOURS). Returns the hours."""
+    from kappa.config import LOCAL_HISTORY_HOURS
+    from kappa.runtime.upkeep import QUARANTINE_HISTORY_HOURS, history_properties, keep_history
+
+    hours = commits / per_minute / 60
+    share = QUARANTINE_HISTORY_HOURS / LOCAL_HISTORY_HOURS
+    for name, sink in leg.sinks.items():
+        keep_history(spark, sink.path, history_properties(hours))
+        keep_history(None, leg.quarantines[name].path, history_properties(hours * share))
+    return hours
 
 
 def sample(leg: Leg, i: int, changes_commits: int) -> dict[str, Any]:
@@ -380,6 +400,9 @@ def main() -> None:
                              "when the first one ends")
     parser.add_argument("--grace-minutes", dest="grace_minutes", type=float, default=0.0,
                         help="how long the other legs may go on once the first one ended")
+    parser.add_argument("--history-commits", dest="history_commits", type=int, default=1800,
+                        help="the legs with upkeep keep the history of this many commits (the live default, an "
+                             "hour, at the 2 s trigger), set from their pace at every sample; 0: Delta's own")
     parser.add_argument("--compact-files", dest="compact_files", type=int, default=100,
                         help="the upkeep leg's KAPPA_COMPACT_FILES")
     parser.add_argument("--out", type=Path, default=Path("reports"))
@@ -494,7 +517,8 @@ def run_leg(args: argparse.Namespace) -> None:
                 {"label": args.leg.replace("-", " "), "commits": done, "asked": args.commits, "stopped": stopped,
                  "minutes": round((time.monotonic() - t0) / 60, 1), "from_commit": args.from_commit,
                  "upkeep_every": args.upkeep_every if leg.upkeep else None,
-                 "compact_files": args.compact_files if leg.between else None, "samples": leg.samples,
+                 "compact_files": args.compact_files if leg.between else None,
+                 "history_commits": args.history_commits if leg.upkeep else None, "samples": leg.samples,
                  "upkeeps": leg.upkeeps}, indent=2, default=str))
 
         for i in range(args.commits):
@@ -502,9 +526,12 @@ def run_leg(args: argparse.Namespace) -> None:
             if leg.upkeep and (i + 1) % args.upkeep_every == 0:
                 upkeep(spark, leg, first=not any(u["kind"] == "upkeep" for u in leg.upkeeps))
             elif leg.between and (i + 1) % every == 0:
-                look(spark, leg, args.compact_files, handles)
+                look(spark, leg, args.compact_files, handles, clean=bool(args.history_commits))
             if (i + 1) % args.sample_every == 0 or i + 1 == args.commits:
                 leg.samples.append({**sample(leg, i + 1, args.changes_commits), "t": round(time.monotonic() - t0, 1)})
+                if leg.upkeep and args.history_commits:  # the pace so far sets the history's length in time
+                    leg.samples[-1]["history_minutes"] = round(60 * keep_history_of(
+                        spark, leg, args.history_commits, (i + 1) / ((time.monotonic() - t0) / 60)), 1)
                 files = {n: x["active"] for n, x in leg.samples[-1]["tables"].items()}
                 say(f"{i + 1:,} commits ({(time.monotonic() - t0) / 60:.1f} min); files a reader lists {files}")
                 over = args.max_minutes and time.monotonic() - t0 > args.max_minutes * 60

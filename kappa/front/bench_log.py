@@ -163,7 +163,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         rows = [r for r in results if r["store"] == store]
         for name in MEASURES:
             ax.plot([r["commits"] for r in rows], [r[name] for r in rows], marker="o", label=name)
-        ax.set(title=f"{store} lake: a commit against the log's length", xlabel="commits in _delta_log",
+        ax.set(title=f"A commit against the log's length, lake: {store}", xlabel="commits in _delta_log",
                ylabel="ms (median)")
         ax.legend()
     fig.tight_layout()

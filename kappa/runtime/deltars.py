@@ -164,9 +164,10 @@ def arrow_to_rows(data: Any) -> list[dict[str, Any]]:
 
 
 def create_table(uri: str, columns: tuple[tuple[str, Any], ...], *, partition_by: tuple[str, ...] = (),
-                 storage_options: dict[str, str] | None = None) -> None:
-    """Create an empty Delta table at ``uri`` unless one exists, with delta-rs (its first commit is a conditional
-    put on object stores: of several processes creating it at once, one wins and the others use its table).
+                 storage_options: dict[str, str] | None = None, properties: dict[str, str] | None = None) -> None:
+    """Create an empty Delta table at ``uri`` (with the table ``properties``) unless one exists, with delta-rs (its
+    first commit is a conditional put on object stores: of several processes creating it at once, one wins and the
+    others use its table).
 
     The creation commit is never retried at a later log version: delta-rs would otherwise commit a losing creator's
     table as version 1 - a second ``CREATE TABLE`` replacing the winner's metadata (seen with 4 processes on an
@@ -179,7 +180,8 @@ def create_table(uri: str, columns: tuple[tuple[str, Any], ...], *, partition_by
         Path(local_path(uri)).mkdir(parents=True, exist_ok=True)
     try:
         DeltaTable.create(uri, arrow_schema(columns), mode="ignore", partition_by=list(partition_by) or None,
-                          storage_options=storage_options, commit_properties=CommitProperties(max_commit_retries=0))
+                          storage_options=storage_options, configuration=properties or None,
+                          commit_properties=CommitProperties(max_commit_retries=0))
     except (CommitFailedError, DeltaError):
         # a concurrent creator committed version 0 first: fine as long as the table now exists
         if not DeltaTable.is_deltatable(uri, storage_options):
@@ -237,11 +239,28 @@ def append_once(table: DeltaTable, data: Any, app_id: str, version: int, user_me
     latest version of ``app_id`` the caller knows the table holds (it asked once, then made every commit since);
     without it the table is brought up to date (incrementally) and asked. With it, nothing is listed before the
     write: on a version other writers moved on, delta-rs commits on the next free log version after its conflict
-    check (a blind append commutes with appends and with compaction).
+    check (a blind append commutes with appends and with compaction); when that check fails (the metadata
+    changed), the append is tried once more on the table brought up to date.
     """
-    if version <= last if last is not None else committed(table, app_id, version):
+    from deltalake.exceptions import CommitFailedError
+
+    def write() -> None:
+        write_deltalake(table, data, mode="append", post_commithook_properties=LIVE_HOOKS,
+                        commit_properties=commit_properties(app_id, version, user_metadata))
+
+    if last is None:
+        if committed(table, app_id, version):
+            return False
+        write()
+    elif version <= last:
         return False
-    write_deltalake(table, data, mode="append", commit_properties=commit_properties(app_id, version, user_metadata),
-                    post_commithook_properties=LIVE_HOOKS)
+    else:
+        try:
+            write()
+        except CommitFailedError:
+            # nothing landed: a commit since this handle's version changed what a blind append depends on (the
+            # table's metadata - a repair's swap, an ALTER); brought up to date, the append is tried once more
+            table.update_incremental()
+            write()
     after_commit(table)
     return True

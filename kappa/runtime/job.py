@@ -92,6 +92,10 @@ _SPARK_55271 = 'Cannot invoke "scala.collection.IterableOps.map(scala.Function1)
 #: one did (:meth:`ViewJob.ended_maybe`).
 FULL_CHECK_SECONDS = 30.0
 
+#: A publishing version's table keeps its whole history while its publisher is more than this many commits behind
+#: (a trigger's worth normally; the publisher stalls while Kafka is away).
+PUBLISH_HOLD_COMMITS = 100
+
 #: Spark's phases of a micro-batch (progress ``durationMs`` keys) reported beside ours.
 SPARK_PHASES = {"offsets": ("latestOffset",), "plan": ("queryPlanning", "getBatch"),
                 "commit": ("walCommit", "commitOffsets")}
@@ -557,7 +561,7 @@ class ViewJob:
     def _create_tables(self, output_schema: Any) -> None:
         """The view table (with the run's properties, change data feed on) and the shared quarantine, if missing."""
         if create_view_tables(self.spark, self.view, output_schema, self.paths.table, self.paths.quarantine,
-                              self.run_id or ""):
+                              self.run_id or "", history_hours=self.settings.table_history_hours):
             log.info("%s: change data feed turned on for %s", self.view.ref, self.paths.table)
 
     def _start_keeper(self) -> None:
@@ -581,7 +585,8 @@ class ViewJob:
             what = "archive upkeep"
         else:
             def table_step(full_vacuum: bool) -> Any:
-                return compact(self.spark, self.paths.table, lock=lock, full_vacuum=full_vacuum)
+                return compact(self.spark, self.paths.table, lock=lock, full_vacuum=full_vacuum,
+                               hold=self._history_held)
             what = "upkeep"
         quarantine = rs_uri(self.paths.quarantine)
         last_full: float | None = None  # when the last full VACUUM ran (the first upkeep's is one)
@@ -608,7 +613,14 @@ class ViewJob:
 
         return functools.partial(compact_between, self.spark, self.paths.table, rs_uri(self.paths.quarantine),
                                  self.view.name, limit=self.settings.compact_files, lock=lock,
-                                 table_too=not self.view.keep_invalid, handles={})
+                                 table_too=not self.view.keep_invalid, handles={},
+                                 clean=self.settings.table_history_hours is not None, hold=self._history_held)
+
+    def _history_held(self) -> bool:
+        """Whether the table's history must stay for now: this version's publisher is more than
+        :data:`PUBLISH_HOLD_COMMITS` commits behind it (the change data it has still to read is not VACUUMed, nor
+        the log that points to it cleaned, whatever the history's length)."""
+        return self.publisher is not None and self.publisher.behind() > PUBLISH_HOLD_COMMITS
 
     def _plan(self, decoded: "DataFrame", lookups: Mapping[str, "DataFrame"]) -> tuple["DataFrame", Any]:
         """(the streaming plan over ``decoded`` records, the schema of the rows it writes)."""

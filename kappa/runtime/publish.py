@@ -83,6 +83,12 @@ class Publisher:
         """The last Delta version published (-1: nothing yet)."""
         return published_through(self.paths.checkpoint, files=self.files)
 
+    def behind(self) -> int:
+        """How many commits of the table it has not published, as of its last look at the table (0 before its
+        first publish, which publishes the table's rows, not its commits)."""
+        table, done = self._table, self.published_through()
+        return 0 if table is None or done < 0 else max(0, table.version() - done)
+
     def publish(self) -> int:
         """Publish the rows of every commit since the last published one; returns how many were produced."""
         import arro3.core as ac

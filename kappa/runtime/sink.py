@@ -148,22 +148,29 @@ def enable_change_feed(spark: "SparkSession", path: str) -> bool:
 
 
 def create_view_tables(spark: "SparkSession", view: ViewDefinition, output: "StructType", table: str,
-                       quarantine: str, run_id: str) -> bool:
+                       quarantine: str, run_id: str, *, history_hours: float | None = None) -> bool:
     """A view version's table (the run's properties, change data feed on, partitioned by
-    :attr:`ViewDefinition.table_partitions`) and the shared quarantine, each unless it exists; True when the change
-    data feed of an existing view table was turned on now (:func:`enable_change_feed`)."""
+    :attr:`ViewDefinition.table_partitions`) and the shared quarantine, each unless it exists, each keeping the
+    history ``history_hours`` asks for (``Settings.table_history_hours``; an archive keeps Delta's own: a replay
+    reads a version of it for longer than an hour) - set on an existing table too; True when the change data feed
+    of an existing view table was turned on now (:func:`enable_change_feed`)."""
     from kappa.identity import RUN_ID_PROPERTY
     from kappa.runtime.deltars import create_table, rs_uri
+    from kappa.runtime.upkeep import history_properties, keep_history
 
+    history = {} if view.keep_invalid else history_properties(history_hours)
     ensure_table(spark, table, table_columns(view, output), partition_by=view.table_partitions,
                  properties={RUN_ID_PROPERTY: run_id, "kappa.view": view.name, "kappa.version": str(view.version),
                              CHANGE_FEED: "true", "delta.appendOnly":
                              # an archive's retention deletes its oldest records
-                             "true" if view.write == "append" and not view.keep_invalid else "false"})
+                             "true" if view.write == "append" and not view.keep_invalid else "false", **history})
     turned_on = enable_change_feed(spark, table)
+    keep_history(spark, table, history)
     # the quarantine is written by every driver through delta-rs only, so delta-rs creates it too: one commit
     # protocol per table (on an object store, delta-spark's log store would not exclude another process)
-    create_table(rs_uri(quarantine), QUARANTINE_COLUMNS, partition_by=("view",))
+    held = history_properties(history_hours, quarantine=True)
+    create_table(rs_uri(quarantine), QUARANTINE_COLUMNS, partition_by=("view",), properties=held)
+    keep_history(None, quarantine, held)
     return turned_on
 
 

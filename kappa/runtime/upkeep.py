@@ -1,5 +1,5 @@
 """Every view table keeps itself: a thread of its live job compacts the small files its micro-batches write and
-deletes the files no version within Delta's retention still references, between the job's own commits.
+deletes the files no version within its history still references, between the job's own commits.
 
 .. code-block:: text
 
@@ -12,22 +12,29 @@ deletes the files no version within Delta's retention still references, between 
     then, beside the job's commits (it commits nothing and deletes only files older than the retention):
       VACUUM    (LITE: the files the log's commits since the last VACUUM removed - compaction's, each MERGE's;
                 the first of a job and then once a day FULL: also files no commit added, as an empty write leaves)
-                files no version of the last 7 days references leave (delta.deletedFileRetentionDuration,
-                Delta's default) - time travel (`--as-of`) and the change feed (`table_changes`, `watch`) reach
-                every version of the last 7 days
-      the log   commit files older than 30 days (delta.logRetentionDuration) and before the last checkpoint leave
+                files no version within the table's history references leave (delta.deletedFileRetentionDuration)
+                - time travel (`--as-of`) and the change feed (`table_changes`, `watch`) reach every version of it
+      the log   commit files older than the history (delta.logRetentionDuration) and before the last checkpoint
+                leave
       then the view's partition of the shared quarantine, through delta-rs (its one commit protocol): compacted,
                 VACUUMed and its log cleaned the same way, beside the other drivers' appends (no lock: blind appends commute with a
                 no-data-change commit)
+    the history KAPPA_HISTORY_HOURS, unset an hour on a lake on a file system (a listing of a table's log reads
+                every file in it, and every live commit lists it twice) and Delta's own on an object store (7 days
+                of files, 30 of log: S3 lists a log from a version); the quarantine's at most a quarter of an hour
+                (QUARANTINE_HISTORY_HOURS); an archive keeps Delta's own
 
 Between two upkeeps, as writers go: every LOOK_SECONDS the keeper counts the small files (under
 COMPACT_BELOW_BYTES) the table's current version references, and those of the view's partition of the quarantine;
 past KAPPA_COMPACT_FILES (100) it compacts that one at once - the OPTIMIZE above, or the quarantine's delta-rs
-compaction - without VACUUM or the log's clean-up, which stay hourly. A delta-rs commit materializes every file of
-the table's current version: an append of 400 rows to a table of 1,500 small files took 95 ms on 2 cores, to one
-compacted into a single file after as many commits 30 ms (the rest grows with the log: docs/performance.md), and
-the quarantine, which every view appends to, gathers the files of all of them; compacted as writers go, no table a
-live job appends to holds more than about KAPPA_COMPACT_FILES small files, whatever the upkeep's period.
+compaction - without VACUUM, which stays hourly; with a history of its own (KAPPA_HISTORY_HOURS) the look also
+removes both tables' expired log, so that the log holds about the history and no more. While a publishing
+version's publisher is behind its table, the table's VACUUM and log clean-up wait (the change data it has still to
+read). A delta-rs commit materializes every file of the table's current version: an append of 400 rows to a table
+of 1,500 small files took 95 ms on 2 cores, to one compacted into a single file after as many commits 30 ms (the
+rest grows with the log: docs/performance.md), and the quarantine, which every view appends to, gathers the
+files of all of them; compacted as writers go, no table a live job appends to holds more than about
+KAPPA_COMPACT_FILES small files, whatever the upkeep's period.
 
 A live micro-batch writes one file per table partition (a few KB); at the 2 s trigger a view table gains ~1,800
 files an hour. After an upkeep each partition holds the files of earlier upkeeps (each at least
@@ -49,8 +56,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "LOOK_SECONDS", "Compacted", "TableKeeper", "Upkept",
-           "clean_log", "compact", "compact_between", "compact_quarantine", "keep_registry", "small_files", "vacuum"]
+__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "LOOK_SECONDS", "QUARANTINE_HISTORY_HOURS", "Compacted",
+           "TableKeeper", "Upkept", "clean_log", "compact", "compact_between", "compact_quarantine",
+           "history_properties", "keep_history", "keep_registry", "small_files", "vacuum"]
 
 #: Files smaller than this are compacted (Delta's ``optimize.minFileSize``, 1 GB by default, would rewrite every
 #: partition's whole data each period until it reached 1 GB); a compacted file at least this big is left alone,
@@ -63,6 +71,54 @@ FULL_VACUUM_SECONDS = 86_400
 
 #: How often a keeper counts its table's small files between upkeeps (``KAPPA_COMPACT_FILES``).
 LOOK_SECONDS = 30.0
+
+#: The quarantine's history on a lake whose tables keep a short one (``KAPPA_HISTORY_HOURS``), at most: every view's
+#: driver appends to it (six views at the 2 s trigger: 10,800 commits an hour), and no reader travels back in it -
+#: its rows are what operators read.
+QUARANTINE_HISTORY_HOURS = 0.25
+
+_LOG_RETENTION = "delta.logRetentionDuration"
+_FILE_RETENTION = "delta.deletedFileRetentionDuration"
+
+
+def history_properties(hours: float | None, *, quarantine: bool = False) -> dict[str, str]:
+    """The table properties that make a table's history reach ``hours`` back (its log and the files its commits
+    replaced kept that long; the quarantine's at most :data:`QUARANTINE_HISTORY_HOURS`); none for None (Delta's
+    own: 7 days of files, 30 of log)."""
+    if hours is None:
+        return {}
+    minutes = max(1, round((min(hours, QUARANTINE_HISTORY_HOURS) if quarantine else hours) * 60))
+    return {_LOG_RETENTION: f"interval {minutes} minutes", _FILE_RETENTION: f"interval {minutes} minutes"}
+
+
+def keep_history(spark: "SparkSession | None", uri: str, properties: dict[str, str]) -> bool:
+    """Set ``properties`` (:func:`history_properties`) on the existing table at ``uri`` where it has others - a
+    table made before them, or under another ``KAPPA_HISTORY_HOURS``; True when it changed them. Through Spark
+    (``spark`` given: a view table, before its job's query starts - nothing else writes it then) or delta-rs (the
+    quarantine, which only delta-rs writes: the drivers' appends that meet the change retry once,
+    :func:`kappa.runtime.deltars.append_once`)."""
+    from deltalake import DeltaTable as RsTable
+    from deltalake.exceptions import CommitFailedError
+
+    from kappa.runtime.deltars import rs_uri
+
+    for attempt in range(3):
+        table = RsTable(rs_uri(uri))
+        have = table.metadata().configuration
+        if not properties or all(have.get(k) == v for k, v in properties.items()):
+            return False
+        if spark is not None:
+            break
+        try:
+            table.alter.set_table_properties(properties)
+            return True
+        except CommitFailedError:  # another driver changed them at the same moment: look again
+            if attempt == 2:
+                raise
+    quoted = uri.replace("`", "``")
+    values = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+    spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ({values})")
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +148,13 @@ class Upkept:
 
 
 def compact(spark: "SparkSession", table: str, *, lock: Any = None, full_vacuum: bool = False,
-            keep: bool = True) -> Compacted:
+            keep: bool = True, hold: Callable[[], bool] | None = None) -> Compacted:
     """OPTIMIZE ``table``'s small files while holding ``lock`` (the job's commit lock: a MERGE of the same files
     in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a MERGE view's
     micro-batches, a repair's swap and an archive's retention replace files without any compaction: LITE, or
     FULL when ``full_vacuum`` (:func:`vacuum`) - and clean its log. ``keep=False``: the compaction alone (between
-    upkeeps, as writers go)."""
+    upkeeps, as writers go). While ``hold()`` is true (a publisher behind the table) the table's history stays:
+    no VACUUM, no clean-up of the log."""
     import contextlib
 
     from delta.tables import DeltaTable
@@ -106,6 +163,7 @@ def compact(spark: "SparkSession", table: str, *, lock: Any = None, full_vacuum:
         spark.conf.set("spark.databricks.delta.optimize.minFileSize", str(COMPACT_BELOW_BYTES))
         metrics = DeltaTable.forPath(spark, table).optimize().executeCompaction().first()["metrics"]
     removed, added = int(metrics["numFilesRemoved"] or 0), int(metrics["numFilesAdded"] or 0)
+    keep = keep and not (hold is not None and hold())
     if keep:
         vacuum(spark, table, full=full_vacuum)
         clean_log(table)
@@ -128,11 +186,14 @@ def small_files(table: Any, partition: tuple[str, str] | None = None) -> int:
 
 
 def compact_between(spark: "SparkSession", table: str, quarantine: str, view: str, *, limit: int, lock: Any = None,
-                    table_too: bool = True, handles: dict[str, Any] | None = None) -> Upkept | None:
+                    table_too: bool = True, handles: dict[str, Any] | None = None, clean: bool = False,
+                    hold: Callable[[], bool] | None = None) -> Upkept | None:
     """A keeper's look between upkeeps: ``table`` (when ``table_too``) compacted under ``lock`` once its current
     version references more than ``limit`` small files, and ``view``'s partition of the ``quarantine`` (a delta-rs
     URI) likewise - the compaction alone, no VACUUM; None when neither was due. ``handles`` keeps the delta-rs
-    tables it counts with from one look to the next (brought up to date incrementally)."""
+    tables it counts with from one look to the next (brought up to date incrementally). ``clean``: the expired log
+    of both is removed at every look too (a short history, ``KAPPA_HISTORY_HOURS``: the log stays about as long as
+    the history), the table's not while ``hold()`` is true."""
     from deltalake import DeltaTable
 
     from kappa.runtime.deltars import rs_uri
@@ -149,6 +210,10 @@ def compact_between(spark: "SparkSession", table: str, quarantine: str, view: st
         done = compact(spark, table, lock=lock, keep=False)
     if count(quarantine, ("view", view)) > limit:
         quarantined = compact_quarantine(quarantine, view, keep=False)
+    if clean:
+        if table_too and not (hold is not None and hold()):
+            opened[rs_uri(table)].cleanup_metadata()
+        opened[quarantine].cleanup_metadata()
     if done is None and quarantined is None:
         return None
     return Upkept(done or Compacted(), quarantined or Compacted())
@@ -176,6 +241,9 @@ def vacuum(spark: "SparkSession", table: str, *, full: bool = False) -> None:
     no VACUUM for longer than the log's 30 days) lists the table and also deletes files no commit ever added -
     an empty micro-batch's write through delta-spark leaves its empty file so."""
     spark.conf.set("spark.databricks.delta.vacuum.logging.enabled", "false")
+    # the retention is the table's own (delta.deletedFileRetentionDuration: KAPPA_HISTORY_HOURS where it is short);
+    # Delta's check refuses one under 7 days, a guard against a RETAIN typed by hand, which this never passes
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     # a full VACUUM lists the table in Spark's partition-discovery parallelism: 10,000 tasks by default, 40 s of
     # task overhead on 2 cores for a table of a dozen files (measured); the listing is I/O, a few tasks suffice
     spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
