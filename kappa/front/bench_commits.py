@@ -32,9 +32,9 @@ Every --sample-every commits, per table: its Delta version, the data files its c
 a reader lists), its files and bytes on disk (``bench_soak.table_stats``), the commits' median and 95th
 percentile seconds since the last sample, and the seconds of ``bin/kappa query``'s engine
 (:func:`kappa.front.query.run_query`) for ``SELECT count(*)`` over the view and for its change feed over the last
---changes-commits commits (``table_changes``). VACUUM deletes a replaced file only once it is 7 days old
-(Delta's default retention, which the platform keeps): a compressed run's disk keeps every file it replaced, and
-the figure to read is what a reader lists.
+--changes-commits commits (``table_changes``). VACUUM deletes a replaced file once the table's history no longer
+reaches it (the history, like the log's, set in compressed time for the legs with upkeep; Delta's 7 days for the
+other): the figures to read are what a reader lists and the commit's and readers' seconds.
 
 ``python -m kappa.front.bench_commits`` (``make bench-commits``) prints the first and last windows of two upkeep
 periods (from commit 2,000 and the last; their ratios; the target is at most 1.25) and writes
@@ -384,8 +384,9 @@ def main() -> None:
     parser.add_argument("--upkeep-every", dest="upkeep_every", type=int, default=1800,
                         help="commits between upkeeps (1,800: the default hourly upkeep at the 2 s trigger)")
     parser.add_argument("--sample-every", dest="sample_every", type=int, default=500)
-    parser.add_argument("--changes-commits", dest="changes_commits", type=int, default=1800,
-                        help="the change feed read at each sample: the last N commits (1,800: an hour)")
+    parser.add_argument("--changes-commits", dest="changes_commits", type=int, default=1500,
+                        help="the change feed read at each sample: the last N commits (1,500: 50 minutes at the 2 s "
+                             "trigger, within the history's hour whatever the pace's jitter)")
     parser.add_argument("--from-commit", dest="from_commit", type=int, default=2000,
                         help="the first window of the summary starts here")
     parser.add_argument("--window", type=int, default=0,
