@@ -239,8 +239,9 @@ def append_once(table: DeltaTable, data: Any, app_id: str, version: int, user_me
     latest version of ``app_id`` the caller knows the table holds (it asked once, then made every commit since);
     without it the table is brought up to date (incrementally) and asked. With it, nothing is listed before the
     write: on a version other writers moved on, delta-rs commits on the next free log version after its conflict
-    check (a blind append commutes with appends and with compaction); when that check fails (the metadata
-    changed), the append is tried once more on the table brought up to date.
+    check (a blind append commutes with appends and with compaction); when that check refuses it (a metadata
+    change; a commit of another writer that delta-rs counts as a concurrent transaction, as a delta-spark append
+    between two of the sink's), nothing landed, and the append is tried once more on the table brought up to date.
     """
     from deltalake.exceptions import CommitFailedError
 
@@ -258,8 +259,8 @@ def append_once(table: DeltaTable, data: Any, app_id: str, version: int, user_me
         try:
             write()
         except CommitFailedError:
-            # nothing landed: a commit since this handle's version changed what a blind append depends on (the
-            # table's metadata - a repair's swap, an ALTER); brought up to date, the append is tried once more
+            # nothing landed: a commit since this handle's version conflicts with a blind append in delta-rs'
+            # check (the table's metadata - an ALTER -, another writer's transaction); brought up to date, once more
             table.update_incremental()
             write()
     after_commit(table)
