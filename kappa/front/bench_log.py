@@ -113,7 +113,7 @@ def _s3(prefix: str, commits: int) -> tuple[str, Callable, Callable]:
     import os
 
     import obstore
-    from obstore.store import S3Store
+    from obstore.store import from_url
 
     from kappa.config import Settings
     from kappa.objectstore import LocalObjectStore
@@ -123,10 +123,8 @@ def _s3(prefix: str, commits: int) -> tuple[str, Callable, Callable]:
         store.start()
     store.ensure_bucket("kappa")
     options = store.delta_rs_options()
-    os.environ.update(options)
-    s3 = S3Store("kappa", endpoint=options["AWS_ENDPOINT_URL"], access_key_id=options["AWS_ACCESS_KEY_ID"],
-                 secret_access_key=options["AWS_SECRET_ACCESS_KEY"], region=options["AWS_REGION"],
-                 client_options={"allow_http": True})
+    os.environ.update(options)  # delta-rs and obstore read the store's endpoint and credential from there
+    s3 = from_url("s3://kappa")
     key = f"{prefix}/log-{commits}"
     for listed in obstore.list(s3, prefix=key + "/"):
         obstore.delete(s3, [o["path"] for o in listed])

@@ -220,10 +220,10 @@ def compact_between(spark: "SparkSession", table: str, quarantine: str, view: st
 
 
 def clean_log(table: str) -> None:
-    """Remove the commit files of ``table``'s log older than its log retention (30 days) and before its last
-    checkpoint, through delta-rs: most commits of a live table are delta-rs', whose checkpoints do not clean the
-    log (delta-spark's do, but they are rare), and a log of a month of 2 s micro-batches is 1.3 million files that
-    every reader would list. It commits nothing."""
+    """Remove the commit files of ``table``'s log older than its history (``delta.logRetentionDuration``: an hour
+    on a lake on a file system, 30 days on an object store) and before its last checkpoint, through delta-rs: most
+    commits of a live table are delta-rs', which leave the log's clean-up to the keeper (:data:`LIVE_HOOKS
+    <kappa.runtime.deltars.LIVE_HOOKS>`). It commits nothing."""
     from deltalake import DeltaTable
 
     from kappa.runtime.deltars import rs_uri
