@@ -92,6 +92,14 @@ def test_a_small_run_commits_every_batch_once_and_the_upkeep_leg_compacts(tmp_pa
     files = {leg: len(by_view["events_raw"].file_uris()) for leg, by_view in tables.items()}
     assert files["upkeep"] < files["no-upkeep"] == 12, files
     assert Path(lakes[0] / "lake" / "quarantine").is_dir()
+    # a commit's time split between the table's write and the quarantine's append (the batches with bad records)
+    for r in results:
+        for s in r["samples"]:
+            for view, c in s["commit_s"].items():
+                assert c["table_mean"] > 0 and c["quarantine_mean"] >= 0, (view, c)
+                assert abs(c["table_mean"] + c["quarantine_mean"] - c["mean"]) < 0.002, (view, c)
+    assert any(c["quarantine_mean"] > 0 for r in results for s in r["samples"] for c in s["commit_s"].values())
+    assert "the quarantine's append" in run.stdout
 
 
 def test_a_run_stopped_early_is_reported_to_its_last_sample(tmp_path, capsys):

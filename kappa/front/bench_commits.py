@@ -153,6 +153,8 @@ class Leg:
     sinks: dict[str, Any] = field(default_factory=dict)
     quarantines: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    #: per view, each commit's seconds in its table's write and in its quarantine append (0 without bad records)
+    parts: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     upkeeps: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # commit -> table version
@@ -196,9 +198,11 @@ def commit(spark: Any, leg: Leg, tmpl: dict[str, Template], i: int) -> None:
                               end_offsets={p: 100 * (i + 1) for p in range(4)}, watermark_ms=i * 2000)
         began = time.perf_counter()
         sink.write(_Batch(spark), i, user_metadata=meta, rows=len(rows), collected=Collected(t.columns, rows))
+        wrote = time.perf_counter()
         if bad:
             leg.quarantines[name].append(bad, i)
         leg.seconds[name].append(time.perf_counter() - began)
+        leg.parts.setdefault(name, []).append((wrote - began, time.perf_counter() - wrote))
 
 
 def upkeep(spark: Any, leg: Leg, first: bool) -> None:
@@ -259,10 +263,13 @@ def sample(leg: Leg, i: int, changes_commits: int) -> dict[str, Any]:
         out["tables"][name] = stats
         leg.versions.setdefault(name, []).append((i, stats["version"]))
         recent = sorted(leg.seconds[name])
-        leg.seconds[name] = []
-        if recent:
+        parts, leg.seconds[name], leg.parts[name] = leg.parts.get(name, []), [], []
+        if recent:  # the median and 95th percentile of a whole commit; the mean of it and of its two parts
             out["commit_s"][name] = {"median": round(statistics.median(recent), 4),
-                                     "p95": round(recent[int(0.95 * (len(recent) - 1))], 4)}
+                                     "p95": round(recent[int(0.95 * (len(recent) - 1))], 4),
+                                     "mean": round(statistics.fmean(recent), 4),
+                                     "table_mean": round(statistics.fmean(t for t, _q in parts), 4),
+                                     "quarantine_mean": round(statistics.fmean(q for _t, q in parts), 4)}
         then = [v for c, v in leg.versions[name] if c <= i - changes_commits] or [0]
         for key, sql in (("query_s", f"SELECT count(*) FROM {name}"),
                          ("changes_s", f"SELECT count(*) FROM table_changes('{name}', {then[-1]})")):
@@ -313,6 +320,10 @@ def summarize(samples: list[dict[str, Any]], start: int, window: int) -> dict[st
             row.update({f"{label}_s_from": a, f"{label}_s_to": b, f"{label}_ratio": ratio(a, b)})
         a, b = median(first, "commit_s", name, "median"), median(final, "commit_s", name, "median")
         row.update({"commit_s_from": a, "commit_s_to": b, "commit_ratio": ratio(a, b)})
+        for part in ("mean", "table_mean", "quarantine_mean"):  # samples before these were kept have none
+            a, b = (median([s for s in w if part in (s["commit_s"].get(name) or {})], "commit_s", name, part)
+                    for w in (first, final))
+            row.update({f"commit_{part}_s_from": a, f"commit_{part}_s_to": b})
         tables[name] = row
     rss = [s["rss_mb"] for s in samples]
     return {"window": window, "tables": tables, "rss_mb_from": rss[0], "rss_mb_to": rss[-1]}
@@ -344,6 +355,13 @@ def _print(results: list[dict[str, Any]]) -> None:
                           f"{fmt(t['commit_s_from'], '{:.3f}')} -> {fmt(t['commit_s_to'], '{:.3f}')}",
                           fmt(t["commit_ratio"], "{:.2f}"), f"{t['bytes_to'] / 2**20:,.1f}")
         Console(width=180).print(table)
+        for name, t in s.get("tables", {}).items():
+            if t.get("commit_mean_s_to") is not None:
+                print(f"bench-commits: {r['label']}: {name}: a commit's mean {fmt(t['commit_mean_s_from'], '{:.3f}')}"
+                      f" -> {fmt(t['commit_mean_s_to'], '{:.3f}')} s: the table's write "
+                      f"{fmt(t['commit_table_mean_s_from'], '{:.3f}')} -> {fmt(t['commit_table_mean_s_to'], '{:.3f}')}"
+                      f", the quarantine's append {fmt(t['commit_quarantine_mean_s_from'], '{:.3f}')} -> "
+                      f"{fmt(t['commit_quarantine_mean_s_to'], '{:.3f}')}")
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
