@@ -337,3 +337,46 @@ def test_a_publisher_behind_its_table_holds_the_tables_history(tmp_path):
         assert publisher.behind() == table.version() - done
         assert ViewJob._history_held(job) is held, done
     assert not ViewJob._history_held(SimpleNamespace(publisher=None))
+
+
+def test_a_look_compacts_the_small_files_and_leaves_the_growing_one_to_the_upkeep(spark, tmp_path):
+    """Between upkeeps a look rewrites only the files under LOOK_BELOW_BYTES (the micro-batches' own), not a
+    compacted file on its way to COMPACT_BELOW_BYTES, which the hourly upkeep alone rewrites; the rows stay."""
+    import os
+
+    from kappa.runtime import deltars
+    from kappa.runtime.sink import QUARANTINE_COLUMNS
+    from kappa.runtime.upkeep import COMPACT_BELOW_BYTES, LOOK_BELOW_BYTES, compact, compact_between
+
+    table, quarantine = str(tmp_path / "table"), str(tmp_path / "quarantine")
+    columns = (("id", deltars.I64), ("blob", deltars.STR))
+    deltars.create_table(table, columns)
+    deltars.create_table(quarantine, QUARANTINE_COLUMNS, partition_by=("view",))
+    rs = DeltaTable(table)
+    # a file of random hex (incompressible enough) past the look's threshold, then six micro-batches' files
+    big = [{"id": i, "blob": os.urandom(2_500).hex()} for i in range(2_000)]
+    deltars.append_once(rs, deltars.arrow_rows(columns, big), "app", 0, last=-1)
+    for batch in range(1, 7):
+        deltars.append_once(rs, deltars.arrow_rows(columns, [{"id": 10_000 + batch, "blob": "x"}]), "app", batch,
+                            last=batch - 1)
+
+    def sizes() -> dict[str, int]:
+        actions = DeltaTable(table).get_add_actions(flatten=True)
+        return dict(zip(actions.column(actions.column_names.index("path")).to_pylist(),
+                        actions.column(actions.column_names.index("size_bytes")).to_pylist()))
+
+    before = sizes()
+    grown = [path for path, size in before.items() if size >= LOOK_BELOW_BYTES]
+    assert len(grown) == 1 and before[grown[0]] < COMPACT_BELOW_BYTES and len(before) == 7, before
+    rows = sorted(r["id"] for r in read_rows(DeltaTable(table)))
+
+    done = compact_between(spark, table, deltars.rs_uri(quarantine), "v", limit=5)
+    after = sizes()
+    assert done is not None and (done.table.files_removed, done.table.files_added) == (6, 1), done
+    assert grown[0] in after and len(after) == 2, after  # the growing file untouched, the six into one
+    assert compact_between(spark, table, deltars.rs_uri(quarantine), "v", limit=5) is None  # nothing due
+    assert sorted(r["id"] for r in read_rows(DeltaTable(table))) == rows
+
+    hourly = compact(spark, table)
+    assert (hourly.files_removed, hourly.files_added) == (2, 1) and grown[0] not in sizes(), hourly
+    assert sorted(r["id"] for r in read_rows(DeltaTable(table))) == rows
