@@ -17,8 +17,8 @@ deletes the files no version within its history still references, between the jo
       the log   commit files older than the history (delta.logRetentionDuration) and before the last checkpoint
                 leave
       then the view's partition of the shared quarantine, through delta-rs (its one commit protocol): compacted,
-                VACUUMed and its log cleaned the same way, beside the other drivers' appends (no lock: blind appends commute with a
-                no-data-change commit)
+                VACUUMed and its log cleaned the same way, beside the other drivers' appends (no lock: blind
+                appends commute with a no-data-change commit)
     the history KAPPA_HISTORY_HOURS, unset an hour on a lake on a file system (a listing of a table's log reads
                 every file in it, and every live commit lists it twice) and Delta's own on an object store (7 days
                 of files, 30 of log: S3 lists a log from a version); the quarantine's at most a quarter of an hour
@@ -28,8 +28,9 @@ Between two upkeeps, as writers go: every LOOK_SECONDS the keeper counts the fil
 the micro-batches' and earlier looks' small outputs, not the compacted file growing towards COMPACT_BELOW_BYTES,
 which the hourly upkeep alone rewrites) the table's current version references, and the small files of the view's
 partition of the quarantine; past KAPPA_COMPACT_FILES (100) it compacts those at once - the OPTIMIZE above, or the
-quarantine's delta-rs compaction - without VACUUM, which stays hourly; with a history of its own (KAPPA_HISTORY_HOURS) the look also
-removes both tables' expired log, so that the log holds about the history and no more. While a publishing
+quarantine's delta-rs compaction - without VACUUM, which stays hourly; with a history of its own
+(KAPPA_HISTORY_HOURS) the look also removes both tables' expired log, so that the log holds about the history and
+no more. While a publishing
 version's publisher is behind its table, the table's VACUUM and log clean-up wait (the change data it has still to
 read). A delta-rs commit materializes every file of the table's current version: an append of 400 rows to a table
 of 1,500 small files took 95 ms on 2 cores, to one compacted into a single file after as many commits 30 ms (the
@@ -57,7 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "LOOK_BELOW_BYTES", "LOOK_SECONDS", "QUARANTINE_HISTORY_HOURS", "Compacted",
+__all__ = ["COMPACT_BELOW_BYTES", "FULL_VACUUM_SECONDS", "LOOK_BELOW_BYTES", "LOOK_SECONDS",
+           "QUARANTINE_HISTORY_HOURS", "Compacted",
            "TableKeeper", "Upkept", "clean_log", "compact", "compact_between", "compact_quarantine",
            "history_properties", "keep_history", "keep_registry", "small_files", "vacuum"]
 
@@ -156,8 +158,8 @@ class Upkept:
 
 def compact(spark: "SparkSession", table: str, *, lock: Any = None, full_vacuum: bool = False,
             keep: bool = True, hold: Callable[[], bool] | None = None, below: int = COMPACT_BELOW_BYTES) -> Compacted:
-    """OPTIMIZE ``table``'s files under ``below`` bytes while holding ``lock`` (the job's commit lock: a MERGE of the same files
-    in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a MERGE view's
+    """OPTIMIZE ``table``'s files under ``below`` bytes while holding ``lock`` (the job's commit lock: a MERGE of
+    the same files in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a MERGE view's
     micro-batches, a repair's swap and an archive's retention replace files without any compaction: LITE, or
     FULL when ``full_vacuum`` (:func:`vacuum`) - and clean its log. ``keep=False``: the compaction alone (between
     upkeeps, as writers go). While ``hold()`` is true (a publisher behind the table) the table's history stays:
@@ -196,8 +198,8 @@ def compact_between(spark: "SparkSession", table: str, quarantine: str, view: st
                     table_too: bool = True, handles: dict[str, Any] | None = None, clean: bool = False,
                     hold: Callable[[], bool] | None = None) -> Upkept | None:
     """A keeper's look between upkeeps: ``table`` (when ``table_too``) compacted under ``lock`` once its current
-    version references more than ``limit`` files under :data:`LOOK_BELOW_BYTES` (those alone), and ``view``'s partition of the ``quarantine`` (a delta-rs
-    URI) likewise - the compaction alone, no VACUUM; None when neither was due. ``handles`` keeps the delta-rs
+    version references more than ``limit`` files under :data:`LOOK_BELOW_BYTES` (those alone), and ``view``'s
+    partition of the ``quarantine`` (a delta-rs URI) likewise - the compaction alone, no VACUUM; None when neither was due. ``handles`` keeps the delta-rs
     tables it counts with from one look to the next (brought up to date incrementally). ``clean``: the expired log
     of both is removed at every look too (a short history, ``KAPPA_HISTORY_HOURS``: the log stays about as long as
     the history), the table's not while ``hold()`` is true."""
