@@ -159,11 +159,11 @@ class Upkept:
 def compact(spark: "SparkSession", table: str, *, lock: Any = None, full_vacuum: bool = False,
             keep: bool = True, hold: Callable[[], bool] | None = None, below: int = COMPACT_BELOW_BYTES) -> Compacted:
     """OPTIMIZE ``table``'s files under ``below`` bytes while holding ``lock`` (the job's commit lock: a MERGE of
-    the same files in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a MERGE view's
-    micro-batches, a repair's swap and an archive's retention replace files without any compaction: LITE, or
-    FULL when ``full_vacuum`` (:func:`vacuum`) - and clean its log. ``keep=False``: the compaction alone (between
-    upkeeps, as writers go). While ``hold()`` is true (a publisher behind the table) the table's history stays:
-    no VACUUM, no clean-up of the log."""
+    the same files in between would make one of the two fail), then VACUUM it without the lock - every upkeep, as a
+    MERGE view's micro-batches, a repair's swap and an archive's retention replace files without any compaction:
+    LITE, or FULL when ``full_vacuum`` (:func:`vacuum`) - and clean its log. ``keep=False``: the compaction alone
+    (between upkeeps, as writers go). While ``hold()`` is true (a publisher behind the table) the table's history
+    stays: no VACUUM, no clean-up of the log."""
     import contextlib
 
     from delta.tables import DeltaTable
@@ -199,10 +199,10 @@ def compact_between(spark: "SparkSession", table: str, quarantine: str, view: st
                     hold: Callable[[], bool] | None = None) -> Upkept | None:
     """A keeper's look between upkeeps: ``table`` (when ``table_too``) compacted under ``lock`` once its current
     version references more than ``limit`` files under :data:`LOOK_BELOW_BYTES` (those alone), and ``view``'s
-    partition of the ``quarantine`` (a delta-rs URI) likewise - the compaction alone, no VACUUM; None when neither was due. ``handles`` keeps the delta-rs
-    tables it counts with from one look to the next (brought up to date incrementally). ``clean``: the expired log
-    of both is removed at every look too (a short history, ``KAPPA_HISTORY_HOURS``: the log stays about as long as
-    the history), the table's not while ``hold()`` is true."""
+    partition of the ``quarantine`` (a delta-rs URI) likewise - the compaction alone, no VACUUM; None when neither
+    was due. ``handles`` keeps the delta-rs tables it counts with from one look to the next (brought up to date
+    incrementally). ``clean``: the expired log of both is removed at every look too (a short history,
+    ``KAPPA_HISTORY_HOURS``: the log stays about as long as the history), the table's not while ``hold()`` is true."""
     from deltalake import DeltaTable
 
     from kappa.runtime.deltars import rs_uri
