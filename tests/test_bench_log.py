@@ -38,11 +38,15 @@ def test_a_built_table_holds_its_commits_and_the_measured_appends(tmp_path):
 
 def test_the_bench_runs_and_reports(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kappa.front.bench_log", "--lengths", "3,30", "--stores", "local",
-                           "--repeat", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           "--repeat", "2", "--age-commits", "25", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "bench-log.json").read_text())
     assert [(r["store"], r["commits"]) for r in report["results"]] == [("local", 3), ("local", 30)]
+    # two writers' 25 appends each, as delta-rs keeps a handle and started again from each checkpoint
+    assert [(a["store"], a["rebase"]) for a in report["age"]] == [("local", False), ("local", True)]
+    assert all(len(a["ms"][w]) == 25 and a[f"{w}_last_ms"] > 0 for a in report["age"] for w in ("a", "b"))
+    assert done.stdout.count("age local") == 2
     assert (tmp_path / "bench-log.png").stat().st_size > 0
     bad = subprocess.run([sys.executable, "-m", "kappa.front.bench_log", "--stores", "disk"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

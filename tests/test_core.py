@@ -465,3 +465,51 @@ def test_an_append_on_a_handle_older_than_a_metadata_change_is_tried_again(tmp_p
     assert sorted(r["id"] for r in deltars.read_rows(DeltaTable(path))) == [0, 1]
     assert delta_txns(path)["app"] == 1
     assert DeltaTable(path).metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+
+
+def test_a_writer_that_checkpoints_starts_again_from_its_checkpoint_and_stays_current(tmp_path, caplog):
+    """Two long-lived handles append to one table in turn, as two views' quarantine sinks do: the one whose commits
+    land on the checkpoint versions writes them and starts again from each (``deltars.start_from_checkpoint``);
+    both handles stay the table as a fresh reader sees it - version, files, each writer's txn - and a start that
+    cannot load the version before its checkpoint (the log's clean-up removed it) leaves the handle current."""
+    import os
+
+    from deltalake import DeltaTable
+
+    from kappa.runtime import deltars
+
+    path = str(tmp_path / "t")
+    columns = (("id", deltars.I64), ("by", deltars.STR))
+    deltars.create_table(path, columns)
+    handles = {"a": DeltaTable(path), "b": DeltaTable(path)}
+
+    def state(table: DeltaTable) -> tuple:
+        return (table.version(), sorted(table.file_uris()), table.transaction_version("a"),
+                table.transaction_version("b"))
+
+    for batch in range(3 * deltars.CHECKPOINT_INTERVAL // 2 + 3):
+        for by, table in handles.items():
+            assert deltars.append_once(table, deltars.arrow_rows(columns, [{"id": batch, "by": by}]), by, batch,
+                                       last=batch - 1)
+            assert state(table) == state(DeltaTable(path)), (by, batch)
+    log = Path(path, "_delta_log")
+    assert sorted(p.name for p in log.glob("*.checkpoint.parquet")) == [
+        f"{v:020d}.checkpoint.parquet" for v in range(deltars.CHECKPOINT_INTERVAL, handles["a"].version() + 1,
+                                                       deltars.CHECKPOINT_INTERVAL)]
+    # the load of the version before fails: its commit and every checkpoint before it are gone
+    writer = DeltaTable(path)
+    batch = 0
+    while writer.version() % deltars.CHECKPOINT_INTERVAL:  # up to the next checkpoint, which it writes
+        deltars.append_once(writer, deltars.arrow_rows(columns, [{"id": batch, "by": "c"}]), "c", batch)
+        batch += 1
+    version = writer.version()
+    assert (log / f"{version:020d}.checkpoint.parquet").exists()
+    for name in os.listdir(log):
+        if name[:20].isdigit() and int(name[:20]) < version:
+            os.unlink(log / name)
+    with caplog.at_level("DEBUG", logger="kappa.runtime.deltars"):
+        deltars.start_from_checkpoint(writer, version)
+    assert f"not started again from checkpoint {version}" in caplog.text
+    assert state(writer) == state(DeltaTable(path))
+    assert deltars.append_once(writer, deltars.arrow_rows(columns, [{"id": -1, "by": "c"}]), "c", batch)
+    assert state(writer) == state(DeltaTable(path)) and writer.version() == version + 1

@@ -17,9 +17,15 @@ it - and times, on each:
     update       bringing an open table up to date when nothing changed (one listing of the log from its version)
     open         opening the table (``DeltaTable(uri)``: its last checkpoint and the commits after it)
 
-``python -m kappa.front.bench_log [--lengths 50,2000,20000] [--stores local,s3]`` (``make bench-log``): ``s3`` is
-the platform's object store (:mod:`kappa.objectstore`, started when it is not running); prints the medians in ms
-and writes ``reports/bench-log.json`` and ``reports/bench-log.png``.
+A handle's age: two long-lived handles of a fresh table append in turn --age-commits times each (as two views'
+writers of the shared quarantine do; the live append: LIVE_HOOKS, the writer's txn, then
+:func:`kappa.runtime.deltars.after_commit`, whose checkpoint falls on one of them) - once with the writer of a
+checkpoint started again from it (:func:`kappa.runtime.deltars.start_from_checkpoint`, the live path) and once
+without; the medians of each writer's first and last 100 appends.
+
+``python -m kappa.front.bench_log [--lengths 50,2000,20000] [--stores local,s3] [--age-commits 600]`` (``make
+bench-log``): ``s3`` is the platform's object store (:mod:`kappa.objectstore`, started when it is not running);
+prints the medians in ms and writes ``reports/bench-log.json`` and ``reports/bench-log.png``.
 """
 
 from __future__ import annotations
@@ -86,6 +92,27 @@ def measure(uri: str, table: Any, repeat: int) -> dict[str, float]:
     }
 
 
+def age(uri: str, commits: int, rebase: bool) -> dict[str, list[float]]:
+    """Two handles of a fresh table at ``uri`` append ``commits`` times each, in turn; each append's ms per
+    writer. ``rebase``: the writer of a checkpoint starts again from it (the live path)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from kappa.runtime.deltars import LIVE_HOOKS, after_commit, commit_properties, create_table
+
+    create_table(uri, _columns())
+    writers = {"a": DeltaTable(uri), "b": DeltaTable(uri)}
+    took: dict[str, list[float]] = {name: [] for name in writers}
+    rows = _rows()
+    for batch in range(commits):
+        for name, table in writers.items():
+            began = time.perf_counter()
+            write_deltalake(table, rows, mode="append", post_commithook_properties=LIVE_HOOKS,
+                            commit_properties=commit_properties(name, batch))
+            after_commit(table, rebase=rebase)
+            took[name].append(round((time.perf_counter() - began) * 1000, 2))
+    return took
+
+
 def _rows() -> Any:
     from kappa.runtime.deltars import arrow_rows
 
@@ -132,6 +159,28 @@ def _s3(prefix: str, commits: int) -> tuple[str, Callable, Callable]:
             lambda k: bytes(obstore.get(s3, f"{key}/{k}").bytes()))
 
 
+def run_age(commits: int, stores: list[str], root: Path) -> list[dict[str, Any]]:
+    """:func:`age` on each store, without and with the start from the checkpoint."""
+    results = []
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    window = min(100, commits)
+    for store in stores:
+        for rebase in (False, True):
+            label = f"age-{'rebase' if rebase else 'as-is'}"
+            uri, _put, _get = _local(root, commits) if store == "local" else _s3(f"bench-log/{stamp}/{label}", commits)
+            took = age(uri, commits, rebase)
+            row = {"store": store, "rebase": rebase, "commits": commits, "ms": took,
+                   **{f"{name}_first_ms": round(statistics.median(v[:window]), 2) for name, v in took.items()},
+                   **{f"{name}_last_ms": round(statistics.median(v[-window:]), 2) for name, v in took.items()}}
+            print(f"age {store:<6} {'started again from its checkpoints' if rebase else 'as delta-rs keeps it':<35} "
+                  + "  ".join(f"writer {name}: {row[f'{name}_first_ms']:.1f} -> {row[f'{name}_last_ms']:.1f} ms"
+                              for name in took), flush=True)
+            results.append(row)
+            if store == "local":
+                shutil.rmtree(uri, ignore_errors=True)
+    return results
+
+
 def run(lengths: list[int], stores: list[str], repeat: int, root: Path) -> list[dict[str, Any]]:
     results = []
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -149,14 +198,24 @@ def run(lengths: list[int], stores: list[str], repeat: int, root: Path) -> list[
     return results
 
 
-def _plot(results: list[dict[str, Any]], path: Path) -> None:
+def _plot(results: list[dict[str, Any]], ages: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     stores = sorted({r["store"] for r in results})
-    fig, axes = plt.subplots(1, len(stores), figsize=(6 * len(stores), 4), squeeze=False)
+    rows = 2 if ages else 1
+    fig, axes = plt.subplots(rows, len(stores), figsize=(6 * len(stores), 4 * rows), squeeze=False)
+    for ax, store in zip(axes[1] if ages else [], stores):
+        for r in (a for a in ages if a["store"] == store):
+            for name, took in r["ms"].items():
+                smooth = [statistics.median(took[max(0, i - 24):i + 1]) for i in range(len(took))]
+                ax.plot(range(1, len(took) + 1), smooth,
+                        label=f"writer {name}, {'started again from its checkpoints' if r['rebase'] else 'as is'}")
+        ax.set(title=f"One handle's appends as it ages, lake: {store}", xlabel="appends through the handle",
+               ylabel="ms (median of the last 25)")
+        ax.legend(fontsize=7)
     for ax, store in zip(axes[0], stores):
         rows = [r for r in results if r["store"] == store]
         for name in MEASURES:
@@ -173,6 +232,9 @@ def main() -> None:
     parser.add_argument("--lengths", default="50,2000,20000", help="commits in each table's log")
     parser.add_argument("--stores", default="local,s3", help="local, s3 (the platform's object store), or both")
     parser.add_argument("--repeat", type=int, default=15, help="timings per measure (the median is reported)")
+    parser.add_argument("--age-commits", dest="age_commits", type=int, default=600,
+                        help="appends of each of two long-lived handles, with and without the start from a "
+                             "checkpoint (0: not measured)")
     parser.add_argument("--out", type=Path, default=Path("reports"))
     args = parser.parse_args()
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -185,11 +247,15 @@ def main() -> None:
     if lengths[0] < 2:
         parser.error("--lengths: a log of at least 2 commits")
     print(f"{'store':<6} {'commits':>7} " + " ".join(f"{m:>11}" for m in MEASURES) + "   (ms, median)")
+    if args.age_commits < 0:
+        parser.error(f"--age-commits takes 0 or more appends, not {args.age_commits}")
     with tempfile.TemporaryDirectory(prefix="bench-log-") as root:
         results = run(lengths, stores, args.repeat, Path(root))
+        ages = run_age(args.age_commits, stores, Path(root)) if args.age_commits else []
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench-log.json").write_text(json.dumps({"results": results, "repeat": args.repeat}, indent=2))
-    _plot(results, args.out / "bench-log.png")
+    (args.out / "bench-log.json").write_text(json.dumps({"results": results, "repeat": args.repeat, "age": ages},
+                                                        indent=2))
+    _plot(results, ages, args.out / "bench-log.png")
     print(f"report: {args.out / 'bench-log.json'}, {args.out / 'bench-log.png'}")
 
 
