@@ -246,9 +246,9 @@ def main() -> None:
         parser.error(f"--lengths takes whole numbers separated by commas, not {args.lengths!r}")
     if lengths[0] < 2:
         parser.error("--lengths: a log of at least 2 commits")
-    print(f"{'store':<6} {'commits':>7} " + " ".join(f"{m:>11}" for m in MEASURES) + "   (ms, median)")
     if args.age_commits < 0:
         parser.error(f"--age-commits takes 0 or more appends, not {args.age_commits}")
+    print(f"{'store':<6} {'commits':>7} " + " ".join(f"{m:>11}" for m in MEASURES) + "   (ms, median)")
     with tempfile.TemporaryDirectory(prefix="bench-log-") as root:
         results = run(lengths, stores, args.repeat, Path(root))
         ages = run_age(args.age_commits, stores, Path(root)) if args.age_commits else []
