@@ -380,3 +380,34 @@ def test_a_look_compacts_the_small_files_and_leaves_the_growing_one_to_the_upkee
     hourly = compact(spark, table)
     assert (hourly.files_removed, hourly.files_added) == (2, 1) and grown[0] not in sizes(), hourly
     assert sorted(r["id"] for r in read_rows(DeltaTable(table))) == rows
+
+
+def test_the_quarantines_upkeep_removes_replaced_files_whose_removal_the_log_forgot(tmp_path):
+    """A short history: the quarantine's checkpoints and log clean-up forget a compacted file's removal within
+    minutes; the hourly upkeep's VACUUM still deletes it from the disk (a full one), and nothing referenced."""
+    import os
+
+    from kappa.runtime import deltars
+    from kappa.runtime.sink import QUARANTINE_COLUMNS
+    from kappa.runtime.upkeep import compact_quarantine
+
+    path = str(tmp_path / "quarantine")
+    deltars.create_table(path, QUARANTINE_COLUMNS, partition_by=("view",),
+                         properties={"delta.deletedFileRetentionDuration": "interval 0 seconds",
+                                     "delta.logRetentionDuration": "interval 0 seconds"})
+    table = DeltaTable(path)
+    for batch in range(6):
+        deltars.append_once(table, deltars.arrow_rows(QUARANTINE_COLUMNS, [
+            {"topic": "t", "partition": 0, "offset": batch, "kafka_timestamp": 0, "raw_key": b"k",
+             "raw_value": b"v", "error": "e", "view": "v", "version": 1, "batch_id": batch,
+             "quarantined_at": 0}]), "app", batch, last=batch - 1)
+    assert compact_quarantine(deltars.rs_uri(path), "v", keep=False).files_removed == 6  # a look: no VACUUM
+    table = DeltaTable(path)
+    table.create_checkpoint()
+    table.cleanup_metadata()  # the removals are gone from the log: only the disk holds the six files
+    on_disk = lambda: {p.name for p in Path(path).rglob("*.parquet") if "_delta_log" not in p.parts}  # noqa: E731
+    live = {os.path.basename(u) for u in DeltaTable(path).file_uris()}
+    assert len(on_disk() - live) == 6 and not DeltaTable(path).vacuum(dry_run=True)  # what a lite VACUUM sees
+    done = compact_quarantine(deltars.rs_uri(path), "v")
+    assert done.vacuumed and on_disk() == live
+    assert len(deltars.read_rows(DeltaTable(path))) == 6
