@@ -69,7 +69,7 @@ bench-soak: setup ## benchmark: day two compressed - the stack's tables, queries
 bench-commits: setup ## benchmark: day two at 20,000 commits per table - the views' live commit path and its keeper alone (no Kafka, no micro-batch), beside the keeper without compaction as writers go and no upkeep; files a reader lists, query, change feed and commit seconds; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_commits
 
-bench-log: setup objectstore-build ## benchmark: what a live commit costs as a table's _delta_log grows (50, 2,000, 20,000 commits), on a local disk and on the object store, with delta-rs' post-commit hooks and without; JSON + PNG in reports/
+bench-log: setup objectstore-build ## benchmark: what a live commit costs as a table's _delta_log grows (50, 2,000, 20,000 commits), on a local disk and on the object store, with delta-rs' post-commit hooks and without, and a writer's handle as it ages; JSON + PNG in reports/
 	@$(PY) -m kappa.front.bench_log
 
 bench-sql: setup ## benchmark: the analysts' SQL service beside make run's views - connect and first answer, point queries, 1 and 8 analysts scanning the largest view, the views' lag meanwhile; JSON + PNG in reports/
