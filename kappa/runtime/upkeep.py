@@ -284,10 +284,10 @@ def compact_quarantine(uri: str, view: str, *, keep: bool = True) -> Compacted:
 
 def keep_registry(lake_uri: str) -> dict[str, Compacted]:
     """The control plane's tables (``<lake>/_registry/<name>``: versions, events, the serving alias, leases),
-    through delta-rs, their one commit protocol: compacted, VACUUMed in full (files unreferenced for 7 days), checkpointed
-    (a reader loads the last checkpoint and the commits after it, not every commit since the table began) and
-    their log files past the log's retention (30 days) removed. Run hourly by the ``kappa_retire`` DAG. Their
-    writers' compare-and-set commits retry on a conflict (:mod:`kappa.control.registry`), so a compaction that
+    through delta-rs, their one commit protocol: compacted, VACUUMed in full (files unreferenced for 7 days),
+    checkpointed (a reader loads the last checkpoint and the commits after it, not every commit since the table
+    began) and their log files past the log's retention (30 days) removed. Run hourly by the ``kappa_retire`` DAG.
+    Their writers' compare-and-set commits retry on a conflict (:mod:`kappa.control.registry`), so a compaction that
     commits between a writer's read and its commit costs that writer one retry; appends commute with it."""
     from deltalake import DeltaTable
 
