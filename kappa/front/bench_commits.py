@@ -152,9 +152,8 @@ class Leg:
     settings: Any
     sinks: dict[str, Any] = field(default_factory=dict)
     quarantines: dict[str, Any] = field(default_factory=dict)
-    seconds: dict[str, list[float]] = field(default_factory=dict)
     #: per view, each commit's seconds in its table's write and in its quarantine append (0 without bad records)
-    parts: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    seconds: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     upkeeps: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # commit -> table version
@@ -201,8 +200,7 @@ def commit(spark: Any, leg: Leg, tmpl: dict[str, Template], i: int) -> None:
         wrote = time.perf_counter()
         if bad:
             leg.quarantines[name].append(bad, i)
-        leg.seconds[name].append(time.perf_counter() - began)
-        leg.parts.setdefault(name, []).append((wrote - began, time.perf_counter() - wrote))
+        leg.seconds[name].append((wrote - began, time.perf_counter() - wrote))
 
 
 def upkeep(spark: Any, leg: Leg, first: bool) -> None:
@@ -262,8 +260,8 @@ def sample(leg: Leg, i: int, changes_commits: int) -> dict[str, Any]:
         stats = table_stats(Path(local_path(sink.path)))
         out["tables"][name] = stats
         leg.versions.setdefault(name, []).append((i, stats["version"]))
-        recent = sorted(leg.seconds[name])
-        parts, leg.seconds[name], leg.parts[name] = leg.parts.get(name, []), [], []
+        parts, leg.seconds[name] = leg.seconds[name], []
+        recent = sorted(t + q for t, q in parts)
         if recent:  # the median and 95th percentile of a whole commit; the mean of it and of its two parts
             out["commit_s"][name] = {"median": round(statistics.median(recent), 4),
                                      "p95": round(recent[int(0.95 * (len(recent) - 1))], 4),
