@@ -369,20 +369,19 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
-    for r, style in zip(results, ("-", "--")):
+    colors: dict[str, str] = {}  # a table keeps its color in every panel and leg; a leg its line style
+    for r, style in zip(results, ("-", "--", ":")):
         samples = r["samples"]
         commits = [s["commit"] for s in samples]
         for name in (samples[-1]["tables"] if samples else {}):
-            label = f"{name} ({r['label']})"
-            axes[0].plot(commits, [(s["tables"].get(name) or {}).get("active", 0) for s in samples], style,
-                         label=label)
+            line = {"label": f"{name} ({r['label']})", "linestyle": style,
+                    "color": colors.setdefault(name, f"C{len(colors)}")}
+            axes[0].plot(commits, [(s["tables"].get(name) or {}).get("active", 0) for s in samples], **line)
             if name in samples[-1]["query_s"]:
-                axes[1].plot(commits, [s["query_s"].get(name) for s in samples], style, label=label)
-                axes[2].plot(commits, [(s["commit_s"].get(name) or {}).get("median") for s in samples], style,
-                             label=label)
+                axes[1].plot(commits, [s["query_s"].get(name) for s in samples], **line)
+                axes[2].plot(commits, [(s["commit_s"].get(name) or {}).get("median") for s in samples], **line)
             axes[3].plot(commits, [(s["tables"].get(name) or {}).get("commits", 0)
-                                   + (s["tables"].get(name) or {}).get("checkpoints", 0) for s in samples], style,
-                         label=label)
+                                   + (s["tables"].get(name) or {}).get("checkpoints", 0) for s in samples], **line)
     for ax, title in zip(axes, ("data files a reader lists", "SELECT count(*) through the query engine (s)",
                                 "median commit of a micro-batch (s)", "files in _delta_log")):
         ax.set_title(title)
