@@ -8,7 +8,7 @@ KAPPA := bin/kappa
 # folders of a root, so two checkouts' runs sharing /tmp would delete each other's brokers and stores mid-run
 PYTEST := mkdir -p $(CURDIR)/.cache/tmp && PYTEST_DEBUG_TEMPROOT=$(CURDIR)/.cache/tmp $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster test-nodes bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-commits bench-log bench-sql clean lock k8s-build k8s-up k8s-down \
+.PHONY: help setup run down status test test-smoke smoke-prep test-long test-deploy test-cluster test-nodes test-production bench bench-live bench-ceiling bench-verify bench-lake bench-soak bench-commits bench-log bench-sql clean lock k8s-build k8s-up k8s-down \
 	images cluster-up cluster-monitoring cluster-down objectstore-build objectstore-up objectstore-down prometheus-build
 
 help: ## list targets
@@ -29,7 +29,7 @@ status: ## what runs, where its metrics are
 # make test: the suite on two pytest-xdist workers (each file's tests on one of them, so its module fixtures start
 # once), then alone the files whose bounds are seconds of wall time: the first-hour walk (make run's longest silence)
 # and the driver lease (a TTL of seconds); each part keeps every test's seconds in its JUnit XML
-TEST_MARKS := not slow and not bench and not cluster and not smoke and not nodes
+TEST_MARKS := not slow and not bench and not cluster and not smoke and not nodes and not production
 SERIAL_TESTS := tests/test_first_hour.py tests/test_driver_lease.py
 test: setup k8s-build objectstore-build prometheus-build ## the test suite (real Kafka, Spark, Delta, Airflow, an S3-API object store, a real Kubernetes API server; Helm checks; the alerts under promtool)
 	@$(PYTEST) -n 2 --dist loadfile -m "$(TEST_MARKS)" $(SERIAL_TESTS:%=--ignore=%) --durations=60 --junitxml=reports/test.xml tests
@@ -123,6 +123,10 @@ test-nodes: setup ## more than one node: pod networking, NetworkPolicies and a l
 	@$(MAKE) --no-print-directory images
 	@bash infra/k8s/node.sh load
 	@$(PYTEST) -m nodes -rP --durations=0 tests
+
+test-production: setup ## the production example on three real nodes: brokers RF 3, the lake on the object store from pods, executors off their driver's node, Airflow's external database, dynamic volumes (docs/deploy.md; needs make cluster-up NODES=3)
+	@$(MAKE) --no-print-directory images
+	@$(PYTEST) -m production -rP --durations=0 tests
 
 lock: ## regenerate requirements.lock from infra/versions.env pins
 	@bash infra/local/bootstrap.sh lock

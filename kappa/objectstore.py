@@ -794,11 +794,13 @@ def _pids(store: LocalObjectStore) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kappa.objectstore up|down|status|reader-env``: the platform's store under
-    ``$KAPPA_HOME/objectstore``; ``reader-env`` prints the ``export`` lines of its read-only credential.
+    """``python -m kappa.objectstore up|down|status|reader-env|secret-env``: the platform's store under
+    ``$KAPPA_HOME/objectstore``; ``reader-env`` prints the ``export`` lines of its read-only credential,
+    ``secret-env`` its platform credential as ``KEY=VALUE`` lines (``kubectl create secret generic
+    --from-env-file``: the lake's Secret of pods, ``lake.s3.existingSecret``).
     ``up --s3-bind ADDRESS`` (or ``$KAPPA_OBJECTSTORE_S3_BIND``) has its S3 gateway listen there too (pods)."""
     parser = _Parser(prog="python -m kappa.objectstore", description="the platform's local S3-API object store")
-    parser.add_argument("command", choices=["up", "down", "status", "reader-env"])
+    parser.add_argument("command", choices=["up", "down", "status", "reader-env", "secret-env"])
     parser.add_argument("--s3-bind", default=None, metavar="ADDRESS",
                         help="up: the S3 gateway also listens on this IPv4 address (0.0.0.0: all of them)")
     try:
@@ -808,6 +810,10 @@ def main(argv: list[str] | None = None) -> int:
             store = LocalObjectStore(store.home, s3_bind=args.s3_bind)
         if args.command == "reader-env":
             print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in store.reader_env().items()), end="")
+            return 0
+        if args.command == "secret-env":
+            key_id, secret = store.credentials()
+            print(f"AWS_ACCESS_KEY_ID={key_id}\nAWS_SECRET_ACCESS_KEY={secret}")
             return 0
         if args.command == "up":
             was_running = store.is_running()

@@ -107,7 +107,7 @@ def test_the_read_only_key_cannot_change_the_lake(object_store: LocalObjectStore
 
 def test_reader_env_prints_the_read_only_key(tmp_path: Path) -> None:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KAPPA_"))}, "KAPPA_HOME": str(tmp_path)}
-    block = shell_block("kappa.objectstore reader-env").text
+    block = shell_block("kappa.objectstore reader-env   # export lines").text
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", f"eval \"$({block.strip().split('#')[0]})\"; env"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -267,6 +267,17 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def test_secret_env_prints_the_platform_credential_for_a_kubernetes_secret(tmp_path: Path) -> None:
+    """``secret-env``: the lines ``kubectl create secret generic --from-env-file`` reads, the platform's credential
+    (not the read-only one), the same at every call."""
+    first, again = _cli(tmp_path, "secret-env"), _cli(tmp_path, "secret-env")
+    assert first.returncode == 0 and first.stdout == again.stdout, first.stderr
+    printed = dict(line.split("=", 1) for line in first.stdout.splitlines())
+    store = LocalObjectStore(tmp_path / "objectstore")
+    assert printed == {"AWS_ACCESS_KEY_ID": store.credentials()[0], "AWS_SECRET_ACCESS_KEY": store.credentials()[1]}
+    assert printed["AWS_ACCESS_KEY_ID"] != store.reader_credentials()[0]
+
+
 def test_cli_one_line_answers(tmp_path: Path) -> None:
     status = _cli(tmp_path, "status")
     assert status.returncode == 1 and "not running" in status.stdout

@@ -7,8 +7,9 @@
 #   node                     a real node for make cluster-up (infra/k8s/node.sh): kubelet and kube-proxy at
 #                            K8S_VERSION, containerd CONTAINERD_VERSION (+ ctr, containerd-shim-runc-v2), CoreDNS
 #                            COREDNS_VERSION, kube-router KUBE_ROUTER_VERSION (NetworkPolicy enforcement) and the
-#                            pods' sandbox program (infra/k8s/pause). runc, ipset and the CNI plugins come from Debian
-#                            (infra/k8s/node.sh installs them).
+#                            pods' sandbox program (infra/k8s/pause), Rancher's local-path-provisioner
+#                            LOCAL_PATH_PROVISIONER_VERSION (dynamic volumes: infra/k8s/node.sh provisioner). runc,
+#                            ipset and the CNI plugins come from Debian (infra/k8s/node.sh installs them).
 #
 # Cache: ${KAPPA_TOOLS_CACHE:-$HOME/.cache/kappa}/k8s/<versions>/bin, so another clone on the same machine finds it
 # again. A cold control-plane build takes ~10-20 minutes on 2 cores (kube-apiserver alone ~9); the node's binaries
@@ -31,7 +32,8 @@ case "$TARGET" in
     node)
         BIN="$TOOLS/node-${K8S_VERSION}-containerd${CONTAINERD_VERSION}-coredns${COREDNS_VERSION}/bin"
         PAUSE="pause-$(cat "$ROOT/infra/k8s/pause/go.mod" "$ROOT/infra/k8s/pause/main.go" | sha256sum | cut -c1-12)"
-        need=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns "kube-router-${KUBE_ROUTER_VERSION}" "$PAUSE") ;;
+        need=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns "kube-router-${KUBE_ROUTER_VERSION}" "$PAUSE"
+              "local-path-provisioner-${LOCAL_PATH_PROVISIONER_VERSION}") ;;
     *) echo "k8s-build: error: usage: infra/k8s/build.sh [control-plane|node]" >&2; exit 1 ;;
 esac
 find_missing() { missing=(); for b in "${need[@]}"; do [[ -e "$BIN/$b" ]] || missing+=("$b"); done; }
@@ -211,6 +213,12 @@ if [[ -n "${KUBE_ROUTER_VERSION:-}" ]] && wanted "kube-router-${KUBE_ROUTER_VERS
         && go build -trimpath -ldflags "-s -w -X $pkg/pkg/version.Version=${KUBE_ROUTER_VERSION}" \
             -o "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$pkg/cmd/kube-router" \
         && mv "$BIN/kube-router-${KUBE_ROUTER_VERSION}.tmp" "$BIN/kube-router-${KUBE_ROUTER_VERSION}" )
+fi
+if [[ -n "${LOCAL_PATH_PROVISIONER_VERSION:-}" ]] && wanted "local-path-provisioner-${LOCAL_PATH_PROVISIONER_VERSION}"; then
+    log "building local-path-provisioner ${LOCAL_PATH_PROVISIONER_VERSION}"
+    GOBIN="$work/gobin" go install -trimpath -ldflags "-s -w -X main.VERSION=${LOCAL_PATH_PROVISIONER_VERSION}" \
+        "github.com/rancher/local-path-provisioner@${LOCAL_PATH_PROVISIONER_VERSION}"
+    mv "$work/gobin/local-path-provisioner" "$BIN/local-path-provisioner-${LOCAL_PATH_PROVISIONER_VERSION}"
 fi
 if [[ -n "${PAUSE:-}" ]] && wanted "$PAUSE"; then
     ( cd "$ROOT/infra/k8s/pause" && go build -trimpath -ldflags "-s -w" -o "$BIN/$PAUSE.tmp" . && mv "$BIN/$PAUSE.tmp" "$BIN/$PAUSE" )

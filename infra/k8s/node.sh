@@ -6,7 +6,7 @@
 # No registry is needed: the sandbox and CoreDNS images are built here (buildah, from scratch) and the project's
 # images (make images) are loaded into the node's runtime from podman's storage.
 #
-# Usage: infra/k8s/node.sh up|down|status|load|monitoring|recycle|check|reset|leftovers|lose N|nodes
+# Usage: infra/k8s/node.sh up|down|status|load|monitoring|provisioner|recycle|check|reset|leftovers|lose N|nodes
 #   up      build what is missing, install Debian's runc / CNI plugins / iptables / ipset / buildah when absent,
 #           start etcd + API server + controller manager + scheduler, containerd, the kubelet, kube-proxy,
 #           kube-router (NetworkPolicies; KAPPA_CLUSTER_NETPOL=none leaves them unenforced) and CoreDNS,
@@ -28,6 +28,9 @@
 #           proxy: infra/prometheus/build.sh prometheus|operator; scratch images), scraping what the PodMonitors of
 #           every namespace select and evaluating every PrometheusRule - kube-prometheus-stack's part the chart
 #           uses, without a registry. Needs a running node.
+#   provisioner  dynamic volumes: Rancher's local-path-provisioner (built once from the Go module proxy, scratch
+#           image) and its StorageClass local-path (not the cluster's default): a claim gets a folder of the node its
+#           pod runs on, made by a helper pod, removed with the claim. Needs a running node and make images' bases.
 #   load    import the project's images (localhost/kappa/*, built by make images) into each node's runtime when
 #           the runtime lacks them or holds an older build.
 #   lose N  node N (1..) lost as a machine is: its network unplugged, then its kubelet, containerd, kube-proxy,
@@ -505,6 +508,141 @@ EOF
     log "monitoring: the Prometheus operator $PROMETHEUS_OPERATOR_VERSION and Prometheus $release ready in" \
         "namespace monitoring ($((SECONDS - t0)) s): http://$($KUBECTL -n monitoring get pod prometheus-prometheus-0 \
         -o jsonpath='{.status.podIP}'):9090"
+}
+
+provisioner() {  # dynamic volumes: Rancher's local-path-provisioner and its StorageClass local-path (not the default)
+    # A claim of class local-path gets a folder of the node its first pod is scheduled on (WaitForFirstConsumer):
+    # <node's folder>/dynamic-volumes/<pv>_<namespace>_<claim>, made by a helper pod (the Debian base image of `make
+    # images`) and removed with the claim (reclaimPolicy Delete). Its volumes are hostPath ones: a pod whose volume is
+    # on a lost node cannot start elsewhere, as with the local PVs. Idempotent.
+    local t0=$SECONDS bin ref helper i paths="" sep=""
+    bin="$NODE_BIN/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION"
+    [[ -x "$bin" ]] || die "no $bin (infra/k8s/build.sh node builds it)"
+    ref="localhost/kappa/local-path-provisioner:$LOCAL_PATH_PROVISIONER_VERSION"
+    helper="localhost/kappa-base/debian:$DEBIAN_RELEASE"
+    podman_id "$helper" >/dev/null || die "no image $helper in podman's storage (make images builds it)"
+    binary_image "$ref" "$bin" /bin/local-path-provisioner 65534
+    for i in $(node_indexes); do
+        use_node "$i"
+        alive containerd || continue
+        import_image "$ref"; import_image "$helper"
+        mkdir -p "$NODE_DIR/dynamic-volumes"
+        paths+="$sep{\"node\": \"$NODE_NAME\", \"paths\": [\"$NODE_DIR/dynamic-volumes\"]}"; sep=", "
+    done
+    use_node 0
+    $KUBECTL apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: local-path-storage}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+rules:  # deploy/local-path-storage.yaml of the provisioner's module: its helper pods
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [get, list, watch, create, patch, update, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: local-path-provisioner, namespace: local-path-storage}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: local-path-provisioner}
+subjects: [{kind: ServiceAccount, name: local-path-provisioner, namespace: local-path-storage}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kappa:local-path-provisioner"}
+rules:
+  - apiGroups: [""]
+    resources: [nodes, persistentvolumeclaims, configmaps, pods, pods/log]
+    verbs: [get, list, watch]
+  - apiGroups: [""]
+    resources: [persistentvolumes]
+    verbs: [get, list, watch, create, patch, update, delete]
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create, patch]
+  - apiGroups: [storage.k8s.io]
+    resources: [storageclasses]
+    verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kappa:local-path-provisioner"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kappa:local-path-provisioner"}
+subjects: [{kind: ServiceAccount, name: local-path-provisioner, namespace: local-path-storage}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: local-path-config, namespace: local-path-storage}
+data:
+  config.json: '{"nodePathMap": [$paths]}'
+  setup: |-
+    #!/bin/sh
+    set -eu
+    mkdir -m 0777 -p "\$VOL_DIR"
+  teardown: |-
+    #!/bin/sh
+    set -eu
+    rm -rf "\$VOL_DIR"
+  helperPod.yaml: |-
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: helper-pod}
+    spec:
+      priorityClassName: system-node-critical
+      tolerations: [{key: node.kubernetes.io/disk-pressure, operator: Exists, effect: NoSchedule}]
+      containers:
+        - name: helper-pod
+          image: $helper
+          imagePullPolicy: Never
+          resources: {requests: {cpu: 10m, memory: 16Mi}, limits: {memory: 64Mi}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: local-path-provisioner, namespace: local-path-storage, labels: {app: local-path-provisioner}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: local-path-provisioner}}
+  template:
+    metadata: {labels: {app: local-path-provisioner}}
+    spec:
+      serviceAccountName: local-path-provisioner
+      securityContext: {runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, seccompProfile: {type: RuntimeDefault}}
+      containers:
+        - name: provisioner
+          image: $ref
+          imagePullPolicy: Never
+          args: [start, --config, /etc/config/config.json, --service-account-name, local-path-provisioner,
+                 --helper-image, $helper]
+          env:
+            - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+            - {name: CONFIG_MOUNT_PATH, value: /etc/config/}
+          volumeMounts: [{name: config, mountPath: /etc/config/}]
+          resources:
+            requests: {cpu: 10m, memory: 32Mi}
+            limits: {memory: 128Mi}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+      volumes: [{name: config, configMap: {name: local-path-config}}]
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: local-path}
+provisioner: rancher.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+EOF
+    $KUBECTL -n local-path-storage rollout status deploy/local-path-provisioner --timeout=180s >/dev/null \
+        || die "the provisioner is not ready ($KUBECTL -n local-path-storage logs deploy/local-path-provisioner)"
+    log "provisioner: local-path-provisioner $LOCAL_PATH_PROVISIONER_VERSION ready ($((SECONDS - t0)) s):" \
+        "StorageClass local-path, a folder of dynamic-volumes/ on the claim's node"
 }
 
 ready_since() {  # ready_since <RFC 3339 time>: the node's Ready condition is True and was reported after it
@@ -1081,9 +1219,14 @@ case "${1:-}" in
         NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
         KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
         monitoring ;;
+    provisioner)
+        alive kubelet || die "the node is not running (make cluster-up)"
+        NODE_BIN="$(bash "$ROOT/infra/k8s/build.sh" node)"
+        KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl --kubeconfig $KUBECONFIG_FILE"
+        provisioner ;;
     load)
         NODE_BIN="$(KAPPA_K8S_NO_BUILD=1 bash "$ROOT/infra/k8s/build.sh" node)"
         alive containerd || die "the node is not running (make cluster-up)"
         load ;;
-    *) die "usage: infra/k8s/node.sh up|down|status|load|monitoring|recycle|check|reset|leftovers|lose N|nodes" ;;
+    *) die "usage: infra/k8s/node.sh up|down|status|load|monitoring|provisioner|recycle|check|reset|leftovers|lose N|nodes" ;;
 esac

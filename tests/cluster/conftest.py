@@ -37,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: containers of the images built here (make images); make test-cluster")
     config.addinivalue_line("markers", "smoke: docs/deploy.md section 5 verbatim on a real node; make test-smoke")
     config.addinivalue_line("markers", "nodes: three real nodes (make cluster-up NODES=3); make test-nodes")
+    config.addinivalue_line("markers", "production: the production example on three real nodes; make test-production")
 
 
 def image(name: str) -> str:
