@@ -32,7 +32,7 @@
 #           image) and its StorageClass local-path (not the cluster's default): a claim gets a folder of the node its
 #           pod runs on, made by a helper pod, removed with the claim. Needs a running node and make images' bases.
 #   load    import the project's images (localhost/kappa/*, built by make images) into each node's runtime when
-#           the runtime lacks them or holds an older build.
+#           the runtime lacks them or holds an older build; the older builds' records go (their disk is freed).
 #   lose N  node N (1..) lost as a machine is: its network unplugged, then its kubelet, containerd, kube-proxy,
 #           kube-router and every container on it killed. The node goes NotReady; `up` brings it back.
 #   nodes   the nodes this state folder has, a line each: name, address, pod network, running or not.
@@ -322,6 +322,16 @@ binary_image() {  # binary_image <ref> <binary> <path in the image> <uid> [entry
     log "built image $ref"
 }
 
+prune_replaced() {  # the kubelet's sha256:<id> records of builds a newer import replaced, whose content they kept
+    # (gigabytes a rebuild in every node): removed, so containerd frees what no container still uses
+    local live name digest
+    live="$(ctr_ images ls 2>/dev/null | awk 'NR > 1 && $1 !~ /^sha256:/ {print $3}' | sort -u)"
+    ctr_ images ls 2>/dev/null | awk 'NR > 1 && $1 ~ /^sha256:/ {print $1, $3}' | while read -r name digest; do
+        grep -qxF "$digest" <<<"$live" && continue
+        ctr_ images rm "$name" >/dev/null && log "removed ${name:0:19} from $NODE_NAME: a build replaced since"
+    done
+}
+
 load() {  # the project's images (make images): every localhost/kappa/* image except the node's own, into each node
     local ref n=0 refs i
     refs="$(podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/kappa/' | sort -u)"
@@ -332,6 +342,7 @@ load() {  # the project's images (make images): every localhost/kappa/* image ex
             case "$ref" in localhost/kappa/pause:*|localhost/kappa/coredns:*|localhost/kappa/prometheus*|*"<none>"*|"") continue ;; esac
             import_image "$ref"; n=$((n + 1))
         done <<<"$refs"
+        prune_replaced
     done
     use_node 0
     (( n > 0 )) || log "no project images in podman's storage yet (make images builds them)"
