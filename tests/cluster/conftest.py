@@ -82,6 +82,14 @@ class Node:
     def apply(self, manifest: str, *args: str) -> subprocess.CompletedProcess:
         return self.kubectl("apply", "-f", "-", *args, input=manifest)
 
+    def clean_slate(self, release: str, *namespaces: str) -> None:
+        """No ``release`` (in the first namespace) and none of ``namespaces``: the claims go with them, and the local
+        volumes they left ``Released`` are offered again (``node.sh recycle``)."""
+        self.run("helm", "uninstall", release, "-n", namespaces[0], "--wait", check=False, timeout=600)
+        for namespace in namespaces:
+            self.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=300s", check=False, timeout=400)
+        subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
+
     def restricted_namespace(self, name: str) -> str:
         """A namespace that enforces Pod Security ``restricted`` (infra/cluster/namespace.yaml's labels)."""
         manifest = (ROOT / "infra" / "cluster" / "namespace.yaml").read_text().replace("name: kappa", f"name: {name}")
@@ -223,9 +231,7 @@ def release(node: Node) -> Release:
         # iterating on one test: keep the installed release (its install timings are not measured again)
         return Release(node=node, installed_at=time.monotonic())
     # a clean slate: no release, no namespace, every volume free
-    node.run("helm", "uninstall", RELEASE, "-n", NS, "--wait", check=False, timeout=600)
-    node.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=300s", check=False, timeout=400)
-    subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
+    node.clean_slate(RELEASE, NS)
     node.kubectl("apply", "-f", str(ROOT / "infra" / "cluster" / "namespace.yaml"))
     started = time.monotonic()
     install = cluster_block("helm install")  # docs/deploy.md "Run it on one machine", verbatim: images, load, helm install

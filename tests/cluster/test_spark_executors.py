@@ -10,7 +10,6 @@ test_platform.py is scaled to zero meanwhile (two cores) and scaled back afterwa
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +53,7 @@ def _overrides() -> dict:
 def scale_out(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     # two cores: the main release (test_platform.py) pauses while this one runs
     paused = _pause(node, "kappa")
-    node.run("helm", "uninstall", NAME, "-n", NS, "--wait", check=False, timeout=600)
-    node.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=300s", check=False, timeout=400)
-    subprocess.run(["bash", str(ROOT / "infra" / "k8s" / "node.sh"), "recycle"], check=True, capture_output=True)
+    node.clean_slate(NAME, NS)
     node.restricted_namespace(NS)
     values = tmp_path_factory.mktemp("exec") / "exec-values.yaml"
     values.write_text(yaml.safe_dump(_overrides()))
