@@ -14,7 +14,8 @@ die() { echo "production: error: $*" >&2; exit 1; }
 log() { echo "production: $*" >&2; }
 PY="$ROOT/.cache/venv/bin/python"
 [[ -x "$PY" ]] || die "no $PY (make setup)"
-kubectl() { "$(bash "$ROOT/infra/k8s/build.sh")/kubectl" --kubeconfig "${KUBECONFIG:-$ROOT/.kappa/cluster/admin.kubeconfig}" "$@"; }
+KUBECTL="$(bash "$ROOT/infra/k8s/build.sh")/kubectl"   # the pinned one
+kubectl() { "$KUBECTL" --kubeconfig "${KUBECONFIG:-$ROOT/.kappa/cluster/admin.kubeconfig}" "$@"; }
 kubectl get nodes >/dev/null 2>&1 || die "no cluster answers (make cluster-up NODES=3)"
 kubectl get storageclass local-path >/dev/null 2>&1 || die "no StorageClass local-path (bash infra/k8s/node.sh provisioner)"
 status="$("$PY" -m kappa.objectstore status 2>&1)" || die "the object store is not running (make objectstore-up S3_BIND=0.0.0.0)"
